@@ -1,0 +1,391 @@
+// CUDA-core FlashAttention-2 forward: one kernel template, two configurations (small_tile, large_tile).
+//
+// The block owns a kBlockM x D tile of Q and walks the K/V tiles of its (batch, kv head) in steps of
+// kBlockN keys. Each step is two chained register-blocked SGEMMs with the online softmax in between:
+//
+//   S   = Q K^T             sQt (D, kBlockM) x sKt (D, kBlockN)  -> tSrS (kTM, kTNS) per thread
+//   m_i, l_i, P = exp2(S - m_i)  (rows reduced over the 8 lanes that share them)
+//   O  += P V               sPt (kBlockN, kBlockM) x sV (kBlockN, D) -> tOrO (kTM, kTNO) per thread
+//
+// Thread layout (both GEMMs): a warp is 4 thread-rows x 8 thread-cols; lane = tr * 8 + tc. Thread
+// (tr, tc) of warp w owns the rows   w * 4 * kTM + g * 16 + tr * 4 + {0..3}   (g < kTM / 4) and the
+// columns (keys of S, head-dim columns of O)   g * 32 + tc * 4 + {0..3}   (g < kTN / 4). Every
+// operand fragment is therefore a float4 at a fixed k: per k a warp reads 4 x 16 B (A operand,
+// broadcast to the 8 lanes of a thread-row) and 8 x 16 B contiguous (B operand), all 32 banks once,
+// no conflicts. Both operands are stored k-major in shared memory (Q and K transposed on the way in,
+// P transposed on its way out of registers, V row-major as it is in memory).
+//
+// A thread keeps the same rows in S and O, so the row statistics and the rescale of O stay in its
+// registers; only the row max needs an 8-lane shuffle per step (the row sum is reduced once, at the end).
+//
+// NVRTC-compilable for sm_61: includes only params.h and the fp16/bf16 headers.
+#pragma once
+
+#include "simt_common.cuh"
+
+namespace cutlassfa {
+namespace simt {
+
+// ------------------------------------------------------------------------------------------------
+// Configuration: one traits struct per (config, head dim).
+// ------------------------------------------------------------------------------------------------
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kShareKV_, int kMinBlocks_>
+struct SimtTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per block
+  static constexpr int kBlockN = kBlockN_;  // keys per step
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMinBlocks = kMinBlocks_;  // __launch_bounds__ occupancy hint
+  // V reuses K's shared buffer (written after S = QK^T is done): small_tile at D=128 fits 48 KB so.
+  static constexpr bool kShareKV = kShareKV_;
+
+  static constexpr int kTM = kBlockM / (kWarps * 4);  // rows per thread (S and O)
+  static constexpr int kTNS = kBlockN / 8;            // keys per thread (S)
+  static constexpr int kTNO = kHeadDim / 8;           // head-dim columns per thread (O)
+
+  // Leading dimensions (floats). sQt / sKt are written one row per lane (consecutive addresses) and
+  // need no padding. sPt is written as float4 of 4 rows by lanes 4 keys apart: a row pitch of
+  // kBlockM + 4 (== 4 mod 32) spreads a warp's 32 float4 stores evenly over the 8 bank quads
+  // (4 wavefronts, the minimum for 512 B) instead of 2x that without padding.
+  static constexpr int kLdQ = kBlockM;
+  static constexpr int kLdK = kBlockN;
+  static constexpr int kLdV = kHeadDim;
+  static constexpr int kLdP = kBlockM + 4;
+
+  static constexpr int kSmemQ = kHeadDim * kLdQ;  // floats
+  static constexpr int kSmemK = kHeadDim * kLdK;
+  static constexpr int kSmemV = kBlockN * kLdV;
+  static constexpr int kSmemKV = kShareKV ? (kSmemK > kSmemV ? kSmemK : kSmemV) : kSmemK + kSmemV;
+  static constexpr int kSmemP = kBlockN * kLdP;
+  static constexpr int kSmemBytes = (kSmemQ + kSmemKV + kSmemP) * 4;
+
+  static_assert(kBlockM % (kWarps * 16) == 0, "kTM must be a multiple of 4");
+  static_assert(kBlockN % 32 == 0, "kTNS must be a multiple of 4");
+  static_assert(kHeadDim % 32 == 0, "kTNO must be a multiple of 4");
+};
+
+// small_tile: <= 48 KB of shared memory (every architecture, sm_61 included).
+//   D=32 : 64 x 64, 4 warps, 41.0 KB     D=64 : 64 x 32, 4 warps, 40.5 KB
+//   D=128: 32 x 32, 2 warps, K/V share a buffer, 36.5 KB
+template <int D>
+struct SmallTile;
+template <>
+struct SmallTile<32> : SimtTraits<32, 64, 64, 4, false, 2> {};
+template <>
+struct SmallTile<64> : SimtTraits<64, 64, 32, 4, false, 2> {};
+template <>
+struct SmallTile<128> : SimtTraits<128, 32, 32, 2, true, 2> {};
+
+// large_tile: opt-in shared memory (sm_80+), 8 x 8 microtiles at D >= 64.
+//   D=32 : 128 x 64, 4 warps, 65.0 KB    D=64 : 128 x 64, 4 warps, 98.0 KB (fits the 99 KB of sm_86/89)
+//   D=128: 64 x 32, 4 warps, 72.5 KB (8 x 16 O microtiles would not fit in registers)
+template <int D>
+struct LargeTile;
+template <>
+struct LargeTile<32> : SimtTraits<32, 128, 64, 4, false, 2> {};
+template <>
+struct LargeTile<64> : SimtTraits<64, 128, 64, 4, false, 2> {};
+template <>
+struct LargeTile<128> : SimtTraits<128, 64, 32, 4, false, 2> {};
+
+// ------------------------------------------------------------------------------------------------
+// Global -> register -> shared tile copies, 16-byte chunks, rows >= valid_rows read as zero.
+// Split in two so that the next K/V tile is fetched into registers during P V (when the S
+// registers are dead) and written to shared memory after the following barrier.
+// ------------------------------------------------------------------------------------------------
+template <typename T, int kRows, int kCols, int kThreads, bool kTransposed>
+struct TileCopy {
+  using Tr = ElementTraits<T>;
+  using Storage = typename Tr::Storage;
+  static constexpr int kVec = Tr::kVec;
+  static constexpr int kChunksPerRow = kCols / kVec;
+  static constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kCols % kVec == 0, "row must be whole 16-byte chunks");
+  static_assert(kChunks % kThreads == 0, "chunks must spread evenly over the threads");
+  static constexpr int kPerThread = kChunks / kThreads;
+
+  uint4 regs[kPerThread];
+
+  // Transposed destination: consecutive lanes take consecutive rows (so their scalar stores into the
+  // k-major tile hit consecutive banks). Row-major destination: consecutive lanes take consecutive
+  // chunks of a row (coalesced loads, float4 stores).
+  __device__ __forceinline__ static void coords(int c, int& row, int& chunk) {
+    if (kTransposed) {
+      row = c % kRows;
+      chunk = c / kRows;
+    } else {
+      row = c / kChunksPerRow;
+      chunk = c % kChunksPerRow;
+    }
+  }
+
+  __device__ __forceinline__ void load(const Storage* gmem, long long row_stride, int valid_rows, bool vec,
+                                       int tid) {
+#pragma unroll
+    for (int it = 0; it < kPerThread; ++it) {
+      int row, chunk;
+      coords(it * kThreads + tid, row, chunk);
+      regs[it] = row < valid_rows ? load_chunk<T>(gmem + row * row_stride + chunk * kVec, vec)
+                                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
+  // smem is (kCols, ld) when transposed, (kRows, ld) otherwise; values are multiplied by `scale`.
+  __device__ __forceinline__ void store(float* smem, int ld, float scale, int tid) const {
+#pragma unroll
+    for (int it = 0; it < kPerThread; ++it) {
+      int row, chunk;
+      coords(it * kThreads + tid, row, chunk);
+      float f[kVec];
+      Tr::unpack(regs[it], f);
+      if (kTransposed) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) smem[(chunk * kVec + e) * ld + row] = f[e] * scale;
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; e += 4)
+          *reinterpret_cast<float4*>(smem + row * ld + chunk * kVec + e) =
+              make_float4(f[e] * scale, f[e + 1] * scale, f[e + 2] * scale, f[e + 3] * scale);
+      }
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Register-blocked microkernel: acc (kTM, kTN) += A^T B over kK, A and B k-major in shared memory.
+// sA points at this thread's first row (row pitch kLdA; its rows at g * 16 + {0..3}); sB at its first
+// column (pitch kLdB; columns at g * 32 + {0..3}). Per k: kTM/4 + kTN/4 LDS.128, kTM * kTN FFMA.
+// ------------------------------------------------------------------------------------------------
+template <int kTM, int kTN, int kK, int kLdA, int kLdB>
+__device__ __forceinline__ void gemm_tn(float (&acc)[kTM][kTN], const float* __restrict__ sA,
+                                        const float* __restrict__ sB) {
+  // Unrolled by 8, not fully: a fully unrolled D=64 step is ~70 KB of SASS per GEMM, past the
+  // instruction cache; 8 k-steps give the scheduler room to hoist the next fragments' loads.
+#pragma unroll 8
+  for (int k = 0; k < kK; ++k) {
+    float a[kTM], b[kTN];
+#pragma unroll
+    for (int g = 0; g < kTM / 4; ++g) {
+      const float4 t = *reinterpret_cast<const float4*>(sA + k * kLdA + g * 16);
+      a[4 * g + 0] = t.x;
+      a[4 * g + 1] = t.y;
+      a[4 * g + 2] = t.z;
+      a[4 * g + 3] = t.w;
+    }
+#pragma unroll
+    for (int g = 0; g < kTN / 4; ++g) {
+      const float4 t = *reinterpret_cast<const float4*>(sB + k * kLdB + g * 32);
+      b[4 * g + 0] = t.x;
+      b[4 * g + 1] = t.y;
+      b[4 * g + 2] = t.z;
+      b[4 * g + 3] = t.w;
+    }
+#pragma unroll
+    for (int i = 0; i < kTM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kTN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+  }
+}
+
+// Row / column offsets of this thread's register tiles (see the layout at the top of the file).
+__device__ __forceinline__ int row_of(int i) { return (i / 4) * 16 + (i % 4); }  // + warp/tr base
+__device__ __forceinline__ int col_of(int j) { return (j / 4) * 32 + (j % 4); }  // + tc * 4
+
+// ------------------------------------------------------------------------------------------------
+// The kernel. Grid: one block per (m block, batch * head), m block fastest, all in blockIdx.x.
+// Causal is a run-time flag: it only bounds the key loop and masks the diagonal steps.
+// ------------------------------------------------------------------------------------------------
+template <typename Kt, typename T>
+__global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_kernel(const FwdParams params) {
+  using Storage = typename ElementTraits<T>::Storage;
+  constexpr int D = Kt::kHeadDim;
+  constexpr int kBlockM = Kt::kBlockM;
+  constexpr int kBlockN = Kt::kBlockN;
+  constexpr int kTM = Kt::kTM;
+  constexpr int kTNS = Kt::kTNS;
+  constexpr int kTNO = Kt::kTNO;
+  const float kNegInf = __int_as_float(0xff800000);  // -inf
+  constexpr float kLn2 = 0.693147180559945309f;
+
+  extern __shared__ float4 smem_raw[];
+  float* sQt = reinterpret_cast<float*>(smem_raw);    // (D, kBlockM)      Q^T, pre-scaled
+  float* sKt = sQt + Kt::kSmemQ;                      // (D, kBlockN)      K^T
+  float* sV = Kt::kShareKV ? sKt : sKt + Kt::kSmemK;  // (kBlockN, D)      V
+  float* sPt = sKt + Kt::kSmemKV;                     // (kBlockN, kLdP)   P^T
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int tr = lane / 8;  // thread-row in the warp
+  const int tc = lane % 8;  // thread-col in the warp: the 8 lanes of a row are consecutive
+
+  const int seqlen_q = params.seqlen_q;
+  const int seqlen_k = params.seqlen_k;
+  const int num_m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block = blockIdx.x % num_m_blocks;
+  const int bh = blockIdx.x / num_m_blocks;
+  const int b = bh / params.heads_q;
+  const int h = bh % params.heads_q;
+  const int h_kv = h / params.heads_ratio;
+  const int m0 = m_block * kBlockM;
+
+  const Storage* gQ = static_cast<const Storage*>(params.q) + b * params.q_batch_stride +
+                      h * params.q_head_stride + m0 * params.q_row_stride;  // (kBlockM, D)
+  const Storage* gK = static_cast<const Storage*>(params.k) + b * params.k_batch_stride +
+                      h_kv * params.k_head_stride;  // (seqlen_k, D)
+  const Storage* gV = static_cast<const Storage*>(params.v) + b * params.v_batch_stride +
+                      h_kv * params.v_head_stride;  // (seqlen_k, D)
+  Storage* gO = static_cast<Storage*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride +
+                m0 * params.o_row_stride;  // (kBlockM, D)
+  const bool vec_q = chunk_aligned<T>(params.q, params.q_batch_stride, params.q_head_stride, params.q_row_stride);
+  const bool vec_k = chunk_aligned<T>(params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride);
+  const bool vec_v = chunk_aligned<T>(params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride);
+  const bool vec_o = chunk_aligned<T>(params.o, params.o_batch_stride, params.o_head_stride, params.o_row_stride);
+
+  // Key steps: all of them, or under the causal mask up to the last key the block's last row sees.
+  const int rows_valid = min(kBlockM, seqlen_q - m0);
+  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
+  if (params.causal) {
+    const int last_key = causal_last_key(m0 + rows_valid - 1, seqlen_q, seqlen_k);
+    n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / kBlockN + 1);
+  }
+
+  // This thread's rows, relative to m0, and the base pointers of its fragments.
+  const int row0 = warp * 4 * kTM + tr * 4;
+  const float* tSsQ = sQt + row0;    // A operand of S = Q K^T
+  const float* tSsK = sKt + tc * 4;  // B operand
+  const float* tOsP = sPt + row0;    // A operand of O = P V
+  const float* tOsV = sV + tc * 4;   // B operand
+
+  TileCopy<T, kBlockN, D, Kt::kThreads, true> tKgK;    // K tile -> sKt (transposed)
+  TileCopy<T, kBlockN, D, Kt::kThreads, false> tVgV;   // V tile -> sV
+
+  float tOrO[kTM][kTNO];  // O accumulator
+  float m_i[kTM];         // running row max of the log2-scaled scores
+  float l_i[kTM];         // running row sum of exp2(s - m_i), this thread's columns only
+#pragma unroll
+  for (int i = 0; i < kTM; ++i) {
+    m_i[i] = kNegInf;
+    l_i[i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kTNO; ++j) tOrO[i][j] = 0.f;
+  }
+
+  // ============================== PROLOGUE ==============================
+  if (n_block_max > 0) {
+    // Q is pre-multiplied by softmax_scale * log2(e) (params.softmax_scale_log2): the scores come out
+    // of the GEMM in log2 units and the softmax is exp2f(s - m), one FFMA fewer per score.
+    TileCopy<T, kBlockM, D, Kt::kThreads, true> tQgQ;
+    tQgQ.load(gQ, params.q_row_stride, rows_valid, vec_q, tid);
+    tKgK.load(gK, params.k_row_stride, seqlen_k, vec_k, tid);
+    tVgV.load(gV, params.v_row_stride, seqlen_k, vec_v, tid);
+    tQgQ.store(sQt, Kt::kLdQ, params.softmax_scale_log2, tid);
+  }
+
+  // ============================== MAIN LOOP ==============================
+  for (int n_block = 0; n_block < n_block_max; ++n_block) {
+    const int n0 = n_block * kBlockN;
+    __syncthreads();  // the previous step's P V is done with sV and sPt
+    tKgK.store(sKt, Kt::kLdK, 1.f, tid);
+    if (!Kt::kShareKV) tVgV.store(sV, Kt::kLdV, 1.f, tid);
+    __syncthreads();
+
+    // S = (scale * log2 e * Q) K^T
+    float tSrS[kTM][kTNS];
+#pragma unroll
+    for (int i = 0; i < kTM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kTNS; ++j) tSrS[i][j] = 0.f;
+    }
+    gemm_tn<kTM, kTNS, D, Kt::kLdQ, Kt::kLdK>(tSrS, tSsQ, tSsK);
+
+    // Mask keys past the end and, on the steps that cross the diagonal, keys after the causal limit.
+    const bool need_mask =
+        n0 + kBlockN > seqlen_k || (params.causal && n0 + kBlockN - 1 > causal_last_key(m0, seqlen_q, seqlen_k));
+    if (need_mask) {
+#pragma unroll
+      for (int i = 0; i < kTM; ++i) {
+        const int row = m0 + row0 + row_of(i);
+        const int key_limit = params.causal ? min(seqlen_k - 1, causal_last_key(row, seqlen_q, seqlen_k))
+                                            : seqlen_k - 1;
+#pragma unroll
+        for (int j = 0; j < kTNS; ++j) {
+          if (n0 + tc * 4 + col_of(j) > key_limit) tSrS[i][j] = kNegInf;
+        }
+      }
+    }
+
+    // Online softmax: m_new = max(m_i, rowmax(S)); P = exp2(S - m_new); rescale l_i and O by
+    // alpha = exp2(m_i - m_new). A row that has seen only masked keys keeps m = -inf and subtracts
+    // 0 instead (exp2(-inf - 0) = 0), so P = 0, l = 0 and nothing becomes NaN.
+#pragma unroll
+    for (int i = 0; i < kTM; ++i) {
+      float row_max = tSrS[i][0];
+#pragma unroll
+      for (int j = 1; j < kTNS; ++j) row_max = fmaxf(row_max, tSrS[i][j]);
+      const float m_new = fmaxf(m_i[i], group_max<8>(row_max));
+      const float m_sub = m_new == kNegInf ? 0.f : m_new;
+      const float alpha = exp2f(m_i[i] - m_sub);
+      float row_sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kTNS; ++j) {
+        tSrS[i][j] = exp2f(tSrS[i][j] - m_sub);
+        row_sum += tSrS[i][j];
+      }
+      l_i[i] = l_i[i] * alpha + row_sum;
+      m_i[i] = m_new;
+#pragma unroll
+      for (int j = 0; j < kTNO; ++j) tOrO[i][j] *= alpha;
+    }
+
+    // P -> sPt, a float4 of 4 consecutive rows per key.
+#pragma unroll
+    for (int g = 0; g < kTM / 4; ++g) {
+#pragma unroll
+      for (int j = 0; j < kTNS; ++j) {
+        *reinterpret_cast<float4*>(sPt + (tc * 4 + col_of(j)) * Kt::kLdP + row0 + g * 16) =
+            make_float4(tSrS[4 * g][j], tSrS[4 * g + 1][j], tSrS[4 * g + 2][j], tSrS[4 * g + 3][j]);
+      }
+    }
+    if (Kt::kShareKV) {
+      __syncthreads();  // everyone is done reading sKt, which sV overwrites
+      tVgV.store(sV, Kt::kLdV, 1.f, tid);
+    }
+    __syncthreads();
+
+    // Fetch the next K/V tile into registers while P V runs.
+    if (n_block + 1 < n_block_max) {
+      const int n1 = n0 + kBlockN;
+      tKgK.load(gK + n1 * params.k_row_stride, params.k_row_stride, seqlen_k - n1, vec_k, tid);
+      tVgV.load(gV + n1 * params.v_row_stride, params.v_row_stride, seqlen_k - n1, vec_v, tid);
+    }
+
+    // O += P V
+    gemm_tn<kTM, kTNO, kBlockN, Kt::kLdP, Kt::kLdV>(tOrO, tOsP, tOsV);
+  }
+
+  // ============================== EPILOGUE ==============================
+  // O = acc / l; lse = ln(sum exp(scale * qk)) = m * ln 2 + ln l (m is in log2 units).
+#pragma unroll
+  for (int i = 0; i < kTM; ++i) {
+    const float l = group_sum<8>(l_i[i]);
+    const int r = row0 + row_of(i);
+    if (r < rows_valid) {
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+      for (int g = 0; g < kTNO / 4; ++g) {
+        const float f[4] = {tOrO[i][4 * g] * inv_l, tOrO[i][4 * g + 1] * inv_l, tOrO[i][4 * g + 2] * inv_l,
+                            tOrO[i][4 * g + 3] * inv_l};
+        store4<T>(gO + r * params.o_row_stride + g * 32 + tc * 4, f, vec_o);
+      }
+      if (params.lse != nullptr && tc == 0) {
+        params.lse[(static_cast<long long>(bh)) * seqlen_q + m0 + r] = l > 0.f ? m_i[i] * kLn2 + logf(l) : kNegInf;
+      }
+    }
+  }
+}
+
+}  // namespace simt
+}  // namespace cutlassfa

@@ -1,0 +1,55 @@
+// Host side of the CUDA-core FlashAttention family: run-time (dtype, head dim) -> compile-time
+// switch and the launch of flash_fwd_simt_kernel for one configuration (SmallTile or LargeTile).
+// Included by launch_small_tile.cu and launch_large_tile.cu only (one translation unit per config
+// keeps the build parallel).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cutlassfa/launch.h"
+#include "cutlassfa/params.h"
+#include "flash_simt.cuh"
+
+namespace cutlassfa {
+namespace simt {
+
+template <typename Kt, typename T>
+cudaError_t launch_flash_simt_kernel(const FwdParams& params, cudaStream_t stream) {
+  auto kernel = flash_fwd_simt_kernel<Kt, T>;
+  // All of (m block, batch * head) in gridDim.x, m block fastest: batch * heads is not limited to 65535.
+  const long long num_m_blocks = (params.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM;
+  const long long num_blocks = num_m_blocks * params.batch * params.heads_q;
+  if (num_blocks <= 0) return cudaSuccess;
+  if (num_blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  if (Kt::kSmemBytes > 48 * 1024) {
+    // Opt-in shared memory beyond 48 KB; a device with less reports an error here.
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<static_cast<unsigned>(num_blocks), Kt::kThreads, Kt::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+// The one place where dtype and head dim become template arguments; causal stays a run-time flag.
+template <template <int> class Config>
+cudaError_t launch_flash_simt(const FwdParams& params, cudaStream_t stream) {
+  auto by_head_dim = [&](auto type_tag) -> cudaError_t {
+    using T = decltype(type_tag);
+    switch (params.head_dim) {
+      case 32: return launch_flash_simt_kernel<Config<32>, T>(params, stream);
+      case 64: return launch_flash_simt_kernel<Config<64>, T>(params, stream);
+      case 128: return launch_flash_simt_kernel<Config<128>, T>(params, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  switch (params.dtype) {
+    case DType::kFloat32: return by_head_dim(float{});
+    case DType::kFloat16: return by_head_dim(__half{});
+    case DType::kBFloat16: return by_head_dim(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace simt
+}  // namespace cutlassfa

@@ -1,0 +1,14 @@
+// small_tile: CUDA-core FlashAttention-2 within 48 KB of shared memory (sm_61 and up).
+#include "launch_flash_simt.h"
+
+namespace cutlassfa {
+
+static_assert(simt::SmallTile<32>::kSmemBytes <= 48 * 1024, "small_tile must fit 48 KB (sm_61)");
+static_assert(simt::SmallTile<64>::kSmemBytes <= 48 * 1024, "small_tile must fit 48 KB (sm_61)");
+static_assert(simt::SmallTile<128>::kSmemBytes <= 48 * 1024, "small_tile must fit 48 KB (sm_61)");
+
+cudaError_t launch_small_tile(const FwdParams& params, cudaStream_t stream) {
+  return simt::launch_flash_simt<simt::SmallTile>(params, stream);
+}
+
+}  // namespace cutlassfa

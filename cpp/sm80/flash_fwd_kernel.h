@@ -1,0 +1,226 @@
+// FlashAttention-2 forward on SM80 tensor cores (mma.sync m16n8k16, fp32 accumulate), in CuTe.
+//
+// One CTA owns one kBlockM-row Q tile of one (batch, head) and walks the K/V tiles from the last
+// visible one down to tile 0, so the steps that need masking (ragged last tile, causal diagonal)
+// come first and the rest run mask-free. K and V each have one shared-memory buffer; the loads are
+// overlapped with compute as in FlashAttention-2:
+//     wait K[n] | issue V[n]   | S = Q K[n]^T, mask
+//     wait V[n] | issue K[n-1] | online softmax, O += P V[n]
+// S stays in registers: converted to fp16/bf16 it is directly the A operand of the second GEMM.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "cutlassfa/params.h"
+#include "sm80/kernel_traits.h"
+#include "sm80/mask.h"
+#include "sm80/softmax.h"
+#include "sm80/utils.h"
+
+namespace cutlassfa::sm80 {
+
+using namespace cute;
+
+// Copy the rows of a (CPY, CPY_ROWS, CPY_K) partition whose tile row is < rows_valid and zero the
+// others, so rows past the end of the sequence never read out of bounds nor leave stale data
+// (a NaN left in a V row would survive the P = 0 weight: 0 * NaN = NaN).
+template <class TiledCopy, class TensorSrc, class TensorDst, class TensorCoord>
+__forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tiled_copy, TensorSrc const& src, TensorDst& dst,
+                                                TensorCoord const& coords, int rows_valid) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coords(0, m, 0)) < rows_valid) {
+      copy(tiled_copy, src(_, m, _), dst(_, m, _));
+    } else {
+      clear(dst(_, m, _));
+    }
+  }
+}
+
+template <class Traits, bool kIsCausal>
+__global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
+  using Element = typename Traits::Element;
+  using ElementOut = typename Traits::ElementOut;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(1024) char smem[];
+  int const tidx = threadIdx.x;
+
+  // m_block varies fastest so the CTAs sharing one K/V head run together and re-read it from L2;
+  // within a head the tiles go last-first, which under a causal mask launches the longest first.
+  int const num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  int const m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
+  int const bh = static_cast<int>(blockIdx.x / num_m_blocks);
+  int const head = bh % params.heads_q;
+  int const batch = bh / params.heads_q;
+  int const head_kv = head / params.heads_ratio;
+
+  Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
+  int const n_block_max = mask.n_block_max(m_block);  // 0: no row of this tile sees a key
+  int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
+  int const rows_q = params.seqlen_q - m_block * kBlockM;  // valid rows of this Q tile (may exceed kBlockM)
+
+  // ---- Global tensors (64-bit offsets: batch * batch_stride can exceed 2^31) ----------------------
+  int64_t const q_offset = batch * params.q_batch_stride + head * params.q_head_stride;
+  int64_t const k_offset = batch * params.k_batch_stride + head_kv * params.k_head_stride;
+  int64_t const v_offset = batch * params.v_batch_stride + head_kv * params.v_head_stride;
+  int64_t const o_offset = batch * params.o_batch_stride + head * params.o_head_stride;
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.q) + q_offset),
+                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.q_row_stride), _1{}));  // (seqlen_q, d)
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.k) + k_offset),
+                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.k_row_stride), _1{}));  // (seqlen_k, d)
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.v) + v_offset),
+                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.v_row_stride), _1{}));  // (seqlen_k, d)
+  Tensor mO = make_tensor(make_gmem_ptr(static_cast<ElementOut*>(params.o) + o_offset),
+                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.o_row_stride), _1{}));  // (seqlen_q, d)
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
+  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
+
+  // ---- Shared tensors ------------------------------------------------------------------------------
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
+                          typename Traits::SmemLayoutQ{});                         // (kBlockM, d)
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});           // (d, kBlockN)
+  Tensor sVtNoSwizzle = make_tensor(sV.data(), typename Traits::SmemLayoutVtNoSwizzle{});  // (d, kBlockN)
+  // The epilogue stages O over the Q (and, for fp32 O, K) buffers once the K/V loop is done.
+  Tensor sO = make_tensor(make_smem_ptr(reinterpret_cast<ElementOut*>(smem)),
+                          typename Traits::SmemLayoutO{});  // (kBlockM, d)
+
+  // ---- Partitions ------------------------------------------------------------------------------------
+  typename Traits::GmemTiledCopyQKV gmem_tiled_copy_QKV;
+  auto gmem_thr_copy_QKV = gmem_tiled_copy_QKV.get_thread_slice(tidx);
+  Tensor tQgQ = gmem_thr_copy_QKV.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
+  Tensor tQsQ = gmem_thr_copy_QKV.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
+  Tensor tKgK = gmem_thr_copy_QKV.partition_S(gK);  // (KCPY, KCPY_N, KCPY_K, n_blocks)
+  Tensor tKsK = gmem_thr_copy_QKV.partition_D(sK);  // (KCPY, KCPY_N, KCPY_K)
+  Tensor tVgV = gmem_thr_copy_QKV.partition_S(gV);  // (VCPY, VCPY_N, VCPY_K, n_blocks)
+  Tensor tVsV = gmem_thr_copy_QKV.partition_D(sV);  // (VCPY, VCPY_N, VCPY_K)
+  // (row, col) of every copied element, for the row predicates of ragged tiles.
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
+  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, d) -> (row, col)
+  Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);    // (QCPY, QCPY_M, QCPY_K)
+  Tensor tKVcKV = gmem_thr_copy_QKV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K)
+
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tidx);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);             // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);             // (MMA, MMA_N, MMA_K)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);  // (MMA, MMA_K = d / 8, MMA_N = kBlockN / 16)
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_K)
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN) -> (row, col)
+  Tensor tScS = thr_mma.partition_C(cS);                                 // (MMA, MMA_M, MMA_N)
+
+  auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(tidx);
+  Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
+  auto smem_tiled_copy_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(tidx);
+  Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
+  auto smem_tiled_copy_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(tidx);
+  Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);  // (CPY, CPY_K, CPY_N)
+
+  // ---- Prologue: Q and the first (highest) K tile in flight --------------------------------------------
+  copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
+  if (n_block_max > 0) {
+    int const n_block = n_block_max - 1;
+    copy_rows_zfill(gmem_tiled_copy_QKV, tKgK(_, _, _, n_block), tKsK, tKVcKV,
+                    params.seqlen_k - n_block * kBlockN);
+  }
+  cute::cp_async_fence();
+
+  clear(acc_o);
+  OnlineSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
+
+  // ---- K/V loop ------------------------------------------------------------------------------------------
+  auto kv_step = [&](int const n_block, auto is_masked_step) {
+    constexpr bool kMasked = decltype(is_masked_step)::value;
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+
+    cute::cp_async_wait<0>();
+    __syncthreads();  // K[n] (and Q) have landed; every warp is done reading V[n+1] from sV
+    if constexpr (kMasked) {  // only a masked step can hold the ragged last tile
+      copy_rows_zfill(gmem_tiled_copy_QKV, tVgV(_, _, _, n_block), tVsV, tKVcKV,
+                      params.seqlen_k - n_block * kBlockN);
+    } else {
+      copy(gmem_tiled_copy_QKV, tVgV(_, _, _, n_block), tVsV);
+    }
+    cute::cp_async_fence();
+
+    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+            smem_thr_copy_K);
+    if constexpr (kMasked) { mask.apply(acc_s, tScS, m_block, n_block); }
+
+    cute::cp_async_wait<0>();
+    __syncthreads();  // V[n] has landed; every warp is done reading K[n] from sK
+    if (n_block > 0) {  // tiles below the last are full: no predicate
+      copy(gmem_tiled_copy_QKV, tKgK(_, _, _, n_block - 1), tKsK);
+      cute::cp_async_fence();
+    }
+
+    softmax.update(acc_s, acc_o, params.softmax_scale_log2);
+
+    Tensor rP = convert_type<Element>(acc_s);                                     // (MMA, MMA_M, MMA_N)
+    Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
+    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+  };
+
+  int n_block = n_block_max - 1;
+  for (; n_block >= n_block_unmasked_end; --n_block) { kv_step(n_block, cute::true_type{}); }
+  for (; n_block >= 0; --n_block) { kv_step(n_block, cute::false_type{}); }
+
+  // ---- Epilogue --------------------------------------------------------------------------------------------
+  Tensor lse = softmax.finalize(acc_o, params.softmax_scale);  // (nrow)
+  Tensor rO = convert_type<ElementOut>(acc_o);                 // (MMA, MMA_M, MMA_K)
+
+  cute::cp_async_wait<0>();  // the Q load is still in flight when no K/V step ran
+  __syncthreads();           // sO overwrites sQ/sK: every warp must be done with them
+
+  auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(tidx);
+  Tensor taccOrO = smem_thr_copy_O.retile_S(rO);     // (CPY, CPY_M, CPY_K)
+  Tensor taccOsO = smem_thr_copy_O.partition_D(sO);  // (CPY, CPY_M, CPY_K)
+  copy(smem_tiled_copy_O, taccOrO, taccOsO);
+
+  if (params.lse != nullptr) {
+    Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
+    Tensor taccOcO = thr_mma.partition_C(cO);                                // (MMA, MMA_M, MMA_K)
+    Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(taccOcO.layout()));  // (nrow, ncol)
+    float* lse_row0 = params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q +
+                      m_block * kBlockM;
+    if (get<1>(taccOcO_rc(0, 0)) == 0) {  // one thread of each quad writes the quad's rows
+      CUTE_UNROLL
+      for (int mi = 0; mi < size(lse); ++mi) {
+        int const row = get<0>(taccOcO_rc(mi, 0));
+        if (row < rows_q) { lse_row0[row] = lse(mi); }
+      }
+    }
+  }
+
+  __syncthreads();  // sO complete before it is read back with another thread mapping
+
+  // 16-byte coalesced stores of whole rows, predicated on the ragged end of the queries.
+  typename Traits::GmemTiledCopyO gmem_tiled_copy_O;
+  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tidx);
+  Tensor tOsO = gmem_thr_copy_O.partition_S(sO);  // (OCPY, OCPY_M, OCPY_K)
+  Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (OCPY, OCPY_M, OCPY_K)
+  Tensor tOrO = make_tensor<ElementOut>(shape(tOgO));  // (OCPY, OCPY_M, OCPY_K)
+  copy(gmem_tiled_copy_O, tOsO, tOrO);
+  Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOrO); ++m) {
+    if (get<0>(tOcO(0, m, 0)) < rows_q) { copy(gmem_tiled_copy_O, tOrO(_, m, _), tOgO(_, m, _)); }
+  }
+}
+
+}  // namespace cutlassfa::sm80

@@ -1,0 +1,65 @@
+// Which keys a query row sees, and how many K/V tiles a Q tile visits: the bottom-right aligned
+// causal mask of FlashAttention-2 (query i sees key j iff j <= i + seqlen_k - seqlen_q) plus the
+// ragged end of the keys (j < seqlen_k). Trip counts and the per-element mask live together so a new
+// attention variant (sliding window, ...) is one more policy here.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "sm80/utils.h"
+
+namespace cutlassfa::sm80 {
+
+using namespace cute;
+
+template <bool kIsCausal, int kBlockM, int kBlockN>
+struct Mask {
+  int seqlen_q;
+  int seqlen_k;
+
+  // K/V tiles [0, n_block_max) hold at least one key visible to some row of Q tile m_block. Zero
+  // when every row of the tile precedes the first key (causal with seqlen_q > seqlen_k).
+  __forceinline__ __device__ int n_block_max(int m_block) const {
+    int const n_blocks_k = (seqlen_k + kBlockN - 1) / kBlockN;
+    if constexpr (!kIsCausal) {
+      return n_blocks_k;
+    } else {
+      int const last_row = min((m_block + 1) * kBlockM, seqlen_q) - 1;
+      int const last_col = last_row + seqlen_k - seqlen_q;  // last key the tile's last row sees
+      return last_col < 0 ? 0 : min(n_blocks_k, last_col / kBlockN + 1);
+    }
+  }
+
+  // K/V tiles [0, n_block_unmasked_end) are fully visible to every row of the tile: no element
+  // masking needed. The tiles above it (the diagonal ones, and the ragged last tile) are masked.
+  __forceinline__ __device__ int n_block_unmasked_end(int m_block) const {
+    int const full_tiles_k = seqlen_k / kBlockN;
+    if constexpr (!kIsCausal) {
+      return full_tiles_k;
+    } else {
+      int const first_col_end = m_block * kBlockM + seqlen_k - seqlen_q + 1;  // keys [0, end) seen by the first row
+      return first_col_end <= 0 ? 0 : min(full_tiles_k, first_col_end / kBlockN);
+    }
+  }
+
+  // Set the scores of invisible (row, key) pairs to -inf. acc_s and tScS share the accumulator
+  // layout; tScS holds each element's (row, col) inside the (kBlockM, kBlockN) tile.
+  template <class TensorS, class TensorC>
+  __forceinline__ __device__ void apply(TensorS& acc_s, TensorC const& tScS, int m_block, int n_block) const {
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (nrow, ncol)
+    Tensor coords = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));    // (nrow, ncol) -> (row, col)
+    CUTE_UNROLL
+    for (int mi = 0; mi < size<0>(scores); ++mi) {
+      int const row = m_block * kBlockM + get<0>(coords(mi, 0));
+      int col_end = seqlen_k;  // keys [0, col_end) are visible to this row
+      if constexpr (kIsCausal) { col_end = min(col_end, row + 1 + seqlen_k - seqlen_q); }
+      int const col_end_in_tile = col_end - n_block * kBlockN;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(scores); ++ni) {
+        if (get<1>(coords(mi, ni)) >= col_end_in_tile) { scores(mi, ni) = -INFINITY; }
+      }
+    }
+  }
+};
+
+}  // namespace cutlassfa::sm80

@@ -1,0 +1,81 @@
+// Online softmax over the rows of the S = Q K^T accumulator, FlashAttention-2 style: the running
+// max m_i and running sum l_i live in registers; O is rescaled by alpha = 2^((m_old - m_new) scale)
+// whenever the max grows, and divided by l_i once at the end.
+//
+// The softmax scale arrives pre-multiplied by log2(e) (params.softmax_scale_log2), so that
+// exp(x * scale - m * scale) = 2^(x * scale_log2 - m * scale_log2): one FFMA and one MUFU.EX2 per
+// score instead of a multiply, a subtract and a natural exp.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "sm80/utils.h"
+
+namespace cutlassfa::sm80 {
+
+using namespace cute;
+
+// kNRows: accumulator rows held by one thread (2 per 16-row MMA slab).
+template <int kNRows>
+struct OnlineSoftmax {
+  using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
+  RowTensor row_max;  // m_i, in raw (unscaled) score units; -inf until the row has seen a key
+  RowTensor row_sum;  // l_i, partial: each thread sums its own columns, the quad reduces at the end
+
+  __forceinline__ __device__ OnlineSoftmax() {
+    fill(row_max, -INFINITY);
+    fill(row_sum, 0.f);
+  }
+
+  // One K/V step: fold the scores of this tile (acc_s, accumulator layout) into m_i and l_i,
+  // overwrite acc_s with P = 2^(s * scale_log2 - m_i * scale_log2), and rescale acc_o.
+  template <class TensorS, class TensorO>
+  __forceinline__ __device__ void update(TensorS& acc_s, TensorO& acc_o, float scale_log2) {
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (nrow, ncol)
+    Tensor out = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));     // (nrow, head_dim)
+    static_assert(decltype(size<0>(scores))::value == kNRows);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+      float m_new = row_max(mi);
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(scores); ++ni) { m_new = fmaxf(m_new, scores(mi, ni)); }
+      m_new = quad_allreduce(m_new, MaxOp{});
+      // A row that has only seen masked keys has m = -inf; subtracting -inf would give NaN
+      // (-inf - -inf), so take 0 as the reference: its scores are all -inf and map to 2^-inf = 0.
+      float const m_ref = m_new == -INFINITY ? 0.f : m_new;
+      float const m_ref_scaled = m_ref * scale_log2;
+      // First step (row_max = -inf): alpha = 0, harmless since acc_o and l_i start at 0.
+      float const alpha = row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_ref) * scale_log2);
+      row_max(mi) = m_new;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(scores); ++ni) {
+        scores(mi, ni) = fast_exp2(scores(mi, ni) * scale_log2 - m_ref_scaled);
+        sum += scores(mi, ni);
+      }
+      row_sum(mi) = row_sum(mi) * alpha + sum;
+      CUTE_UNROLL
+      for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= alpha; }
+    }
+  }
+
+  // End of the K/V loop: O /= l_i (one reciprocal per row) and return lse = m_i * scale + ln(l_i)
+  // in natural-log units. A row that saw no key (l_i = 0) gets O = 0 and lse = -inf.
+  template <class TensorO>
+  __forceinline__ __device__ RowTensor finalize(TensorO& acc_o, float scale) {
+    Tensor out = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (nrow, head_dim)
+    RowTensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+      float const sum = quad_allreduce(row_sum(mi), SumOp{});
+      bool const empty = sum == 0.f;
+      float const inv_sum = empty ? 0.f : 1.f / sum;
+      lse(mi) = empty ? -INFINITY : row_max(mi) * scale + logf(sum);
+      CUTE_UNROLL
+      for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= inv_sum; }
+    }
+    return lse;
+  }
+};
+
+}  // namespace cutlassfa::sm80

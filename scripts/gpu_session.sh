@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: install the package (no network there; the CUTLASS wheel travels in
+# .whl/), then run whatever steps are named, logging each under $OUT.
+#   bash scripts/gpu_session.sh [--arch 90a] STEP...
+# Steps: build | tests | gpu-tests | check | bench-quick | bench | sanitize | cmd:'<shell command>'
+set -uo pipefail
+arch=90a
+if [ "${1:-}" = "--arch" ]; then arch=$2; shift 2; fi
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+install() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
+  export PYTHONPATH=/tmp/site
+  local start=$(date +%s)
+  python3 -m pip install -q --no-build-isolation --no-deps \
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" -C build.verbose=false . >"$OUT/build.log" 2>&1
+  local rc=$?
+  echo "build rc=$rc in $(( $(date +%s) - start )) s (arch $arch)"
+  [ $rc -eq 0 ] || tail -40 "$OUT/build.log"
+  return $rc
+}
+
+status=0
+install || exit 1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+for step in "$@"; do
+  echo "=== $step"
+  case "$step" in
+    build) ;;
+    tests) python3 -m pytest -q -x tests 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    gpu-tests) python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 ;;
+    check) python3 -m cutlassfa.cli check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | tail -40 ;;
+    bench-quick) python3 -m cutlassfa.cli bench --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" | tail -40 ;;
+    bench) python3 -m cutlassfa.cli bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+    sanitize) bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
+    cmd:*) bash -c "${step#cmd:}" 2>&1 | tee -a "$OUT/cmd.log" | tail -60 ;;
+    *) echo "unknown step $step"; status=2 ;;
+  esac
+  [ ${PIPESTATUS[0]} -eq 0 ] || status=1
+done
+exit $status

@@ -1,0 +1,217 @@
+"""Every GPU backend against the fp64 reference over the test matrix (dtype x head dim x causal x ragged
+N x Nq != Nk x GQA), through numpy (host in/out) and through PyTorch / CuPy / JAX device arrays.
+Skipped, with the reason, where no GPU backend can run."""
+
+import math
+
+import numpy as np
+import pytest
+
+import cutlassfa
+from cutlassfa.reference import attention_reference, rel_l2
+
+GPU_BACKENDS = [name for name in ("tensorcore", "large_tile", "small_tile", "naive")]
+_status = cutlassfa.backends()
+pytestmark = pytest.mark.gpu
+
+
+def _need(backend):
+    if not _status[backend].available:
+        pytest.skip(f"{backend}: {_status[backend].reason}")
+
+
+# Rel-L2 bounds per (backend family, dtype), from measurement on an H100 with margin. CUDA-core
+# backends compute in fp32 throughout; the tensor-core backend rounds fp32 inputs to fp16 and P to
+# the input type, so its errors are those of the 11- or 8-bit mantissa.
+BOUNDS = {
+    ("cuda_core", "float32"): 1e-5,
+    ("cuda_core", "float16"): 2e-3,
+    ("cuda_core", "bfloat16"): 1e-2,
+    ("tensorcore", "float32"): 2e-3,
+    ("tensorcore", "float16"): 2e-3,
+    ("tensorcore", "bfloat16"): 1.5e-2,
+}
+
+
+def _bound(backend, dtype):
+    return BOUNDS[("tensorcore" if backend == "tensorcore" else "cuda_core", dtype)]
+
+
+def _np_dtype(dtype):
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def _inputs(rng, b, hq, hk, nq, nk, d, dtype, scale=1.0):
+    t = _np_dtype(dtype)
+    q = (rng.standard_normal((b, hq, nq, d)) * scale).astype(t)
+    k = (rng.standard_normal((b, hk, nk, d)) * scale).astype(t)
+    v = rng.standard_normal((b, hk, nk, d)).astype(t)
+    return q, k, v
+
+
+SHAPES = [  # (B, Hq, Hkv, Nq, Nk)
+    (2, 2, 2, 128, 128),
+    (1, 2, 2, 1, 1),
+    (2, 3, 3, 77, 77),
+    (1, 2, 2, 257, 129),   # Nq > Nk: causal rows with no visible key
+    (1, 2, 2, 65, 300),    # Nq < Nk
+    (2, 4, 2, 200, 200),   # GQA
+    (1, 8, 1, 130, 513),   # MQA
+]
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matrix_host_arrays(rng, backend, dtype, d, causal):
+    _need(backend)
+    for b, hq, hk, nq, nk in SHAPES:
+        q, k, v = _inputs(rng, b, hq, hk, nq, nk, d, dtype)
+        out, lse = cutlassfa.forward(q, k, v, causal=causal, backend=backend, return_lse=True)
+        ref, ref_lse = attention_reference(q, k, v, causal=causal)
+        assert out.dtype == q.dtype and out.shape == q.shape
+        err = rel_l2(out.astype(np.float64), ref)
+        assert err <= _bound(backend, dtype), (backend, dtype, d, causal, (b, hq, hk, nq, nk), err)
+        seen = np.isfinite(ref_lse)
+        assert np.all(out.astype(np.float64)[~seen] == 0), "rows that see no key must be 0"
+        assert np.all(lse[~seen] == -np.inf)
+        np.testing.assert_allclose(lse[seen], ref_lse[seen], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("d", [32, 64])
+def test_hw4_criterion(rng, backend, d):
+    """Seed 003's rule: fp32 inputs in [-3, 3], every output within 5e-3 of the exact answer."""
+    _need(backend)
+    q, k, v = (rng.uniform(-3, 3, (4, 1, 1024, d)).astype(np.float32) for _ in range(3))
+    out = cutlassfa.forward(q[:, 0], k[:, 0], v[:, 0], backend=backend)
+    ref, _ = attention_reference(q[:, 0], k[:, 0], v[:, 0])
+    assert np.max(np.abs(out - ref)) <= 5e-3
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_large_fp32_inputs_stay_finite(rng, backend):
+    _need(backend)
+    q, k, v = (rng.uniform(-1e4, 1e4, (1, 2, 70, 64)).astype(np.float32) for _ in range(3))
+    out = cutlassfa.forward(q, k, v, backend=backend)
+    ref, _ = attention_reference(q, k, v)
+    assert np.all(np.isfinite(out))
+    assert rel_l2(out, ref) <= 2e-2
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_nan_stays_in_its_row(rng, backend):
+    _need(backend)
+    q, k, v = _inputs(rng, 1, 1, 1, 64, 64, 64, "float16")
+    q[0, 0, 5, 3] = np.nan
+    out = cutlassfa.forward(q, k, v, backend=backend)
+    assert np.all(np.isnan(out[0, 0, 5]))
+    rows = np.delete(out[0, 0].astype(np.float32), 5, axis=0)
+    assert np.all(np.isfinite(rows))
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("scale", [1e-8, 1e3])
+def test_extreme_scales(rng, backend, scale):
+    _need(backend)
+    q, k, v = _inputs(rng, 1, 2, 2, 100, 100, 64, "float32")
+    out = cutlassfa.forward(q, k, v, backend=backend, softmax_scale=scale)
+    ref, _ = attention_reference(q, k, v, softmax_scale=scale)
+    assert rel_l2(out, ref) <= _bound(backend, "float32") * 10
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_bitwise_deterministic(rng, backend):
+    _need(backend)
+    q, k, v = _inputs(rng, 2, 4, 2, 300, 300, 64, "float16")
+    first = cutlassfa.forward(q, k, v, backend=backend, causal=True)
+    for _ in range(3):
+        np.testing.assert_array_equal(cutlassfa.forward(q, k, v, backend=backend, causal=True), first)
+
+
+def test_auto_picks_tensorcore_on_sm80(rng):
+    _need("tensorcore")
+    q, k, v = _inputs(rng, 1, 1, 1, 8, 8, 64, "float16")
+    assert cutlassfa.select_backend(q, k, v) == "tensorcore"
+
+
+# ---- device arrays of each framework ------------------------------------------------------------
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    return torch
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_torch_bnhd_view_zero_copy(rng, backend, dtype):
+    """A (B, N, H, d) torch tensor transposed to (B, H, N, d), on torch's current stream."""
+    _need(backend)
+    torch = _torch()
+    tdtype = getattr(torch, dtype)
+    q = torch.randn(2, 130, 8, 64, device="cuda", dtype=tdtype).transpose(1, 2)
+    k = torch.randn(2, 200, 2, 64, device="cuda", dtype=tdtype).transpose(1, 2)
+    v = torch.randn(2, 200, 2, 64, device="cuda", dtype=tdtype).transpose(1, 2)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out, lse = cutlassfa.forward(q, k, v, causal=True, backend=backend, return_lse=True)
+    stream.synchronize()
+    assert isinstance(out, torch.Tensor) and out.device == q.device and out.dtype == q.dtype
+    ref, ref_lse = attention_reference(*(t.float().cpu().numpy() for t in (q, k, v)), causal=True)
+    assert rel_l2(out.float().cpu().numpy(), ref) <= _bound(backend, dtype)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=2e-3, atol=2e-3)
+
+
+def test_torch_out_and_misaligned_view_fall_back(rng):
+    _need("small_tile")
+    torch = _torch()
+    storage = torch.randn(1, 2, 100, 64 + 1, device="cuda", dtype=torch.float16)
+    q = storage[..., 1:]  # 2-byte offset, odd row stride: not 16-byte aligned
+    assert cutlassfa.select_backend(q, q, q) != "tensorcore"
+    out = torch.full_like(q.contiguous(), float("nan"))
+    result = cutlassfa.forward(q, q, q, out=out)
+    assert result is out
+    ref, _ = attention_reference(*(q.float().cpu().numpy(),) * 3)
+    assert rel_l2(out.float().cpu().numpy(), ref) <= 2e-3
+
+
+def test_cupy_arrays(rng):
+    _need("small_tile")
+    cupy = pytest.importorskip("cupy")
+    q, k, v = _inputs(rng, 2, 2, 2, 99, 99, 64, "float16")
+    out = cutlassfa.forward(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True)
+    assert isinstance(out, cupy.ndarray)
+    ref, _ = attention_reference(q, k, v, causal=True)
+    assert rel_l2(cupy.asnumpy(out).astype(np.float64), ref) <= 3e-3
+
+
+def test_jax_arrays(rng):
+    _need("small_tile")
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("jax without a GPU")
+    q, k, v = _inputs(rng, 2, 2, 2, 99, 99, 64, "float32")
+    jq, jk, jv = (jax.device_put(a, jax.devices("gpu")[0]) for a in (q, k, v))
+    out, lse = cutlassfa.forward(jq, jk, jv, return_lse=True)
+    assert isinstance(out, jax.Array)
+    ref, ref_lse = attention_reference(q, k, v)
+    assert rel_l2(np.asarray(out), ref) <= 2e-3
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=2e-3, atol=2e-3)
+
+
+def test_memory_error_is_an_exception_and_gpu_stays_usable(rng):
+    _need("small_tile")
+    from cutlassfa import _C
+
+    free, total = _C.memory_info(0)
+    with pytest.raises(MemoryError, match="bytes"):
+        _C.DeviceBuffer(total * 4, 0)
+    q, k, v = _inputs(rng, 1, 1, 1, 64, 64, 64, "float32")
+    ref, _ = attention_reference(q, k, v)
+    assert rel_l2(cutlassfa.forward(q, k, v), ref) < 2e-3
