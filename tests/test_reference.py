@@ -230,7 +230,7 @@ def test_naive_same_precision_fp32_is_close(rng, causal):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_naive_same_precision_error_is_of_its_dtype(rng, resolve_dtype, dtype):
     dt = resolve_dtype(dtype)
-    eps = float(np.finfo(dt).eps)
+    eps = {"float16": 2.0**-10, "bfloat16": 2.0**-7}[dtype]  # machine epsilon
     q, k, v = (rng.standard_normal((2, 4, 65, 64)).astype(dt) for _ in range(3))
     ref, _ = attention_reference(q, k, v)
     err = rel_l2(naive_same_precision(q, k, v, dt), ref)

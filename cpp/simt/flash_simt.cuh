@@ -50,7 +50,7 @@ struct SimtTraits {
   // (4 wavefronts, the minimum for 512 B) instead of 2x that without padding.
   static constexpr int kLdQ = kBlockM;
   static constexpr int kLdK = kBlockN;
-  static constexpr int kLdV = kHeadDim;
+  static constexpr int kLdV = kHeadDim + 4;  // row-major V: conflict-free float4 stores (TileCopy)
   static constexpr int kLdP = kBlockM + 4;
 
   static constexpr int kSmemQ = kHeadDim * kLdQ;  // floats
@@ -93,6 +93,13 @@ struct LargeTile<128> : SimtTraits<128, 64, 32, 4, false, 2> {};
 // Global -> register -> shared tile copies, 16-byte chunks, rows >= valid_rows read as zero.
 // Split in two so that the next K/V tile is fetched into registers during P V (when the S
 // registers are dead) and written to shared memory after the following barrier.
+//
+// Each thread copies chunks of ONE row (row = tid % kRows, chunks tid / kRows + i * kThreads / kRows):
+// a single row pointer and one bounds check per thread, the chunk offsets are immediates. (A
+// row-per-iteration mapping kept 16 loop-invariant 64-bit addresses live across the main loop and
+// pushed the fp32 D=64 large tile from 203 registers into spills.) Consecutive lanes take
+// consecutive rows, so the transposed scalar stores hit consecutive banks, and the row-major float4
+// stores are conflict-free with a row pitch of D + 4 floats.
 // ------------------------------------------------------------------------------------------------
 template <typename T, int kRows, int kCols, int kThreads, bool kTransposed>
 struct TileCopy {
@@ -100,54 +107,63 @@ struct TileCopy {
   using Storage = typename Tr::Storage;
   static constexpr int kVec = Tr::kVec;
   static constexpr int kChunksPerRow = kCols / kVec;
-  static constexpr int kChunks = kRows * kChunksPerRow;
   static_assert(kCols % kVec == 0, "row must be whole 16-byte chunks");
-  static_assert(kChunks % kThreads == 0, "chunks must spread evenly over the threads");
-  static constexpr int kPerThread = kChunks / kThreads;
+  static_assert(kThreads % kRows == 0, "each thread copies part of one row");
+  static constexpr int kThreadsPerRow = kThreads / kRows;
+  static_assert(kChunksPerRow % kThreadsPerRow == 0, "chunks must spread evenly over the threads");
+  static constexpr int kPerThread = kChunksPerRow / kThreadsPerRow;
+  // Chunks in flight per thread in copy(): bounds the registers of a direct copy to 4 x 4.
+  static constexpr int kBatch = kPerThread < 4 ? kPerThread : 4;
+  static_assert(kPerThread % kBatch == 0, "");
 
-  uint4 regs[kPerThread];
+  uint4 regs[kPerThread];  // prefetch buffer (load() / store())
 
-  // Transposed destination: consecutive lanes take consecutive rows (so their scalar stores into the
-  // k-major tile hit consecutive banks). Row-major destination: consecutive lanes take consecutive
-  // chunks of a row (coalesced loads, float4 stores).
-  __device__ __forceinline__ static void coords(int c, int& row, int& chunk) {
-    if (kTransposed) {
-      row = c % kRows;
-      chunk = c / kRows;
-    } else {
-      row = c / kChunksPerRow;
-      chunk = c % kChunksPerRow;
-    }
-  }
-
-  __device__ __forceinline__ void load(const Storage* gmem, long long row_stride, int valid_rows, bool vec,
-                                       int tid) {
-#pragma unroll
-    for (int it = 0; it < kPerThread; ++it) {
-      int row, chunk;
-      coords(it * kThreads + tid, row, chunk);
-      regs[it] = row < valid_rows ? load_chunk<T>(gmem + row * row_stride + chunk * kVec, vec)
-                                  : make_uint4(0u, 0u, 0u, 0u);
-    }
+  __device__ __forceinline__ static uint4 load_one(const Storage* gmem, long long row_stride, int valid_rows,
+                                                   bool vec, int tid, int it) {
+    const int row = tid % kRows;
+    const Storage* src = gmem + row * row_stride + ((tid / kRows) + it * kThreadsPerRow) * kVec;
+    return row < valid_rows ? load_chunk<T>(src, vec) : make_uint4(0u, 0u, 0u, 0u);
   }
 
   // smem is (kCols, ld) when transposed, (kRows, ld) otherwise; values are multiplied by `scale`.
+  __device__ __forceinline__ static void store_one(const uint4& r, float* smem, int ld, float scale, int tid,
+                                                   int it) {
+    const int row = tid % kRows;
+    const int col = ((tid / kRows) + it * kThreadsPerRow) * kVec;
+    float f[kVec];
+    Tr::unpack(r, f);
+    if (kTransposed) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) smem[(col + e) * ld + row] = f[e] * scale;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; e += 4)
+        *reinterpret_cast<float4*>(smem + row * ld + col + e) =
+            make_float4(f[e] * scale, f[e + 1] * scale, f[e + 2] * scale, f[e + 3] * scale);
+    }
+  }
+
+  // Prefetch: the whole tile into registers now, into shared memory later.
+  __device__ __forceinline__ void load(const Storage* gmem, long long row_stride, int valid_rows, bool vec,
+                                       int tid) {
+#pragma unroll
+    for (int it = 0; it < kPerThread; ++it) regs[it] = load_one(gmem, row_stride, valid_rows, vec, tid, it);
+  }
   __device__ __forceinline__ void store(float* smem, int ld, float scale, int tid) const {
 #pragma unroll
-    for (int it = 0; it < kPerThread; ++it) {
-      int row, chunk;
-      coords(it * kThreads + tid, row, chunk);
-      float f[kVec];
-      Tr::unpack(regs[it], f);
-      if (kTransposed) {
+    for (int it = 0; it < kPerThread; ++it) store_one(regs[it], smem, ld, scale, tid, it);
+  }
+
+  // Direct copy, kBatch chunks in flight.
+  __device__ __forceinline__ static void copy(const Storage* gmem, long long row_stride, int valid_rows, bool vec,
+                                              float* smem, int ld, float scale, int tid) {
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) smem[(chunk * kVec + e) * ld + row] = f[e] * scale;
-      } else {
+    for (int it0 = 0; it0 < kPerThread; it0 += kBatch) {
+      uint4 r[kBatch];
 #pragma unroll
-        for (int e = 0; e < kVec; e += 4)
-          *reinterpret_cast<float4*>(smem + row * ld + chunk * kVec + e) =
-              make_float4(f[e] * scale, f[e + 1] * scale, f[e + 2] * scale, f[e + 3] * scale);
-      }
+      for (int i = 0; i < kBatch; ++i) r[i] = load_one(gmem, row_stride, valid_rows, vec, tid, it0 + i);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) store_one(r[i], smem, ld, scale, tid, it0 + i);
     }
   }
 };
@@ -162,7 +178,7 @@ __device__ __forceinline__ void gemm_tn(float (&acc)[kTM][kTN], const float* __r
                                         const float* __restrict__ sB) {
   // Unrolled by 8, not fully: a fully unrolled D=64 step is ~70 KB of SASS per GEMM, past the
   // instruction cache; 8 k-steps give the scheduler room to hoist the next fragments' loads.
-#pragma unroll 8
+#pragma unroll 4
   for (int k = 0; k < kK; ++k) {
     float a[kTM], b[kTN];
 #pragma unroll
@@ -280,7 +296,6 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     TileCopy<T, kBlockM, D, Kt::kThreads, true> tQgQ;
     tQgQ.load(gQ, params.q_row_stride, rows_valid, vec_q, tid);
     tKgK.load(gK, params.k_row_stride, seqlen_k, vec_k, tid);
-    tVgV.load(gV, params.v_row_stride, seqlen_k, vec_v, tid);
     tQgQ.store(sQt, Kt::kLdQ, params.softmax_scale_log2, tid);
   }
 
@@ -289,8 +304,10 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     const int n0 = n_block * kBlockN;
     __syncthreads();  // the previous step's P V is done with sV and sPt
     tKgK.store(sKt, Kt::kLdK, 1.f, tid);
-    if (!Kt::kShareKV) tVgV.store(sV, Kt::kLdV, 1.f, tid);
     __syncthreads();
+    // V is fetched into registers during Q K^T and K during P V: each GEMM carries 32 (fp32) or
+    // 16 (fp16/bf16) extra live registers, not one of them 64.
+    tVgV.load(gV + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0, vec_v, tid);
 
     // S = (scale * log2 e * Q) K^T
     float tSrS[kTM][kTNS];
@@ -305,14 +322,17 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     const bool need_mask =
         n0 + kBlockN > seqlen_k || (params.causal && n0 + kBlockN - 1 > causal_last_key(m0, seqlen_q, seqlen_k));
     if (need_mask) {
+      // Offsets of this thread's first key past the last valid key and past the causal limit of its
+      // first row; element (i, j) adds col_of(j) - row_of(i), an immediate. (Per-row limits were
+      // hoisted out of the loop by the compiler and cost 8+ live registers.)
+      const int past_end = n0 + tc * 4 - (seqlen_k - 1);
+      const int past_diag = params.causal ? n0 + tc * 4 - causal_last_key(m0 + row0, seqlen_q, seqlen_k)
+                                          : -(1 << 30);
 #pragma unroll
       for (int i = 0; i < kTM; ++i) {
-        const int row = m0 + row0 + row_of(i);
-        const int key_limit = params.causal ? min(seqlen_k - 1, causal_last_key(row, seqlen_q, seqlen_k))
-                                            : seqlen_k - 1;
 #pragma unroll
         for (int j = 0; j < kTNS; ++j) {
-          if (n0 + tc * 4 + col_of(j) > key_limit) tSrS[i][j] = kNegInf;
+          if (past_end + col_of(j) > 0 || past_diag + col_of(j) - row_of(i) > 0) tSrS[i][j] = kNegInf;
         }
       }
     }
@@ -349,17 +369,14 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
             make_float4(tSrS[4 * g][j], tSrS[4 * g + 1][j], tSrS[4 * g + 2][j], tSrS[4 * g + 3][j]);
       }
     }
-    if (Kt::kShareKV) {
-      __syncthreads();  // everyone is done reading sKt, which sV overwrites
-      tVgV.store(sV, Kt::kLdV, 1.f, tid);
-    }
+    if (Kt::kShareKV) __syncthreads();  // everyone is done reading sKt, which sV overwrites
+    tVgV.store(sV, Kt::kLdV, 1.f, tid);
     __syncthreads();
 
-    // Fetch the next K/V tile into registers while P V runs.
+    // Fetch the next K tile into registers while P V runs.
     if (n_block + 1 < n_block_max) {
       const int n1 = n0 + kBlockN;
       tKgK.load(gK + n1 * params.k_row_stride, params.k_row_stride, seqlen_k - n1, vec_k, tid);
-      tVgV.load(gV + n1 * params.v_row_stride, params.v_row_stride, seqlen_k - n1, vec_v, tid);
     }
 
     // O += P V

@@ -293,7 +293,9 @@ class Result:
     reasons: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        row = {k: v for k, v in asdict(self).items() if k != "case"}
+        # JSON has no inf / NaN: those become null (the reasons say what was wrong).
+        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+               for k, v in asdict(self).items() if k != "case"}
         row.update(asdict(self.case))
         return row
 

@@ -179,8 +179,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
             try:
                 importlib.import_module(module).add_arguments(p)
             except ImportError as exc:
-                p.set_defaults(handler=_unavailable(name, exc))
-                p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+                # Its arguments are unknown: accept any, so the user sees why it cannot run.
+                p.set_defaults(handler=_unavailable(name, exc), accepts_unknown=True)
                 continue
         p.set_defaults(handler=_external(module))
     return parser
@@ -211,7 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and not getattr(args, "accepts_unknown", False):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exc:  # --help (0) or a usage error (2): return it rather than exit
         return exc.code if isinstance(exc.code, int) else 2
     try:

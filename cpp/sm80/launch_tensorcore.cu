@@ -1,0 +1,151 @@
+// launch_tensorcore: checks, the fp32 pre-pass, and the dtype / head-dim switch onto the kernels
+// instantiated in cpp/src/inst/sm80_hdim<d>.cu.
+//
+// fp32 inputs run on the fp16 tensor-core kernel: q, k, v are rounded to fp16 by a small pre-pass
+// into a stream-ordered workspace, and the kernel writes O in fp32 straight from its fp32
+// accumulators. fp16 holds finite values up to 65504 with a relative rounding of 2^-11, so inputs
+// with |x| <= 1e4 never overflow, and QK^T, the softmax and PV all accumulate in fp32: the error is
+// that of one fp16 rounding of the inputs and of P (about 1e-3 max abs for inputs in [-3, 3]), at
+// the fp16 tensor-core rate. TF32 atoms would keep 10 mantissa bits too but run at half that rate
+// and need 32-bit shared-memory tiles.
+#include <algorithm>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cutlass/numeric_types.h>
+
+#include "cutlassfa/launch.h"
+#include "cutlassfa/params.h"
+#include "sm80/launch_fwd.h"
+#include "sm80/static_switch.h"
+
+namespace cutlassfa {
+namespace sm80 {
+namespace {
+
+bool multiple_of(long long stride, long long extent, long long elems) { return extent <= 1 || stride % elems == 0; }
+
+bool aligned16(const void* ptr) { return reinterpret_cast<unsigned long long>(ptr) % 16 == 0; }
+
+// Every tile row the kernel moves is one 16-byte vector per thread (cp.async for q, k, v, st.global
+// for o), so each row start must be 16-byte aligned: the base pointer, and the batch, head and row
+// strides in multiples of 16 bytes (a stride over an extent of 1 is never applied and not checked).
+bool tensor_aligned(const void* ptr, long long batch_stride, long long head_stride, long long row_stride,
+                    int batch, int heads, int seqlen, int elem_bytes) {
+  long long const elems = 16 / elem_bytes;
+  return aligned16(ptr) && multiple_of(batch_stride, batch, elems) && multiple_of(head_stride, heads, elems) &&
+         multiple_of(row_stride, seqlen, elems);
+}
+
+// One row of head_dim values per (blockDim.x = head_dim / 4) threads, 4 values per thread: fp32 in
+// with any alignment and strides, fp16 out contiguous (batch, heads, seqlen, head_dim).
+struct ConvertTensor {
+  const float* src;
+  __half* dst;
+  long long batch_stride, head_stride, row_stride;
+  int heads, seqlen;
+  long long rows;  // batch * heads * seqlen
+};
+
+__global__ void convert_fp32_to_fp16_kernel(ConvertTensor q, ConvertTensor k, ConvertTensor v, int head_dim) {
+  ConvertTensor const t = blockIdx.y == 0 ? q : (blockIdx.y == 1 ? k : v);
+  int const col = threadIdx.x * 4;
+  for (long long row = static_cast<long long>(blockIdx.x) * blockDim.y + threadIdx.y; row < t.rows;
+       row += static_cast<long long>(gridDim.x) * blockDim.y) {
+    long long const n = row % t.seqlen;
+    long long const bh = row / t.seqlen;
+    long long const h = bh % t.heads;
+    long long const b = bh / t.heads;
+    const float* src = t.src + b * t.batch_stride + h * t.head_stride + n * t.row_stride + col;
+    __half2* dst = reinterpret_cast<__half2*>(t.dst + row * head_dim + col);
+    dst[0] = __floats2half2_rn(src[0], src[1]);
+    dst[1] = __floats2half2_rn(src[2], src[3]);
+  }
+}
+
+template <class Element, class ElementOut>
+cudaError_t run_fwd_head_dim(const FwdParams& params, cudaStream_t stream) {
+  return CUTLASSFA_HEADDIM_SWITCH(params.head_dim, kHeadDim,
+                                  [&] { return run_fwd<kHeadDim, Element, ElementOut>(params, stream); });
+}
+
+cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream) {
+  int const d = params.head_dim;
+  long long const rows_q = static_cast<long long>(params.batch) * params.heads_q * params.seqlen_q;
+  long long const rows_k = static_cast<long long>(params.batch) * params.heads_kv * params.seqlen_k;
+  __half* workspace = nullptr;
+  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&workspace),
+                                    static_cast<size_t>(rows_q + 2 * rows_k) * d * sizeof(__half), stream);
+  if (err != cudaSuccess) { return err; }
+
+  ConvertTensor const q{static_cast<const float*>(params.q), workspace, params.q_batch_stride, params.q_head_stride,
+                        params.q_row_stride, params.heads_q, params.seqlen_q, rows_q};
+  ConvertTensor const k{static_cast<const float*>(params.k), workspace + rows_q * d, params.k_batch_stride,
+                        params.k_head_stride, params.k_row_stride, params.heads_kv, params.seqlen_k, rows_k};
+  ConvertTensor const v{static_cast<const float*>(params.v), workspace + (rows_q + rows_k) * d,
+                        params.v_batch_stride, params.v_head_stride, params.v_row_stride, params.heads_kv,
+                        params.seqlen_k, rows_k};
+  dim3 const block(d / 4, 256 / (d / 4));
+  long long const blocks = (std::max(rows_q, rows_k) + block.y - 1) / block.y;
+  dim3 const grid(static_cast<unsigned>(std::min(blocks, 1LL << 20)), 3);
+  convert_fp32_to_fp16_kernel<<<grid, block, 0, stream>>>(q, k, v, d);
+  err = cudaGetLastError();
+
+  if (err == cudaSuccess) {
+    FwdParams p = params;  // same o (fp32, caller's strides); q, k, v now contiguous fp16
+    p.dtype = DType::kFloat16;
+    p.q = q.dst;
+    p.k = k.dst;
+    p.v = v.dst;
+    p.q_row_stride = d;
+    p.q_head_stride = static_cast<long long>(params.seqlen_q) * d;
+    p.q_batch_stride = p.q_head_stride * params.heads_q;
+    p.k_row_stride = p.v_row_stride = d;
+    p.k_head_stride = p.v_head_stride = static_cast<long long>(params.seqlen_k) * d;
+    p.k_batch_stride = p.v_batch_stride = p.k_head_stride * params.heads_kv;
+    err = run_fwd_head_dim<cutlass::half_t, float>(p, stream);
+  }
+  // Stream-ordered: the memory is released once the kernel that reads it has finished.
+  cudaError_t const free_err = cudaFreeAsync(workspace, stream);
+  return err != cudaSuccess ? err : free_err;
+}
+
+}  // namespace
+
+bool tensorcore_supports(const FwdParams& params) {
+  if (params.head_dim != 32 && params.head_dim != 64 && params.head_dim != 128) { return false; }
+  if (params.heads_kv < 1 || params.heads_ratio < 1 || params.heads_q != params.heads_kv * params.heads_ratio) {
+    return false;
+  }
+  // fp32 inputs are read by the pre-pass with scalar loads (any alignment); the kernel then reads
+  // its own contiguous fp16 copies. Only O, written by the kernel in fp32, needs the alignment.
+  bool const fp32 = params.dtype == DType::kFloat32;
+  int const in_bytes = 2;
+  int const out_bytes = fp32 ? 4 : 2;
+  if (!fp32) {
+    if (!tensor_aligned(params.q, params.q_batch_stride, params.q_head_stride, params.q_row_stride, params.batch,
+                        params.heads_q, params.seqlen_q, in_bytes) ||
+        !tensor_aligned(params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride, params.batch,
+                        params.heads_kv, params.seqlen_k, in_bytes) ||
+        !tensor_aligned(params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride, params.batch,
+                        params.heads_kv, params.seqlen_k, in_bytes)) {
+      return false;
+    }
+  }
+  return tensor_aligned(params.o, params.o_batch_stride, params.o_head_stride, params.o_row_stride, params.batch,
+                        params.heads_q, params.seqlen_q, out_bytes);
+}
+
+}  // namespace sm80
+
+cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream) {
+  if (!sm80::tensorcore_supports(params)) { return cudaErrorInvalidValue; }
+  if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
+  if (params.dtype == DType::kFloat32) { return sm80::launch_fp32(params, stream); }
+  return CUTLASSFA_FP16_SWITCH(params.dtype, Element, [&] {
+    return sm80::run_fwd_head_dim<Element, Element>(params, stream);
+  });
+}
+
+}  // namespace cutlassfa

@@ -1,0 +1,271 @@
+"""`cutlassfa bench`: the FLOP formula, median, skip rules and JSON schema on the CPU (cpu backend on
+tiny shapes, a fake timer where the numbers must be exact); a tiny real run on a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pytest
+
+import cutlassfa
+from cutlassfa import bench
+from cutlassfa.check import Case
+
+ROW_KEYS = {"backend", "dtype", "B", "H", "Nq", "Nk", "d", "causal", "ms", "tflops", "rel_err", "note"}
+
+
+class FakeTimer:
+    """Runs every call (so outputs exist) but reports the given durations, cycled."""
+
+    name = "fake"
+
+    def __init__(self, ms):
+        self.ms, self.calls = list(ms), 0
+
+    def time(self, fn, calls):
+        out = []
+        for i in range(calls):
+            fn(i)
+            out.append(self.ms[self.calls % len(self.ms)])
+            self.calls += 1
+        return out
+
+
+def _args(argv):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _run(argv, timer=None):
+    """bench.run on the CPU with the numpy frame; `timer` replaces every timer."""
+    return bench.run(_args(argv), frame=bench.Frame(), timer_for=(lambda r: timer) if timer else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure pieces.
+# ---------------------------------------------------------------------------------------------------
+def test_flop_formula():
+    assert bench.attention_flops(2, 16, 1024, 1024, 64, False) == 4 * 2 * 16 * 1024 * 1024 * 64
+    assert bench.attention_flops(2, 16, 1024, 1024, 64, True) == 2 * 2 * 16 * 1024 * 1024 * 64
+    assert bench.attention_flops(1, 1, 3, 5, 32, False) == 4 * 3 * 5 * 32
+    # TARGETS.md: cudnn fp16 (32, 16, 1024, 64) non-causal, 0.371 ms -> 370 TFLOP/s.
+    assert bench.tflops(Case("float16", 32, 16, 16, 1024, 1024, 64, False), 0.371) == pytest.approx(370.4, abs=0.1)
+
+
+def test_median():
+    assert bench.median([3.0, 1.0, 2.0]) == 2.0
+    assert bench.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert bench.median([1.0] * 19 + [1000.0]) == 1.0  # one slow outlier does not move it
+    with pytest.raises(ValueError):
+        bench.median([])
+
+
+def test_skip_rules():
+    tiny = Case("float32", 1, 1, 1, 64, 64, 32, False)
+    big = Case("float16", 2, 16, 16, 16384, 16384, 128, False)
+    gib = 2**30
+    assert bench.skip_reason("cpu", tiny, free_bytes=None, max_call_s=2) is None
+    assert "numpy backend" in bench.skip_reason("cpu", big, free_bytes=None, max_call_s=2)
+    # naive holds B*H*Nq*Nk*4 bytes of scores: 32 GiB here, > 80 GiB / 4.
+    assert "score matrix" in bench.skip_reason("naive", big, free_bytes=80 * gib, max_call_s=2)
+    assert bench.skip_reason("naive", tiny, free_bytes=80 * gib, max_call_s=2) is None
+    assert bench.skip_reason("tensorcore", big, free_bytes=80 * gib, max_call_s=2) is None
+    # A rate measured earlier in the run predicts the time: 2.25 TFLOP at 1 TFLOP/s is 2.25 s.
+    why = bench.skip_reason("small_tile", big, free_bytes=80 * gib, max_call_s=2, rate_tflops=1.0)
+    assert why and "predicted" in why and "measured" in why
+    assert bench.skip_reason("small_tile", big, free_bytes=80 * gib, max_call_s=2, rate_tflops=100.0) is None
+
+
+def test_rotation_copies():
+    l2 = 50 * 2**20
+    assert bench.rotation_copies(200 * 2**20, l2, None) == 1  # already 4x L2
+    assert bench.rotation_copies(10 * 2**20, l2, None) == 15  # 15 x 10 MB >= 3 x 50 MB
+    assert bench.rotation_copies(1024, l2, None) == bench.MAX_COPIES
+    assert bench.rotation_copies(10 * 2**20, l2, 80 * 2**20) == 2  # bounded by free memory / 4
+
+
+def test_peak_mapping():
+    assert bench.peak_of("sdpa_flash", "float16") == "fp16_gemm"
+    assert bench.peak_of("tensorcore", "bfloat16") == "bf16_gemm"
+    assert bench.peak_of("tensorcore", "float32") == "fp16_gemm"  # fp32 inputs run as fp16 MMA
+    assert bench.peak_of("small_tile", "float32") == "fp32_gemm"
+    assert bench.peak_of("cpu", "float32") is None
+    assert {bench.peak_of(b, d) for b in bench.ALL_BACKENDS for d in bench.DTYPES} - {None} <= set(bench.PEAKS)
+
+
+def test_parse_shape_and_grids():
+    assert bench.parse_shape("2,16,1024,64") == (2, 16, 16, 1024, 1024, 64)
+    assert bench.parse_shape("2,16:4,512,1024,128") == (2, 16, 4, 512, 1024, 128)
+    for bad in ("2,16,64", "2,16:3,128,64", "a,b,c,d"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_shape(bad)
+    grid = bench.default_grid()
+    assert len(grid) == 4 + 2 * 2 * 3 * 2
+    assert {(c.B, c.Nq, c.d) for c in grid if c.dtype == "float32"} == set(bench.HW4_SHAPES)
+    assert all(c.H == 1 and not c.causal for c in grid if c.dtype == "float32")
+    assert len(bench.quick_grid()) < len(grid)
+    args = _args(["--shape", "2,4,128,64", "--shape", "1,8:2,64,256,32", "--dtypes", "float16,bfloat16",
+                  "--causal", "both"])
+    assert len(bench.select_cases(args)) == 2 * 2 * 2
+    assert bench.select_backends(["tensorcore", "sdpa"]) == ["tensorcore"] + list(bench.SDPA_BACKENDS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Whole runs on the CPU (cpu backend, tiny shapes).
+# ---------------------------------------------------------------------------------------------------
+def test_json_schema_with_fake_timer(tmp_path, capsys):
+    timer = FakeTimer([2.0, 1.0, 3.0])
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "2,2,64,32", "--shape", "1,4:2,33,70,64", "--dtypes", "float32", "--causal", "both",
+                 "--backends", "cpu", "--repeats", "21", "--warmup", "2", "--no-progress", "--json", str(path)],
+                timer)
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "| cpu" in table and "TFLOP/s" in table
+
+    doc = json.loads(path.read_text())
+    assert {"gpu", "commit", "created", "peaks", "rows"} <= set(doc)
+    assert doc["gpu"] is None or {"name", "compute_capability", "multiprocessors"} <= set(doc["gpu"])
+    assert isinstance(doc["commit"], str) and doc["commit"]
+    assert doc["created"][:2] == "20" and "T" in doc["created"]
+    assert len(doc["rows"]) == 4
+    for row in doc["rows"]:
+        assert ROW_KEYS <= set(row)
+        assert row["backend"] == "cpu" and row["dtype"] == "float32" and row["status"] == "ok"
+        assert row["ms"] == 2.0 and row["repeats"] == 21  # median of 2, 1, 3 cycled
+        flops = bench.attention_flops(row["B"], row["H"], row["Nq"], row["Nk"], row["d"], row["causal"])
+        assert row["tflops"] == pytest.approx(flops / 2e-3 / 1e12)
+        assert row["rel_err"] < 1e-5
+        assert row["pct_peak"] is None and row["peak"] is None
+    assert {(r["Nq"], r["Nk"], r["H"], r["Hk"]) for r in doc["rows"]} == {(64, 64, 2, 2), (33, 70, 4, 2)}
+
+
+def test_real_timer_and_reference_on_cpu(tmp_path):
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "2,2,128,32", "--dtypes", "float16", "--backends", "cpu", "--repeats", "3",
+                 "--no-progress", "--json", str(path)])
+    assert code == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["status"] == "ok" and row["ms"] > 0 and row["tflops"] > 0
+    assert 0 < row["rel_err"] < 3e-3
+
+
+def test_skipped_rows_say_why(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "4,16,4096,128", "--backends", "cpu", "--no-progress", "--json", str(path)],
+                FakeTimer([1.0]))
+    assert code == 0
+    assert "skipped: " in capsys.readouterr().out
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["status"] == "skipped" and row["ms"] is None and row["tflops"] is None and row["rel_err"] is None
+    assert "numpy backend" in row["note"]
+
+
+def test_first_call_too_slow_is_skipped(tmp_path):
+    path = tmp_path / "bench.json"
+    assert _run(["--shape", "1,1,64,32", "--backends", "cpu", "--max-call-s", "1", "--no-progress",
+                 "--json", str(path)], FakeTimer([5000.0])) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["status"] == "skipped" and "first call took 5 s" in row["note"]
+
+
+def test_refusing_backend_is_unsupported_not_an_error():
+    def refuse(case):
+        def call(q, k, v):
+            raise NotImplementedError("float32 is not supported")
+        return call
+
+    def crash(case):
+        def call(q, k, v):
+            raise RuntimeError("illegal memory access")
+        return call
+
+    case = Case("float32", 1, 2, 2, 64, 64, 32, False)
+    runners = [bench.Runner("refuser", refuse, on_gpu=False), bench.Runner("crasher", crash, on_gpu=False)]
+    rows = bench.bench_case(case, runners, bench.Frame(), bench.Settings(repeats=3, warmup=1), rates={},
+                            timer_for=lambda r: FakeTimer([1.0]))
+    assert [r.status for r in rows] == ["unsupported", "error"]
+    assert "not supported" in rows[0].note and "illegal memory access" in rows[1].note
+
+
+def test_measured_rate_predicts_the_next_skip():
+    """After a slow measurement, a much larger shape of the same backend is skipped without a call."""
+    calls = []
+
+    def slow(case):
+        def call(q, k, v):
+            calls.append(case)
+            return np.zeros(q.shape, q.dtype)
+        return call
+
+    runner = bench.Runner("slowpoke", slow, on_gpu=False)
+    settings = bench.Settings(repeats=3, warmup=1, max_call_s=2.0, accuracy=False)
+    rates: dict = {}
+    small = Case("float32", 1, 1, 1, 64, 64, 32, False)
+    bench.bench_case(small, [runner], bench.Frame(), settings, rates=rates, timer_for=lambda r: FakeTimer([100.0]))
+    assert rates[("slowpoke", "float32")] == pytest.approx(bench.tflops(small, 100.0))
+    n = len(calls)
+    large = Case("float32", 1, 1, 1, 4096, 4096, 32, False)  # 4096x the FLOPs: ~400 s predicted
+    (row,) = bench.bench_case(large, [runner], bench.Frame(), settings, rates=rates,
+                              timer_for=lambda r: FakeTimer([100.0]))
+    assert row.status == "skipped" and "predicted" in row.note and len(calls) == n
+
+
+def test_no_backend_or_bad_options_exit_2(capsys):
+    assert _run(["--quick", "--backends", "nope", "--no-progress"]) == 2
+    assert _run(["--quick", "--dtypes", "float8", "--no-progress"]) == 2
+    assert _run(["--quick", "--repeats", "0", "--no-progress"]) == 2
+    # Without a GPU the GPU backends and SDPA are reported unavailable, not crashed on.
+    status = cutlassfa.backends()
+    if not status["tensorcore"].available:
+        assert _run(["--quick", "--backends", "tensorcore,sdpa", "--no-progress"]) == 2
+        assert "not available" in capsys.readouterr().err
+
+
+def test_plot(tmp_path, capsys):
+    path = tmp_path / "bench.png"
+    argv = ["--shape", "1,1,64,32", "--backends", "cpu", "--repeats", "2", "--no-progress", "--plot", str(path)]
+    if importlib.util.find_spec("matplotlib") is None:
+        assert _run(argv, FakeTimer([1.0])) == 2
+        assert "matplotlib" in capsys.readouterr().err
+        return
+    assert _run(argv, FakeTimer([1.0])) == 0
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------------------------------
+# A tiny real run on a GPU.
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_tiny_real_bench_on_gpu(tmp_path):
+    if not any(s.available for n, s in cutlassfa.backends().items() if n != "cpu"):
+        pytest.skip("no GPU backend available")
+    path = tmp_path / "bench.json"
+    code = bench.main(["--shape", "2,4,256,64", "--shape", "1,4:2,100,300,64", "--dtypes", "float16,float32",
+                       "--causal", "both", "--repeats", "3", "--warmup", "1", "--no-peaks", "--no-progress",
+                       "--json", str(path)])
+    assert code == 0
+    doc = json.loads(path.read_text())
+    assert doc["gpu"] and doc["gpu"]["multiprocessors"] > 0
+    ours = [r for r in doc["rows"] if r["backend"] in ("tensorcore", "large_tile", "small_tile", "naive")]
+    assert ours and all(r["status"] in ("ok", "unsupported") for r in ours), ours
+    for r in ours:
+        if r["status"] == "ok":
+            assert r["ms"] > 0 and r["tflops"] > 0 and r["rel_err"] < 2e-2
+    sdpa = [r for r in doc["rows"] if r["backend"].startswith("sdpa_")]
+    assert all(r["status"] != "error" for r in sdpa), sdpa
+
+
+@pytest.mark.gpu
+def test_peaks_on_gpu():
+    frame = bench.pick_frame(gpu=True)
+    if not frame.on_gpu:
+        pytest.skip("needs PyTorch or CuPy with a GPU")
+    peaks = bench.measure_peaks(frame, ["float16"], frame.timer(), n=2048, repeats=3, warmup=1)
+    assert peaks["fp16_gemm"]["tflops"] > 1 and "2048" in peaks["fp16_gemm"]["how"]
+    assert math.isfinite(peaks["fp16_gemm"]["tflops"])
