@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,7 +58,7 @@ def test_gen_seed_and_range(tmp_path):
     a = gen_case(tmp_path, seed=7, name="a")
     b = gen_case(tmp_path, seed=7, name="b")
     c = gen_case(tmp_path, seed=8, name="c")
-    read = lambda p, ext: open(p + ext, "rb").read()  # noqa: E731
+    read = lambda prefix, ext: Path(prefix + ext).read_bytes()  # noqa: E731
     assert read(a, ".in") == read(b, ".in") and read(a, ".out") == read(b, ".out")
     assert read(a, ".in") != read(c, ".in")
     assert cli.main(["gen", str(tmp_path / "r"), "--B", "1", "--N", "50", "--d", "32", "--range", "0.5"]) == 0

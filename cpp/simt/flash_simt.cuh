@@ -37,7 +37,8 @@ struct SimtTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMinBlocks = kMinBlocks_;  // __launch_bounds__ occupancy hint
-  // V reuses K's shared buffer (written after S = QK^T is done): small_tile at D=128 fits 48 KB so.
+  // V reuses K's shared buffer (written after S = QK^T is done) and K is not prefetched into
+  // registers: small_tile at D=128 (64 threads, 64 chunk registers per tile) fits 48 KB and 255 so.
   static constexpr bool kShareKV = kShareKV_;
 
   static constexpr int kTM = kBlockM / (kWarps * 4);  // rows per thread (S and O)
@@ -275,8 +276,10 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   const float* tOsP = sPt + row0;    // A operand of O = P V
   const float* tOsV = sV + tc * 4;   // B operand
 
-  TileCopy<T, kBlockN, D, Kt::kThreads, true> tKgK;    // K tile -> sKt (transposed)
-  TileCopy<T, kBlockN, D, Kt::kThreads, false> tVgV;   // V tile -> sV
+  using QCopy = TileCopy<T, kBlockM, D, Kt::kThreads, true>;   // Q tile -> sQt (transposed, scaled)
+  using KCopy = TileCopy<T, kBlockN, D, Kt::kThreads, true>;   // K tile -> sKt (transposed)
+  using VCopy = TileCopy<T, kBlockN, D, Kt::kThreads, false>;  // V tile -> sV
+  KCopy tKgK;  // the next K tile, fetched during P V (not with kShareKV)
 
   float tOrO[kTM][kTNO];  // O accumulator
   float m_i[kTM];         // running row max of the log2-scaled scores
@@ -293,21 +296,28 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   if (n_block_max > 0) {
     // Q is pre-multiplied by softmax_scale * log2(e) (params.softmax_scale_log2): the scores come out
     // of the GEMM in log2 units and the softmax is exp2f(s - m), one FFMA fewer per score.
-    TileCopy<T, kBlockM, D, Kt::kThreads, true> tQgQ;
-    tQgQ.load(gQ, params.q_row_stride, rows_valid, vec_q, tid);
-    tKgK.load(gK, params.k_row_stride, seqlen_k, vec_k, tid);
-    tQgQ.store(sQt, Kt::kLdQ, params.softmax_scale_log2, tid);
+    if (!Kt::kShareKV) tKgK.load(gK, params.k_row_stride, seqlen_k, vec_k, tid);
+    QCopy::copy(gQ, params.q_row_stride, rows_valid, vec_q, sQt, Kt::kLdQ, params.softmax_scale_log2, tid);
   }
 
   // ============================== MAIN LOOP ==============================
   for (int n_block = 0; n_block < n_block_max; ++n_block) {
     const int n0 = n_block * kBlockN;
+    const Storage* gKn = gK + n0 * params.k_row_stride;  // (kBlockN, D)
+    const Storage* gVn = gV + n0 * params.v_row_stride;  // (kBlockN, D)
     __syncthreads();  // the previous step's P V is done with sV and sPt
-    tKgK.store(sKt, Kt::kLdK, 1.f, tid);
+    if (Kt::kShareKV) {
+      KCopy::copy(gKn, params.k_row_stride, seqlen_k - n0, vec_k, sKt, Kt::kLdK, 1.f, tid);
+    } else {
+      // K was fetched during the previous P V. V is fetched here, not there: the fp32 D=64 large tile
+      // has no registers for both (O 64 + K 32 + V 32 + fragments spilled), and its latency is hidden
+      // by the other resident block.
+      VCopy tVgV;
+      tVgV.load(gVn, params.v_row_stride, seqlen_k - n0, vec_v, tid);
+      tKgK.store(sKt, Kt::kLdK, 1.f, tid);
+      tVgV.store(sV, Kt::kLdV, 1.f, tid);
+    }
     __syncthreads();
-    // V is fetched into registers during Q K^T and K during P V: each GEMM carries 32 (fp32) or
-    // 16 (fp16/bf16) extra live registers, not one of them 64.
-    tVgV.load(gV + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0, vec_v, tid);
 
     // S = (scale * log2 e * Q) K^T
     float tSrS[kTM][kTNS];
@@ -369,12 +379,14 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
             make_float4(tSrS[4 * g][j], tSrS[4 * g + 1][j], tSrS[4 * g + 2][j], tSrS[4 * g + 3][j]);
       }
     }
-    if (Kt::kShareKV) __syncthreads();  // everyone is done reading sKt, which sV overwrites
-    tVgV.store(sV, Kt::kLdV, 1.f, tid);
+    if (Kt::kShareKV) {
+      __syncthreads();  // everyone is done reading sKt, which sV overwrites
+      VCopy::copy(gVn, params.v_row_stride, seqlen_k - n0, vec_v, sV, Kt::kLdV, 1.f, tid);
+    }
     __syncthreads();
 
     // Fetch the next K tile into registers while P V runs.
-    if (n_block + 1 < n_block_max) {
+    if (!Kt::kShareKV && n_block + 1 < n_block_max) {
       const int n1 = n0 + kBlockN;
       tKgK.load(gK + n1 * params.k_row_stride, params.k_row_stride, seqlen_k - n1, vec_k, tid);
     }

@@ -18,7 +18,7 @@ try:
     _EXTENSION_ERROR = ""
 except ImportError as error:  # built without a CUDA toolkit
     _C = None
-    _EXTENSION_ERROR = f"the CUDA extension is not available ({error})"
+    _EXTENSION_ERROR = f"cutlassfa was installed without its CUDA extension ({error.msg})"
 
 HEAD_DIMS = (32, 64, 128)
 GPU_BACKENDS = ("tensorcore", "large_tile", "small_tile", "naive")

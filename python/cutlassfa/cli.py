@@ -38,6 +38,10 @@ _EXTERNAL = {
 }
 
 
+# Seed 003's correctness rule: every output within 5e-3 of the reference.
+HW4_MAX_ABS_ERROR = 5e-3
+
+
 class CliError(Exception):
     """An error reported to the user as one line on stderr, with an exit status."""
 
@@ -69,13 +73,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     step = max(1, _RUN_CHUNK_ELEMS // (n * d))
     for b0 in range(0, b, step):
         b1 = min(b, b0 + step)
-        o[b0:b1] = cutlassfa.forward(q[b0:b1], k[b0:b1], v[b0:b1], backend=args.backend)
+        cutlassfa.forward(q[b0:b1], k[b0:b1], v[b0:b1], backend=args.backend, out=o[b0:b1])
     t2 = time.perf_counter()
 
     hw4.write_hw4_output(args.output, o)
     t3 = time.perf_counter()
     print(f"B={b} N={n} d={d} backend={used}")
     print(f"input {t1 - t0:.3f} s  compute {t2 - t1:.3f} s  output {t3 - t2:.3f} s")
+    if args.expect is not None:
+        expected = hw4.read_hw4_output(args.expect, o.shape)
+        error = float(np.max(np.abs(o.astype(np.float64) - expected))) if o.size else 0.0
+        verdict = "ok" if error <= HW4_MAX_ABS_ERROR else "FAILED"
+        print(f"max abs error vs {args.expect}: {error:.3g} (HW4 limit {HW4_MAX_ABS_ERROR}) {verdict}")
+        return 0 if error <= HW4_MAX_ABS_ERROR else 1
     return 0
 
 
@@ -153,6 +163,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("input", help="HW4 input: int32 B, N, d then per batch Q, K, V (N x d float32)")
     p.add_argument("output", help="HW4 output: B*N*d float32 (written atomically)")
     p.add_argument("--backend", default="auto", choices=BACKEND_CHOICES, help="default: auto")
+    p.add_argument("--expect", metavar="REFERENCE", default=None,
+                   help="an HW4 output file to compare with (e.g. from `cutlassfa gen`): prints the max abs "
+                        f"error and exits 1 above {HW4_MAX_ABS_ERROR}")
     p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser(
