@@ -32,14 +32,15 @@ cudaError_t launch_flash_simt_kernel(const FwdParams& params, cudaStream_t strea
 }
 
 // The one place where dtype and head dim become template arguments; causal stays a run-time flag.
-template <template <int> class Config>
-cudaError_t launch_flash_simt(const FwdParams& params, cudaStream_t stream) {
+// Launch<T, D>::run(params, stream) launches one instantiation.
+template <template <typename, int> class Launch>
+cudaError_t dispatch_flash_simt(const FwdParams& params, cudaStream_t stream) {
   auto by_head_dim = [&](auto type_tag) -> cudaError_t {
     using T = decltype(type_tag);
     switch (params.head_dim) {
-      case 32: return launch_flash_simt_kernel<Config<32>, T>(params, stream);
-      case 64: return launch_flash_simt_kernel<Config<64>, T>(params, stream);
-      case 128: return launch_flash_simt_kernel<Config<128>, T>(params, stream);
+      case 32: return Launch<T, 32>::run(params, stream);
+      case 64: return Launch<T, 64>::run(params, stream);
+      case 128: return Launch<T, 128>::run(params, stream);
       default: return cudaErrorInvalidValue;
     }
   };

@@ -29,12 +29,20 @@ using namespace cutlassfa;
     }                                                                                          \
   } while (0)
 
-static const char* kBackendNames[] = {"naive", "small_tile", "large_tile"};
+// Backend 3: the large_tile variant that sm_86 / sm_89 fall back to, run directly.
+template <typename T, int D>
+struct CompactLaunch {
+  static cudaError_t run(const FwdParams& p, cudaStream_t s) {
+    return simt::launch_flash_simt_kernel<simt::LargeTileCompact<D>, T>(p, s);
+  }
+};
+static const char* kBackendNames[] = {"naive", "small_tile", "large_tile", "large_cmpct"};
 static cudaError_t run_backend(int backend, const FwdParams& p, cudaStream_t s) {
   switch (backend) {
     case 0: return launch_naive(p, s);
     case 1: return launch_small_tile(p, s);
-    default: return launch_large_tile(p, s);
+    case 2: return launch_large_tile(p, s);
+    default: return simt::dispatch_flash_simt<CompactLaunch>(p, s);
   }
 }
 
@@ -266,10 +274,8 @@ static float time_ms(F&& f, int reps) {
 }
 
 // Extra d=64 configurations, timed for tuning only.
-using Tune0 = simt::SimtTraits<64, 128, 32, 4, false, 2>;  // 8x4 S microtile, 65 KB
-using Tune1 = simt::SimtTraits<64, 128, 64, 8, false, 1>;  // 4x8, 8 warps
-using Tune2 = simt::SimtTraits<64, 64, 64, 4, false, 2>;   // 4x8, 64 rows
-using Tune3 = simt::SimtTraits<64, 256, 64, 8, false, 1>;  // 8x8, 8 warps, 160 KB
+using Tune0 = simt::SimtTraits<64, 256, 32, 8, false, 1>;  // 8x4 S microtile, 8 warps, 114 KB
+using Tune1 = simt::SimtTraits<32, 256, 64, 8, false, 1>;  // D=32, 8x8, 8 warps, 113 KB
 
 static void bench(DType t, int D, int N, bool causal, bool with_tuning) {
   std::mt19937 rng(7);
@@ -296,10 +302,15 @@ static void bench(DType t, int D, int N, bool causal, bool with_tuning) {
       const float ms = time_ms(launch, 3);
       std::printf("  TUNE  %-40s %8.3f ms  %6.2f TFLOP/s\n", name, ms, flop / ms * 1e-9);
     };
-    one("128x32 4w (8x4 S)", [&] { return simt::launch_flash_simt_kernel<Tune0, float>(p, 0); });
-    one("128x64 8w (4x8 S)", [&] { return simt::launch_flash_simt_kernel<Tune1, float>(p, 0); });
-    one("64x64 4w (4x8 S)", [&] { return simt::launch_flash_simt_kernel<Tune2, float>(p, 0); });
-    one("256x64 8w (8x8 S)", [&] { return simt::launch_flash_simt_kernel<Tune3, float>(p, 0); });
+    one("compact 128x64 4w (8x8 S)", [&] { return simt::launch_flash_simt_kernel<simt::LargeTileCompact<64>, float>(p, 0); });
+    one("256x32 8w (8x4 S)", [&] { return simt::launch_flash_simt_kernel<Tune0, float>(p, 0); });
+  }
+  if (with_tuning && t == DType::kFloat32 && D == 32) {
+    auto one = [&](const char* name, auto launch) {
+      const float ms = time_ms(launch, 3);
+      std::printf("  TUNE  %-40s %8.3f ms  %6.2f TFLOP/s\n", name, ms, flop / ms * 1e-9);
+    };
+    one("D=32 256x64 8w (8x8 S)", [&] { return simt::launch_flash_simt_kernel<Tune1, float>(p, 0); });
   }
   CHECK(cudaFree(lse));
 }
@@ -336,7 +347,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   const DType dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
   const int dims[] = {32, 64, 128};
-  for (int backend = 0; backend < 3; ++backend) {
+  for (int backend = 0; backend < 4; ++backend) {
     for (DType t : dtypes) {
       for (int D : dims) {
         for (const Case& c0 : cases) {
@@ -351,7 +362,7 @@ int main(int argc, char** argv) {
     run_case(backend, DType::kFloat16, Case{2, 35000, 35000, 3, 5, 32, true, 0, 0}, rng);
   }
   // A longer causal sequence through every tile boundary.
-  for (int backend = 0; backend < 3; ++backend)
+  for (int backend = 0; backend < 4; ++backend)
     run_case(backend, DType::kFloat32, Case{1, 2, 1, 1000, 1100, 64, true, 1, 0}, rng);
   std::printf("correctness: %d failure(s)\n", g_failures);
 
@@ -360,7 +371,7 @@ int main(int argc, char** argv) {
     bench(DType::kFloat32, 64, 32768, true, false);
     bench(DType::kFloat16, 64, 32768, false, false);
     bench(DType::kFloat32, 128, 16384, false, false);
-    bench(DType::kFloat32, 32, 16384, false, false);
+    bench(DType::kFloat32, 32, 16384, false, true);
     {
       // naive at a size whose workspace fits: B=2, N=8192 -> 512 MiB
       std::mt19937 r2(3);
