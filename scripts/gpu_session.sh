@@ -5,7 +5,14 @@
 # Steps: build | tests | gpu-tests | check | bench-quick | bench | sanitize | cmd:'<shell command>'
 set -uo pipefail
 arch=90a
-if [ "${1:-}" = "--arch" ]; then arch=$2; shift 2; fi
+defines=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch=$2; shift 2 ;;
+    --no-tensorcore) defines+=(-C cmake.define.CUTLASSFA_TENSORCORE=OFF); shift ;;
+    *) break ;;
+  esac
+done
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -15,7 +22,7 @@ install() {
   export PYTHONPATH=/tmp/site
   local start=$(date +%s)
   python3 -m pip install -q --no-build-isolation --no-deps \
-    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" -C build.verbose=false . >"$OUT/build.log" 2>&1
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" "${defines[@]}" . >"$OUT/build.log" 2>&1
   local rc=$?
   echo "build rc=$rc in $(( $(date +%s) - start )) s (arch $arch)"
   [ $rc -eq 0 ] || tail -40 "$OUT/build.log"
@@ -29,7 +36,7 @@ for step in "$@"; do
   echo "=== $step"
   case "$step" in
     build) ;;
-    tests) python3 -m pytest -q -x tests 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests) python3 -m pytest -q --maxfail=30 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     gpu-tests) python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 ;;
     check) python3 -m cutlassfa.cli check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | tail -40 ;;
     bench-quick) python3 -m cutlassfa.cli bench --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" | tail -40 ;;
