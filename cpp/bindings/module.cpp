@@ -158,12 +158,12 @@ void synchronize(int device, uintptr_t stream) {
   check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
 
-void forward(int backend, const FwdParams& params, int device, uintptr_t stream) {
+void forward(Backend backend, const FwdParams& params, int device, uintptr_t stream) {
   DeviceGuard guard(device);
   cudaError_t status;
   {
     nb::gil_scoped_release release;
-    status = cutlassfa::run_forward(static_cast<Backend>(backend), params,
+    status = cutlassfa::run_forward(backend, params,
                                     reinterpret_cast<cudaStream_t>(stream));
   }
   check(status, "cutlassfa kernel launch");

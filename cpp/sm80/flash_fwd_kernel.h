@@ -27,9 +27,12 @@ using namespace cute;
 template <class TiledCopy, class TensorSrc, class TensorDst, class TensorCoord>
 __forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tiled_copy, TensorSrc const& src, TensorDst& dst,
                                                 TensorCoord const& coords, int rows_valid) {
+  // Relative to this thread's first row, behind opaque(): see Mask::apply.
+  int const row0 = get<0>(coords(0, 0, 0));
+  int const rows_valid_rel = opaque(rows_valid - row0);
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
-    if (get<0>(coords(0, m, 0)) < rows_valid) {
+    if (get<0>(coords(0, m, 0)) - row0 < rows_valid_rel) {
       copy(tiled_copy, src(_, m, _), dst(_, m, _));
     } else {
       clear(dst(_, m, _));
@@ -100,15 +103,25 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   auto gmem_thr_copy_QKV = gmem_tiled_copy_QKV.get_thread_slice(tidx);
   Tensor tQgQ = gmem_thr_copy_QKV.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
   Tensor tQsQ = gmem_thr_copy_QKV.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
-  Tensor tKgK = gmem_thr_copy_QKV.partition_S(gK);  // (KCPY, KCPY_N, KCPY_K, n_blocks)
-  Tensor tKsK = gmem_thr_copy_QKV.partition_D(sK);  // (KCPY, KCPY_N, KCPY_K)
-  Tensor tVgV = gmem_thr_copy_QKV.partition_S(gV);  // (VCPY, VCPY_N, VCPY_K, n_blocks)
-  Tensor tVsV = gmem_thr_copy_QKV.partition_D(sV);  // (VCPY, VCPY_N, VCPY_K)
   // (row, col) of every copied element, for the row predicates of ragged tiles.
   Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
   Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, d) -> (row, col)
   Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);    // (QCPY, QCPY_M, QCPY_K)
-  Tensor tKVcKV = gmem_thr_copy_QKV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K)
+
+  // cp.async of K or V tile n_block into sX; is_predicated zero-fills the rows >= seqlen_k. The
+  // partitions are rebuilt at each call from tid, as the ldmatrix ones in kv_step, so that the
+  // per-row global addresses are not held in registers across the K/V loop.
+  auto load_kv = [&](auto const& gX, auto& sX, int const n_block, int const tid, auto is_predicated) {
+    auto gmem_thr_copy_KV = gmem_tiled_copy_QKV.get_thread_slice(tid);
+    Tensor tXgX = gmem_thr_copy_KV.partition_S(gX(_, _, n_block));  // (KCPY, KCPY_N, KCPY_K)
+    Tensor tXsX = gmem_thr_copy_KV.partition_D(sX);                  // (KCPY, KCPY_N, KCPY_K)
+    if constexpr (decltype(is_predicated)::value) {
+      Tensor tXcX = gmem_thr_copy_KV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
+      copy_rows_zfill(gmem_tiled_copy_QKV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
+    } else {
+      copy(gmem_tiled_copy_QKV, tXgX, tXsX);
+    }
+  };
 
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tidx);
@@ -119,22 +132,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN) -> (row, col)
   Tensor tScS = thr_mma.partition_C(cS);                                 // (MMA, MMA_M, MMA_N)
 
-  auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(tidx);
-  Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
-  auto smem_tiled_copy_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
-  auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(tidx);
-  Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
-  auto smem_tiled_copy_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
-  auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(tidx);
-  Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);  // (CPY, CPY_K, CPY_N)
-
   // ---- Prologue: Q and the first (highest) K tile in flight --------------------------------------------
   copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
   if (n_block_max > 0) {
-    int const n_block = n_block_max - 1;
-    copy_rows_zfill(gmem_tiled_copy_QKV, tKgK(_, _, _, n_block), tKsK, tKVcKV,
-                    params.seqlen_k - n_block * kBlockN);
+    load_kv(gK, sK, n_block_max - 1, tidx, cute::true_type{});
   }
   cute::cp_async_fence();
 
@@ -144,16 +145,29 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   // ---- K/V loop ------------------------------------------------------------------------------------------
   auto kv_step = [&](int const n_block, auto is_masked_step) {
     constexpr bool kMasked = decltype(is_masked_step)::value;
+    // The ldmatrix addresses are loop invariant, and the compiler keeps them all in registers (one
+    // per swizzled 16-byte column chunk) next to the accumulators; rebuilding them from an opaque
+    // thread index at every step costs a few integer instructions and frees those registers.
+    int const tid = opaque_volatile(tidx);
+    auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+    auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(tid);
+    Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);  // (CPY, CPY_M, CPY_K)
+    auto smem_tiled_copy_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+    auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(tid);
+    Tensor tSsK = smem_thr_copy_K.partition_S(sK);  // (CPY, CPY_N, CPY_K)
+    auto smem_tiled_copy_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+    auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(tid);
+    Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);  // (CPY, CPY_K, CPY_N)
+
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
 
     cute::cp_async_wait<0>();
     __syncthreads();  // K[n] (and Q) have landed; every warp is done reading V[n+1] from sV
     if constexpr (kMasked) {  // only a masked step can hold the ragged last tile
-      copy_rows_zfill(gmem_tiled_copy_QKV, tVgV(_, _, _, n_block), tVsV, tKVcKV,
-                      params.seqlen_k - n_block * kBlockN);
+      load_kv(gV, sV, n_block, tid, cute::true_type{});
     } else {
-      copy(gmem_tiled_copy_QKV, tVgV(_, _, _, n_block), tVsV);
+      load_kv(gV, sV, n_block, tid, cute::false_type{});
     }
     cute::cp_async_fence();
 
@@ -164,7 +178,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     cute::cp_async_wait<0>();
     __syncthreads();  // V[n] has landed; every warp is done reading K[n] from sK
     if (n_block > 0) {  // tiles below the last are full: no predicate
-      copy(gmem_tiled_copy_QKV, tKgK(_, _, _, n_block - 1), tKsK);
+      load_kv(gK, sK, n_block - 1, tid, cute::false_type{});
       cute::cp_async_fence();
     }
 

@@ -48,15 +48,21 @@ struct Mask {
   __forceinline__ __device__ void apply(TensorS& acc_s, TensorC const& tScS, int m_block, int n_block) const {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (nrow, ncol)
     Tensor coords = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));    // (nrow, ncol) -> (row, col)
+    // Compare compile-time offsets from this thread's first element against a limit made relative
+    // to it. The limit goes through opaque(): otherwise the compiler folds the subtraction back into
+    // a compare of the absolute column (loop invariant) with a uniform limit, and hoists all 64 of
+    // them (rows x cols of the thread) out of the K/V loop as registers, which spilled.
+    int const row0 = get<0>(coords(0, 0));
+    int const col0 = get<1>(coords(0, 0));
     CUTE_UNROLL
     for (int mi = 0; mi < size<0>(scores); ++mi) {
-      int const row = m_block * kBlockM + get<0>(coords(mi, 0));
+      int const row = m_block * kBlockM + row0 + (get<0>(coords(mi, 0)) - row0);
       int col_end = seqlen_k;  // keys [0, col_end) are visible to this row
       if constexpr (kIsCausal) { col_end = min(col_end, row + 1 + seqlen_k - seqlen_q); }
-      int const col_end_in_tile = col_end - n_block * kBlockN;
+      int const col_end_rel = opaque(col_end - n_block * kBlockN - col0);
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) {
-        if (get<1>(coords(mi, ni)) >= col_end_in_tile) { scores(mi, ni) = -INFINITY; }
+        if (get<1>(coords(mi, ni)) - col0 >= col_end_rel) { scores(mi, ni) = -INFINITY; }
       }
     }
   }

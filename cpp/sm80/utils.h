@@ -45,46 +45,70 @@ __forceinline__ __device__ auto convert_type(Tensor<Engine, Layout> const& src) 
   return dst;
 }
 
-// acc += A B^T with both operands in shared memory. The ldmatrix of k-step k+1 is issued before
-// the MMAs of step k so shared-memory latency hides behind tensor-core work.
-template <class Tensor0, class Tensor1, class Tensor2, class Tensor3, class Tensor4, class TiledMma,
-          class TiledCopyA, class TiledCopyB, class ThrCopyA, class ThrCopyB>
-__forceinline__ __device__ void gemm_ss(Tensor0& acc, Tensor1& tCrA, Tensor2& tCrB, Tensor3 const& tCsA,
-                                        Tensor4 const& tCsB, TiledMma tiled_mma, TiledCopyA smem_tiled_copy_A,
-                                        TiledCopyB smem_tiled_copy_B, ThrCopyA smem_thr_copy_A,
-                                        ThrCopyB smem_thr_copy_B) {
-  Tensor tCrA_view = smem_thr_copy_A.retile_D(tCrA);  // (CPY, CPY_M, CPY_K)
+// acc += A B^T over one tile, A (MMA, MMA_M, MMA_K) and B (MMA, MMA_N, MMA_K) fed by ldmatrix.
+// B is loaded one ldmatrix (two 16x8 MMA atoms along N) ahead of the MMAs that use it, and A one
+// K step ahead, rather than a whole K slice of B ahead: a slice of B is 2 registers per 8 columns of
+// the tile (32 at kBlockN = 128), and registers are the scarce resource of this kernel.
+// kASmem = false: A is already in registers (P of O = P V) and tCsA is ignored.
+template <bool kASmem, class TensorAcc, class TensorA, class TensorB, class TensorSA, class TensorSB,
+          class TiledMma, class TiledCopyA, class TiledCopyB, class ThrCopyA, class ThrCopyB>
+__forceinline__ __device__ void gemm_pipelined(TensorAcc& acc, TensorA& tCrA, TensorB& tCrB, TensorSA const& tCsA,
+                                               TensorSB const& tCsB, TiledMma const& tiled_mma,
+                                               TiledCopyA const& smem_tiled_copy_A, TiledCopyB const& smem_tiled_copy_B,
+                                               ThrCopyA const& smem_thr_copy_A, ThrCopyB const& smem_thr_copy_B) {
   Tensor tCrB_view = smem_thr_copy_B.retile_D(tCrB);  // (CPY, CPY_N, CPY_K)
-  CUTE_STATIC_ASSERT_V(size<1>(tCsA) == size<1>(tCrA_view));
+  constexpr int kSteps = decltype(size<2>(tCrB))::value;
+  constexpr int kChunks = decltype(size<1>(tCrB_view))::value;  // ldmatrix per K step of B
+  constexpr int kAtomsPerChunk = decltype(size<1>(tCrB))::value / kChunks;
+  static_assert(kChunks * kAtomsPerChunk == decltype(size<1>(tCrB))::value);
   CUTE_STATIC_ASSERT_V(size<1>(tCsB) == size<1>(tCrB_view));
-  copy(smem_tiled_copy_A, tCsA(_, _, _0{}), tCrA_view(_, _, _0{}));
-  copy(smem_tiled_copy_B, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    if (k < size<2>(tCrA) - 1) {
-      copy(smem_tiled_copy_A, tCsA(_, _, k + 1), tCrA_view(_, _, k + 1));
-      copy(smem_tiled_copy_B, tCsB(_, _, k + 1), tCrB_view(_, _, k + 1));
+  CUTE_STATIC_ASSERT_V(size<2>(tCrA) == size<2>(tCrB));
+  auto load_a = [&](int k) {
+    if constexpr (kASmem) {
+      Tensor tCrA_view = smem_thr_copy_A.retile_D(tCrA);  // (CPY, CPY_M, CPY_K)
+      copy(smem_tiled_copy_A, tCsA(_, _, k), tCrA_view(_, _, k));
     }
-    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+  };
+  load_a(0);
+  copy(smem_tiled_copy_B, tCsB(_, 0, 0), tCrB_view(_, 0, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < kSteps; ++k) {
+    CUTE_UNROLL
+    for (int c = 0; c < kChunks; ++c) {
+      if (c + 1 < kChunks) {
+        copy(smem_tiled_copy_B, tCsB(_, c + 1, k), tCrB_view(_, c + 1, k));
+      } else if (k + 1 < kSteps) {
+        load_a(k + 1);
+        copy(smem_tiled_copy_B, tCsB(_, 0, k + 1), tCrB_view(_, 0, k + 1));
+      }
+      CUTE_UNROLL
+      for (int n = c * kAtomsPerChunk; n < (c + 1) * kAtomsPerChunk; ++n) {
+        CUTE_UNROLL
+        for (int m = 0; m < size<1>(tCrA); ++m) { cute::gemm(tiled_mma, tCrA(_, m, k), tCrB(_, n, k), acc(_, m, n)); }
+      }
+    }
   }
 }
 
-// acc += A B^T with A already in registers (P) and B in shared memory (V^T).
-template <class Tensor0, class Tensor1, class Tensor2, class Tensor3, class TiledMma, class TiledCopyB,
+// acc += A B^T with both operands in shared memory (S = Q K^T).
+template <class TensorAcc, class TensorA, class TensorB, class TensorSA, class TensorSB, class TiledMma,
+          class TiledCopyA, class TiledCopyB, class ThrCopyA, class ThrCopyB>
+__forceinline__ __device__ void gemm_ss(TensorAcc& acc, TensorA& tCrA, TensorB& tCrB, TensorSA const& tCsA,
+                                        TensorSB const& tCsB, TiledMma const& tiled_mma,
+                                        TiledCopyA const& smem_tiled_copy_A, TiledCopyB const& smem_tiled_copy_B,
+                                        ThrCopyA const& smem_thr_copy_A, ThrCopyB const& smem_thr_copy_B) {
+  gemm_pipelined<true>(acc, tCrA, tCrB, tCsA, tCsB, tiled_mma, smem_tiled_copy_A, smem_tiled_copy_B, smem_thr_copy_A,
+                       smem_thr_copy_B);
+}
+
+// acc += A B^T with A already in registers (P) and B in shared memory (V^T): O += P V.
+template <class TensorAcc, class TensorA, class TensorB, class TensorSB, class TiledMma, class TiledCopyB,
           class ThrCopyB>
-__forceinline__ __device__ void gemm_rs(Tensor0& acc, Tensor1 const& tCrA, Tensor2& tCrB, Tensor3 const& tCsB,
-                                        TiledMma tiled_mma, TiledCopyB smem_tiled_copy_B,
-                                        ThrCopyB smem_thr_copy_B) {
-  Tensor tCrB_view = smem_thr_copy_B.retile_D(tCrB);  // (CPY, CPY_N, CPY_K)
-  CUTE_STATIC_ASSERT_V(size<1>(tCsB) == size<1>(tCrB_view));
-  copy(smem_tiled_copy_B, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    if (k < size<2>(tCrA) - 1) {
-      copy(smem_tiled_copy_B, tCsB(_, _, k + 1), tCrB_view(_, _, k + 1));
-    }
-    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
-  }
+__forceinline__ __device__ void gemm_rs(TensorAcc& acc, TensorA& tCrA, TensorB& tCrB, TensorSB const& tCsB,
+                                        TiledMma const& tiled_mma, TiledCopyB const& smem_tiled_copy_B,
+                                        ThrCopyB const& smem_thr_copy_B) {
+  gemm_pipelined<false>(acc, tCrA, tCrB, tCsB, tCsB, tiled_mma, smem_tiled_copy_B, smem_tiled_copy_B, smem_thr_copy_B,
+                        smem_thr_copy_B);
 }
 
 // The 4 threads of a quad (lanes 4r .. 4r+3) hold the columns of the same accumulator rows.
@@ -109,6 +133,19 @@ __forceinline__ __device__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Returns x unchanged, but hides it from the optimizer's algebra (an empty inline asm). See the
+// comment at its uses in mask.h.
+__forceinline__ __device__ int opaque(int x) {
+  asm("" : "+r"(x));
+  return x;
+}
+
+// Same, and never hoisted or merged with another call (volatile): re-evaluated where it stands.
+__forceinline__ __device__ int opaque_volatile(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
 }
 
 }  // namespace cutlassfa::sm80

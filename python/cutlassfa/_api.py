@@ -18,7 +18,12 @@ try:
     _EXTENSION_ERROR = ""
 except ImportError as error:  # built without a CUDA toolkit
     _C = None
-    _EXTENSION_ERROR = f"cutlassfa was installed without its CUDA extension ({error.msg})"
+    import pathlib
+
+    if any(pathlib.Path(__file__).parent.glob("_C.*")):
+        _EXTENSION_ERROR = f"the CUDA extension failed to load ({error})"
+    else:
+        _EXTENSION_ERROR = "cutlassfa was installed without its CUDA extension (no CUDA toolkit at build time)"
 
 HEAD_DIMS = (32, 64, 128)
 GPU_BACKENDS = ("tensorcore", "large_tile", "small_tile", "naive")

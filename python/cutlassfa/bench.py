@@ -637,7 +637,7 @@ def _measure(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]], t
         if _is_oom(error):
             row.status, row.note = "skipped", "out of memory"
         else:
-            row.status = classify_error(error)
+            row.status = classify_error(error, anchor=row.backend.startswith("sdpa_"))
             row.note = f"{row.status}: {first_line(error)}"
         return
     row.ms, row.ms_min, row.repeats = median(times), min(times), len(times)

@@ -1,0 +1,246 @@
+// Standalone GPU check of launch_tensorcore, independent of the Python package: random inputs in a
+// strided (batch, seqlen, heads, head_dim) layout, output poisoned with NaN, fp64 CPU reference,
+// then cudaEvent timings of the benchmark shapes. Built and run by cpp/sm80/selftest.sh.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cutlassfa/launch.h"
+#include "cutlassfa/params.h"
+
+using cutlassfa::DType;
+using cutlassfa::FwdParams;
+
+#define CHECK_CUDA(expr)                                                                      \
+  do {                                                                                        \
+    cudaError_t const err_ = (expr);                                                          \
+    if (err_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+int elem_bytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+// Host value -> device bits and back, with the rounding of the device type.
+void store(DType t, void* base, size_t i, float x) {
+  if (t == DType::kFloat32) { static_cast<float*>(base)[i] = x; }
+  if (t == DType::kFloat16) { static_cast<__half*>(base)[i] = __float2half_rn(x); }
+  if (t == DType::kBFloat16) { static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); }
+}
+double load(DType t, const void* base, size_t i) {
+  if (t == DType::kFloat32) { return static_cast<const float*>(base)[i]; }
+  if (t == DType::kFloat16) { return __half2float(static_cast<const __half*>(base)[i]); }
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+}
+
+struct Case {
+  DType dtype;
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  bool causal;
+};
+
+const char* name(DType t) { return t == DType::kFloat32 ? "fp32" : (t == DType::kFloat16 ? "fp16" : "bf16"); }
+
+// Tensors live as (batch, seqlen, heads, head_dim), as most frameworks store them, so the row
+// stride (heads * d) differs from head_dim and the head stride is d.
+struct Buffers {
+  std::vector<char> hq, hk, hv, ho;
+  std::vector<float> hlse;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *do_ = nullptr;
+  float* dlse = nullptr;
+  FwdParams p{};
+};
+
+Buffers make_buffers(const Case& c, unsigned seed, float amplitude) {
+  Buffers b;
+  int const eb = elem_bytes(c.dtype);
+  size_t const nq = size_t(c.batch) * c.seqlen_q * c.heads_q * c.head_dim;
+  size_t const nk = size_t(c.batch) * c.seqlen_k * c.heads_kv * c.head_dim;
+  b.hq.resize(nq * eb);
+  b.hk.resize(nk * eb);
+  b.hv.resize(nk * eb);
+  b.ho.resize(nq * eb);
+  b.hlse.resize(size_t(c.batch) * c.heads_q * c.seqlen_q);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-amplitude, amplitude);
+  for (size_t i = 0; i < nq; ++i) { store(c.dtype, b.hq.data(), i, u(rng)); }
+  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hk.data(), i, u(rng)); }
+  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hv.data(), i, u(rng)); }
+  CHECK_CUDA(cudaMalloc(&b.dq, b.hq.size()));
+  CHECK_CUDA(cudaMalloc(&b.dk, b.hk.size()));
+  CHECK_CUDA(cudaMalloc(&b.dv, b.hv.size()));
+  CHECK_CUDA(cudaMalloc(&b.do_, b.ho.size()));
+  CHECK_CUDA(cudaMalloc(&b.dlse, b.hlse.size() * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(b.dq, b.hq.data(), b.hq.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b.dk, b.hk.data(), b.hk.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b.dv, b.hv.data(), b.hv.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(b.do_, 0xff, b.ho.size()));  // NaN in every float format
+  CHECK_CUDA(cudaMemset(b.dlse, 0xff, b.hlse.size() * sizeof(float)));
+
+  FwdParams& p = b.p;
+  p.q = b.dq;
+  p.k = b.dk;
+  p.v = b.dv;
+  p.o = b.do_;
+  p.lse = b.dlse;
+  long long const d = c.head_dim;
+  p.q_row_stride = p.o_row_stride = c.heads_q * d;
+  p.q_head_stride = p.o_head_stride = d;
+  p.q_batch_stride = p.o_batch_stride = (long long)c.seqlen_q * c.heads_q * d;
+  p.k_row_stride = p.v_row_stride = c.heads_kv * d;
+  p.k_head_stride = p.v_head_stride = d;
+  p.k_batch_stride = p.v_batch_stride = (long long)c.seqlen_k * c.heads_kv * d;
+  p.batch = c.batch;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.heads_ratio = c.heads_q / c.heads_kv;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_k = c.seqlen_k;
+  p.head_dim = c.head_dim;
+  p.softmax_scale = 1.f / std::sqrt(float(c.head_dim));
+  p.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  p.causal = c.causal;
+  p.dtype = c.dtype;
+  return b;
+}
+
+void free_buffers(Buffers& b) {
+  cudaFree(b.dq);
+  cudaFree(b.dk);
+  cudaFree(b.dv);
+  cudaFree(b.do_);
+  cudaFree(b.dlse);
+}
+
+// Returns true when the case passes. rel-L2 of O against fp64 on the same (rounded) inputs, max abs
+// error, lse, and the rows that see no key (O exactly 0, lse = -inf).
+bool check_case(const Case& c) {
+  float const amplitude = 3.f;
+  Buffers b = make_buffers(c, 1234u + c.head_dim + 7 * c.seqlen_q, amplitude);
+  CHECK_CUDA(cutlassfa::launch_tensorcore(b.p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaMemcpy(b.ho.data(), b.do_, b.ho.size(), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(b.hlse.data(), b.dlse, b.hlse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+
+  int const d = c.head_dim;
+  double const scale = b.p.softmax_scale;
+  double err2 = 0, ref2 = 0, max_abs = 0, max_lse = 0;
+  long long bad = 0;
+  std::vector<double> s(c.seqlen_k), o(d);
+  for (int bi = 0; bi < c.batch; ++bi) {
+    for (int h = 0; h < c.heads_q; ++h) {
+      int const hk = h / (c.heads_q / c.heads_kv);
+      for (int i = 0; i < c.seqlen_q; ++i) {
+        size_t const qrow = size_t(b.p.q_batch_stride) * bi + size_t(b.p.q_head_stride) * h + size_t(b.p.q_row_stride) * i;
+        int const visible = c.causal ? std::min(c.seqlen_k, std::max(0, i + 1 + c.seqlen_k - c.seqlen_q)) : c.seqlen_k;
+        double m = -INFINITY;
+        for (int j = 0; j < visible; ++j) {
+          size_t const krow = size_t(b.p.k_batch_stride) * bi + size_t(b.p.k_head_stride) * hk + size_t(b.p.k_row_stride) * j;
+          double acc = 0;
+          for (int x = 0; x < d; ++x) { acc += load(c.dtype, b.hq.data(), qrow + x) * load(c.dtype, b.hk.data(), krow + x); }
+          s[j] = acc * scale;
+          m = std::max(m, s[j]);
+        }
+        double l = 0;
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int j = 0; j < visible; ++j) {
+          double const pj = std::exp(s[j] - m);
+          l += pj;
+          size_t const vrow = size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j;
+          for (int x = 0; x < d; ++x) { o[x] += pj * load(c.dtype, b.hv.data(), vrow + x); }
+        }
+        double const lse_ref = visible == 0 ? -INFINITY : m + std::log(l);
+        float const lse_got = b.hlse[(size_t(bi) * c.heads_q + h) * c.seqlen_q + i];
+        if (visible == 0) {
+          if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
+        } else {
+          double const e = std::fabs(lse_got - lse_ref);
+          if (!(e <= 1e-2)) { ++bad; }
+          max_lse = std::max(max_lse, e);
+        }
+        for (int x = 0; x < d; ++x) {
+          double const ref = visible == 0 ? 0.0 : o[x] / l;
+          double const got = load(c.dtype, b.ho.data(), qrow + x);
+          if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
+          err2 += (got - ref) * (got - ref);
+          ref2 += ref * ref;
+          max_abs = std::max(max_abs, std::fabs(got - ref));
+        }
+      }
+    }
+  }
+  double const rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  double const tol = c.dtype == DType::kBFloat16 ? 1.6e-2 : 3e-3;
+  bool const ok = bad == 0 && rel <= tol && (c.dtype != DType::kFloat32 || max_abs <= 5e-3);
+  std::printf("%s %s d=%3d B=%d H=%d/%d Nq=%5d Nk=%5d causal=%d  relL2=%.2e maxabs=%.2e lse=%.1e bad=%lld\n",
+              ok ? "PASS" : "FAIL", name(c.dtype), d, c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k,
+              int(c.causal), rel, max_abs, max_lse, bad);
+  free_buffers(b);
+  return ok;
+}
+
+void bench_case(const Case& c) {
+  Buffers b = make_buffers(c, 99u, 1.f);
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) { CHECK_CUDA(cutlassfa::launch_tensorcore(b.p, nullptr)); }
+  int const reps = 10;
+  CHECK_CUDA(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) { CHECK_CUDA(cutlassfa::launch_tensorcore(b.p, nullptr)); }
+  CHECK_CUDA(cudaEventRecord(stop));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  ms /= reps;
+  double const flops = 4.0 * c.batch * c.heads_q * double(c.seqlen_q) * c.seqlen_k * c.head_dim * (c.causal ? 0.5 : 1.0);
+  std::printf("BENCH %s d=%3d B=%d H=%d N=%5d causal=%d  %.3f ms  %.1f TFLOP/s\n", name(c.dtype), c.head_dim, c.batch,
+              c.heads_q, c.seqlen_q, int(c.causal), ms, flops / ms * 1e-9);
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  free_buffers(b);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool const do_bench = argc < 2 || std::strcmp(argv[1], "check") != 0;
+  int failed = 0, passed = 0;
+  for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    for (int d : {32, 64, 128}) {
+      for (bool causal : {false, true}) {
+        Case const cases[] = {
+            {t, 2, 4, 2, 200, 333, d, causal},  // ragged, GQA, seqlen_q < seqlen_k
+            {t, 1, 2, 1, 300, 77, d, causal},   // seqlen_q > seqlen_k: causal rows that see no key
+            {t, 1, 1, 1, 1, 1, d, causal},
+            {t, 1, 3, 3, 256, 256, d, causal},  // exact tiles
+        };
+        for (const Case& c : cases) { check_case(c) ? ++passed : ++failed; }
+      }
+    }
+  }
+  if (do_bench) {
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      for (int d : {64, 128}) {
+        for (bool causal : {false, true}) {
+          bench_case({t, 8, 16, 16, 4096, 4096, d, causal});
+          bench_case({t, 2, 16, 16, 16384, 16384, d, causal});
+        }
+      }
+    }
+    bench_case({DType::kFloat32, 2, 1, 1, 32768, 32768, 64, false});
+    bench_case({DType::kFloat32, 2, 1, 1, 32768, 32768, 64, true});
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
