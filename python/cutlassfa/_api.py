@@ -247,9 +247,12 @@ def _validate_out(problem: _Problem, out: Any) -> _Problem:
 # Backend choice
 # --------------------------------------------------------------------------------------------------
 
-def _tensorcore_aligned(problem: _Problem) -> bool:
-    """Device arrays must be 16-byte aligned with 16-byte multiple strides for the tensor-core loads;
-    host arrays are copied into compact device buffers, which always are."""
+def _tensorcore_accepts(problem: _Problem) -> bool:
+    """The tensor-core kernel takes the row max of unscaled scores, so it needs softmax_scale > 0; and
+    device arrays must be 16-byte aligned with 16-byte multiple strides for its vector loads (host
+    arrays are copied into compact device buffers, which always are)."""
+    if not problem.scale > 0:
+        return False
     if problem.device is None:
         return True
     itemsize = _arrays.ITEMSIZE[problem.dtype]
@@ -275,7 +278,7 @@ def _resolve(problem: _Problem, backend: str) -> str:
     if backend == "auto":
         statuses = backends(device)
         for name in _AUTO_ORDER:
-            if statuses[name].available and (name != "tensorcore" or _tensorcore_aligned(problem)):
+            if statuses[name].available and (name != "tensorcore" or _tensorcore_accepts(problem)):
                 return name
         if problem.device is None:
             return "cpu"
@@ -283,9 +286,10 @@ def _resolve(problem: _Problem, backend: str) -> str:
     status = backends(device)[backend]
     if not status.available:
         raise RuntimeError(f"backend {backend!r} is not available: {status.reason}")
-    if backend == "tensorcore" and not _tensorcore_aligned(problem):
-        raise ValueError("backend 'tensorcore' needs 16-byte aligned q, k, v and out with strides that are "
-                         "multiples of 16 bytes; pass contiguous arrays or use backend='auto'")
+    if backend == "tensorcore" and not _tensorcore_accepts(problem):
+        raise ValueError("backend 'tensorcore' needs softmax_scale > 0 and 16-byte aligned q, k, v and out "
+                         "with strides that are multiples of 16 bytes; pass contiguous arrays or use "
+                         "backend='auto'")
     return backend
 
 
