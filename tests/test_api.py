@@ -14,6 +14,11 @@ import cutlassfa
 from cutlassfa.reference import attention_reference, rel_l2
 
 
+def _bound(q, k, v, fp32_bound=1e-5):
+    """Rel-L2 bound for fp32 inputs on the backend `auto` runs: tensorcore rounds them to fp16."""
+    return 2e-3 if cutlassfa.select_backend(q, k, v) == "tensorcore" else fp32_bound
+
+
 def _qkv(rng, b=2, hq=2, hk=2, nq=33, nk=47, d=32, dtype=np.float32):
     q = rng.standard_normal((b, hq, nq, d)).astype(dtype)
     k = rng.standard_normal((b, hk, nk, d)).astype(dtype)
@@ -172,7 +177,7 @@ def test_transposed_bnhd_layout_without_copy(rng):
     v = rng.standard_normal((2, 47, 2, 64)).astype(np.float32).transpose(0, 2, 1, 3)
     out = cutlassfa.forward(q, k, v, causal=True)
     ref, _ = attention_reference(q, k, v, causal=True)
-    assert rel_l2(out, ref) < 1e-5
+    assert rel_l2(out, ref) < _bound(q, k, v)
 
 
 def test_out_is_written_and_returned(rng):
@@ -181,8 +186,9 @@ def test_out_is_written_and_returned(rng):
     result, lse = cutlassfa.forward(q, k, v, out=out, return_lse=True)
     assert result is out
     ref, ref_lse = attention_reference(q, k, v)
-    assert rel_l2(out, ref) < 1e-5
-    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    assert rel_l2(out, ref) < _bound(q, k, v)
+    tolerance = 100 * _bound(q, k, v, fp32_bound=1e-7)
+    np.testing.assert_allclose(lse, ref_lse, rtol=tolerance, atol=tolerance)
 
 
 def test_strided_out(rng):
@@ -191,7 +197,7 @@ def test_strided_out(rng):
     out = storage.transpose(0, 2, 1, 3)
     cutlassfa.forward(q, k, v, out=out)
     ref, _ = attention_reference(q, k, v)
-    assert rel_l2(out, ref) < 1e-5
+    assert rel_l2(out, ref) < _bound(q, k, v)
 
 
 def test_select_backend_reports_what_runs(rng):
@@ -208,4 +214,4 @@ def test_softmax_scale_is_used(rng):
     for scale in (1e-6, 0.05, 30.0):
         out = cutlassfa.forward(q, k, v, softmax_scale=scale)
         ref, _ = attention_reference(q, k, v, softmax_scale=scale)
-        assert rel_l2(out, ref) < 1e-4, scale
+        assert rel_l2(out, ref) < 10 * _bound(q, k, v), scale

@@ -74,8 +74,9 @@ def forward_cpu(
     bn = min(block_n, nk)
     nb = max(1, min(_STEP_ELEMS // (hq * bm * bn), _KV_ELEMS // (hkv * nk * d), b))
     # Finite inputs never hit an invalid operation or an overflow (the guards below see to that);
-    # inf/NaN inputs do, and then NaN propagating to the affected rows is the intended result.
-    with np.errstate(invalid="ignore", over="ignore"):
+    # inf/NaN inputs do, and then NaN propagating to the affected rows is the intended result; rounding
+    # tiny outputs to float16/bfloat16 underflows to subnormals or zero, as it should.
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         for b0 in range(0, b, nb):
             b1 = min(b, b0 + nb)
             # float32 copies of this chunk's K/V (no copy when already float32).
