@@ -2,6 +2,7 @@
 # One call on the lent GPU machine: install the package (no network there; the CUTLASS wheel travels in
 # .whl/), then run whatever steps are named, logging each under $OUT.
 #   bash scripts/gpu_session.sh [--arch 90a] STEP...
+# CUTLASSFA_COMMIT=$(git rev-parse HEAD) in front of the call records the commit in bench results.
 # Steps: build | tests | gpu-tests | check | bench-quick | bench | sanitize | cmd:'<shell command>'
 set -uo pipefail
 arch=90a

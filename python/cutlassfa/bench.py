@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -687,7 +688,10 @@ def package_version() -> str:
 
 def git_commit() -> tuple[str, bool | None]:
     """(`git rev-parse HEAD` of the tree the package was imported from, dirty?), or
-    ("<version>+unknown", None) when it is not a git checkout."""
+    ("<version>+unknown", None) when it is not a git checkout. CUTLASSFA_COMMIT overrides it for a
+    build made from a copy of a checkout (the copy has no .git)."""
+    if os.environ.get("CUTLASSFA_COMMIT"):
+        return os.environ["CUTLASSFA_COMMIT"], None
     where = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
