@@ -215,3 +215,48 @@ def test_memory_error_is_an_exception_and_gpu_stays_usable(rng):
     q, k, v = _inputs(rng, 1, 1, 1, 64, 64, 64, "float32")
     ref, _ = attention_reference(q, k, v)
     assert rel_l2(cutlassfa.forward(q, k, v), ref) < 2e-3
+
+
+def test_naive_workspace_beyond_memory_is_a_memory_error(rng):
+    """naive materializes B*H*Nq*Nk floats: 1 TiB here. The failure is a Python exception and the GPU
+    stays usable."""
+    _need("naive")
+    torch = _torch()
+    q = torch.randn(1, 64, 65536, 32, device="cuda", dtype=torch.float16)
+    with pytest.raises(MemoryError, match="out of memory"):
+        cutlassfa.forward(q, q, q, backend="naive")
+    small = q[:, :2, :100]
+    ref, _ = attention_reference(*(small.float().cpu().numpy(),) * 3)
+    out = cutlassfa.forward(small, small, small, backend="naive")
+    assert rel_l2(out.float().cpu().numpy(), ref) <= 2e-3
+
+
+def test_mixed_host_and_device_inputs_are_refused(rng):
+    _need("small_tile")
+    torch = _torch()
+    q = torch.randn(1, 2, 50, 64, device="cuda")
+    with pytest.raises(ValueError, match="same device"):
+        cutlassfa.forward(q, q.cpu().numpy(), q)
+    with pytest.raises(TypeError, match="out must be a torch array"):
+        cutlassfa.forward(q, q, q, out=np.zeros((1, 2, 50, 64), np.float32))
+    with pytest.raises(TypeError, match="out must have dtype"):
+        cutlassfa.forward(q, q, q, out=torch.zeros(1, 2, 50, 64, device="cuda", dtype=torch.float16))
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 5, 64), (2, 0, 5, 64), (2, 2, 0, 64)])
+def test_empty_device_problems(shape):
+    _need("small_tile")
+    torch = _torch()
+    q = torch.randn(*shape, device="cuda", dtype=torch.float16)
+    k = torch.randn(shape[0], shape[1], 7, 64, device="cuda", dtype=torch.float16)
+    out, lse = cutlassfa.forward(q, k, k, return_lse=True)
+    assert out.shape == shape and lse.shape == shape[:-1] and out.device == q.device
+
+
+def test_device_problem_without_keys(rng):
+    _need("small_tile")
+    torch = _torch()
+    q = torch.randn(2, 2, 5, 64, device="cuda")
+    k = torch.zeros(2, 2, 0, 64, device="cuda")
+    out, lse = cutlassfa.forward(q, k, k, return_lse=True)
+    assert bool((out == 0).all()) and bool((lse == -math.inf).all())
