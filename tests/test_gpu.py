@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import cutlassfa
+from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, rel_l2
 
 GPU_BACKENDS = [name for name in ("tensorcore", "large_tile", "small_tile", "naive")]
@@ -20,21 +21,9 @@ def _need(backend):
         pytest.skip(f"{backend}: {_status[backend].reason}")
 
 
-# Rel-L2 bounds per (backend family, dtype), from measurement on an H100 with margin. CUDA-core
-# backends compute in fp32 throughout; the tensor-core backend rounds fp32 inputs to fp16 and P to
-# the input type, so its errors are those of the 11- or 8-bit mantissa.
-BOUNDS = {
-    ("cuda_core", "float32"): 1e-5,
-    ("cuda_core", "float16"): 2e-3,
-    ("cuda_core", "bfloat16"): 1e-2,
-    ("tensorcore", "float32"): 2e-3,
-    ("tensorcore", "float16"): 2e-3,
-    ("tensorcore", "bfloat16"): 1.5e-2,
-}
-
-
 def _bound(backend, dtype):
-    return BOUNDS[("tensorcore" if backend == "tensorcore" else "cuda_core", dtype)]
+    """The accuracy gate's per-(backend, dtype) rel-L2 bound: one table, in cutlassfa/check.py."""
+    return bound_for(backend, dtype).rel_l2
 
 
 def _np_dtype(dtype):
