@@ -436,17 +436,11 @@ def _forward_device(problem: _Problem, name: str, return_lse: bool) -> tuple[Any
     if _is_empty(problem) or problem.seqlen_k == 0:
         _fill_device(like, target, lse_target, problem, stream)
     else:
-        target_info = target if isinstance(target, _C.DeviceBuffer) else _describe(target, "out")
-        if isinstance(target_info, _C.DeviceBuffer):
-            o_ptr, o_strides4 = target_info.ptr, _compact_strides(
-                (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim))
-        else:
-            o_ptr, o_strides4 = target_info.ptr, _as4d(target_info)[1]
-        lse_ptr = 0
-        if lse_target is not None:
-            lse_ptr = lse_target.ptr if isinstance(lse_target, _C.DeviceBuffer) else _describe(lse_target, "lse").ptr
+        out_shape4 = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
+        lse_ptr = _pointer_and_strides(lse_target, "lse", out_shape4[:-1])[0] if lse_target is not None else 0
         params = _fill_params(problem, (problem.q.ptr, _as4d(problem.q)[1]), (problem.k.ptr, _as4d(problem.k)[1]),
-                              (problem.v.ptr, _as4d(problem.v)[1]), (o_ptr, o_strides4), lse_ptr)
+                              (problem.v.ptr, _as4d(problem.v)[1]), _pointer_and_strides(target, "out", out_shape4),
+                              lse_ptr)
         _C.forward(getattr(_C.Backend, name), params, device, stream)
 
     if like.framework == "jax":
@@ -455,6 +449,15 @@ def _forward_device(problem: _Problem, name: str, return_lse: bool) -> tuple[Any
         if lse_target is not None:
             lse_result = _arrays.finish_jax(lse_target, problem.lse_shape(), "float32", _C)
     return result, lse_result
+
+
+def _pointer_and_strides(target: Any, name: str, shape4: tuple[int, ...]) -> tuple[int, tuple]:
+    """(device pointer, strides in elements, as 4-D for O) of an output: one of our compact
+    DeviceBuffers (JAX) or a framework array."""
+    if isinstance(target, _C.DeviceBuffer):
+        return target.ptr, _compact_strides(shape4)
+    info = _describe(target, name)
+    return info.ptr, (_as4d(info)[1] if len(shape4) == 4 else info.strides)
 
 
 def _fill_device(like: ArrayInfo, target: Any, lse_target: Any, problem: _Problem, stream: int) -> None:
