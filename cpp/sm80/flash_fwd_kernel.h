@@ -7,6 +7,11 @@
 //     wait K[n] | issue V[n]   | S = Q K[n]^T, mask
 //     wait V[n] | issue K[n-1] | online softmax, O += P V[n]
 // S stays in registers: converted to fp16/bf16 it is directly the A operand of the second GEMM.
+//
+// fp32 inputs (Traits::kSplitQK): Q is read to registers once and stored as two fp16 tiles
+// (hi, lo); K and V are cp.async'd as fp32 into one staging tile and, after each thread's own
+// wait, split by that thread into fp16 tiles (K hi/lo, V hi only) before the barrier that already
+// follows the wait. S = Qhi Khi^T + Qhi Klo^T + Qlo Khi^T (gemm_ss_split); P V is unchanged.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -44,6 +49,8 @@ template <class Traits, bool kIsCausal>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
   using Element = typename Traits::Element;
   using ElementOut = typename Traits::ElementOut;
+  using ElementIn = typename Traits::ElementIn;
+  constexpr bool kSplit = Traits::kSplitQK;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -70,13 +77,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   int64_t const k_offset = batch * params.k_batch_stride + head_kv * params.k_head_stride;
   int64_t const v_offset = batch * params.v_batch_stride + head_kv * params.v_head_stride;
   int64_t const o_offset = batch * params.o_batch_stride + head * params.o_head_stride;
-  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.q) + q_offset),
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<ElementIn const*>(params.q) + q_offset),
                           make_shape(params.seqlen_q, Int<kHeadDim>{}),
                           make_stride(static_cast<int64_t>(params.q_row_stride), _1{}));  // (seqlen_q, d)
-  Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.k) + k_offset),
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<ElementIn const*>(params.k) + k_offset),
                           make_shape(params.seqlen_k, Int<kHeadDim>{}),
                           make_stride(static_cast<int64_t>(params.k_row_stride), _1{}));  // (seqlen_k, d)
-  Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.v) + v_offset),
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<ElementIn const*>(params.v) + v_offset),
                           make_shape(params.seqlen_k, Int<kHeadDim>{}),
                           make_stride(static_cast<int64_t>(params.v_row_stride), _1{}));  // (seqlen_k, d)
   Tensor mO = make_tensor(make_gmem_ptr(static_cast<ElementOut*>(params.o) + o_offset),
@@ -90,8 +97,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   // ---- Shared tensors ------------------------------------------------------------------------------
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
                           typename Traits::SmemLayoutQ{});                         // (kBlockM, d)
-  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
-  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  // kSplit: the lo halves of Q and K follow their hi tiles (otherwise sQlo, sKlo alias and are unused).
+  Tensor sQlo = make_tensor(sQ.data() + (kSplit ? size(sQ) : 0), typename Traits::SmemLayoutQ{});  // (kBlockM, d)
+  Tensor sK = make_tensor(sQ.data() + (kSplit ? 2 : 1) * size(sQ), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  Tensor sKlo = make_tensor(sK.data() + (kSplit ? size(sK) : 0), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  Tensor sV = make_tensor(sK.data() + (kSplit ? 2 : 1) * size(sK), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  // kSplit: the fp32 K or V tile in flight (cp.async target), split into sK/sKlo or sV on arrival.
+  Tensor sStage = make_tensor(make_smem_ptr(reinterpret_cast<ElementIn*>(raw_pointer_cast((sV.data() + size(sV))))),
+                              typename Traits::SmemLayoutStage{});  // (kBlockN, d)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});           // (d, kBlockN)
   Tensor sVtNoSwizzle = make_tensor(sV.data(), typename Traits::SmemLayoutVtNoSwizzle{});  // (d, kBlockN)
   // The epilogue stages O over the Q (and, for fp32 O, K) buffers once the K/V loop is done.
@@ -111,15 +124,38 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   // cp.async of K or V tile n_block into sX; is_predicated zero-fills the rows >= seqlen_k. The
   // partitions are rebuilt at each call from tid, as the ldmatrix ones in kv_step, so that the
   // per-row global addresses are not held in registers across the K/V loop.
+  // kSplit: the fp32 tile goes to sStage instead of sX.
   auto load_kv = [&](auto const& gX, auto& sX, int const n_block, int const tid, auto is_predicated) {
-    auto gmem_thr_copy_KV = gmem_tiled_copy_QKV.get_thread_slice(tid);
-    Tensor tXgX = gmem_thr_copy_KV.partition_S(gX(_, _, n_block));  // (KCPY, KCPY_N, KCPY_K)
-    Tensor tXsX = gmem_thr_copy_KV.partition_D(sX);                  // (KCPY, KCPY_N, KCPY_K)
-    if constexpr (decltype(is_predicated)::value) {
-      Tensor tXcX = gmem_thr_copy_KV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
-      copy_rows_zfill(gmem_tiled_copy_QKV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
+    auto load = [&](auto const& gmem_tiled_copy_KV, auto& sDst) {
+      auto gmem_thr_copy_KV = gmem_tiled_copy_KV.get_thread_slice(tid);
+      Tensor tXgX = gmem_thr_copy_KV.partition_S(gX(_, _, n_block));  // (KCPY, KCPY_N, KCPY_K)
+      Tensor tXsX = gmem_thr_copy_KV.partition_D(sDst);                // (KCPY, KCPY_N, KCPY_K)
+      if constexpr (decltype(is_predicated)::value) {
+        Tensor tXcX = gmem_thr_copy_KV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
+        copy_rows_zfill(gmem_tiled_copy_KV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
+      } else {
+        copy(gmem_tiled_copy_KV, tXgX, tXsX);
+      }
+    };
+    if constexpr (kSplit) {
+      load(typename Traits::GmemTiledCopyKVIn{}, sStage);
     } else {
-      copy(gmem_tiled_copy_QKV, tXgX, tXsX);
+      load(gmem_tiled_copy_QKV, sX);
+    }
+  };
+
+  // kSplit: after this thread's cp.async wait, split the staging elements it copied itself (same
+  // partition as load_kv) into sHi (and sLo). Rows the load zero-filled give zeros.
+  auto split_stage = [&](auto& sHi, auto& sLo, int const tid, auto with_lo) {
+    auto gmem_thr_copy_KV = typename Traits::GmemTiledCopyKVIn{}.get_thread_slice(tid);
+    Tensor tXsStage = gmem_thr_copy_KV.partition_D(sStage);  // (KCPY, KCPY_N, KCPY_K) fp32
+    Tensor tXsHi = gmem_thr_copy_KV.partition_D(sHi);        // (KCPY, KCPY_N, KCPY_K) fp16
+    Tensor tXsLo = gmem_thr_copy_KV.partition_D(sLo);        // (KCPY, KCPY_N, KCPY_K) fp16
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tXsStage); ++m) {
+      Tensor rX = make_fragment_like(tXsStage(_, m, _));  // (KCPY, KCPY_K) fp32
+      copy(Copy_Atom<UniversalCopy<cute::uint128_t>, ElementIn>{}, tXsStage(_, m, _), rX);
+      store_split_fp16<decltype(with_lo)::value>(rX, tXsHi(_, m, _), tXsLo(_, m, _));
     }
   };
 
@@ -133,7 +169,17 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   Tensor tScS = thr_mma.partition_C(cS);                                 // (MMA, MMA_M, MMA_N)
 
   // ---- Prologue: Q and the first (highest) K tile in flight --------------------------------------------
-  copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
+  if constexpr (kSplit) {  // Q: fp32 to registers (LDG.128), split into sQ / sQlo
+    typename Traits::GmemTiledCopyQIn gmem_tiled_copy_Qin;
+    auto gmem_thr_copy_Qin = gmem_tiled_copy_Qin.get_thread_slice(tidx);
+    Tensor tQgQin = gmem_thr_copy_Qin.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K) fp32
+    Tensor tQcQin = gmem_thr_copy_Qin.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
+    Tensor tQrQin = make_fragment_like(tQgQin);        // (QCPY, QCPY_M, QCPY_K) fp32
+    copy_rows_zfill(gmem_tiled_copy_Qin, tQgQin, tQrQin, tQcQin, rows_q);
+    store_split_fp16<true>(tQrQin, gmem_thr_copy_Qin.partition_D(sQ), gmem_thr_copy_Qin.partition_D(sQlo));
+  } else {
+    copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
+  }
   if (n_block_max > 0) {
     load_kv(gK, sK, n_block_max - 1, tidx, cute::true_type{});
   }
@@ -163,6 +209,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     clear(acc_s);
 
     cute::cp_async_wait<0>();
+    if constexpr (kSplit) { split_stage(sK, sKlo, tid, cute::true_type{}); }
     __syncthreads();  // K[n] (and Q) have landed; every warp is done reading V[n+1] from sV
     if constexpr (kMasked) {  // only a masked step can hold the ragged last tile
       load_kv(gV, sV, n_block, tid, cute::true_type{});
@@ -171,11 +218,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     }
     cute::cp_async_fence();
 
-    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
-            smem_thr_copy_K);
+    if constexpr (kSplit) {
+      Tensor tSsQlo = smem_thr_copy_Q.partition_S(sQlo);  // (CPY, CPY_M, CPY_K)
+      Tensor tSsKlo = smem_thr_copy_K.partition_S(sKlo);  // (CPY, CPY_N, CPY_K)
+      gemm_ss_split(acc_s, tSrQ, tSrK, tSsQ, tSsQlo, tSsK, tSsKlo, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K,
+                    smem_thr_copy_Q, smem_thr_copy_K);
+    } else {
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+              smem_thr_copy_K);
+    }
     if constexpr (kMasked) { mask.apply(acc_s, tScS, m_block, n_block); }
 
     cute::cp_async_wait<0>();
+    // kSplit: sV is free, every warp passed the barrier above after its P V[n+1].
+    if constexpr (kSplit) { split_stage(sV, sV, tid, cute::false_type{}); }
     __syncthreads();  // V[n] has landed; every warp is done reading K[n] from sK
     if (n_block > 0) {  // tiles below the last are full: no predicate
       load_kv(gK, sK, n_block - 1, tid, cute::false_type{});

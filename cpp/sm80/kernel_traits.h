@@ -27,14 +27,34 @@ template <> struct TileConfig<32>  { static constexpr int kBlockM = 128, kBlockN
 template <> struct TileConfig<64>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
 template <> struct TileConfig<128> { static constexpr int kBlockM = 64,  kBlockN = 128, kNWarps = 4; };
 
-// Element    : the MMA input type, cutlass::half_t or cutlass::bfloat16_t (fp32 inputs arrive here
-//              already converted to half_t by the launcher's pre-pass).
+// fp32 inputs (split-fp16 S, see FwdTraits::kSplitQK): Q and K take two fp16 tiles each (hi, lo) and
+// the raw fp32 K or V tile needs a staging buffer, so smem is Q 2x, K 2x, V 1x in fp16 plus one
+// fp32 K/V tile. d = 32, 64 keep the fp16 tiles (36 KB, 72 KB); d = 128 at 64 x 128 would need
+// 192 KB, so it drops to 64 x 32 (72 KB, under the 99 KB of sm_86/sm_89; not a tuned shape).
+template <int kHeadDim> struct TileConfigFp32 : TileConfig<kHeadDim> {};
+template <> struct TileConfigFp32<128> { static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4; };
+
+// Element    : the MMA input type, cutlass::half_t or cutlass::bfloat16_t.
 // ElementOut : the type O is written in: Element, or float for fp32 inputs.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, class ElementOut_>
+// ElementIn  : the type q, k, v are read in: Element, or float (then Element = half_t and S is
+//              computed in split precision, kSplitQK).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, class ElementOut_,
+          class ElementIn_ = Element_>
 struct FwdTraits {
   using Element = Element_;
   using ElementOut = ElementOut_;
+  using ElementIn = ElementIn_;
   using ElementAccum = float;
+
+  // fp32 inputs: x = hi + lo, hi = fp16(x), lo = fp16(x - hi) (|lo| <= 2^-11 |x|), and
+  // S = Qhi Khi^T + Qhi Klo^T + Qlo Khi^T in fp32 (lo lo^T, ~2^-22 relative, dropped): three fp16
+  // GEMMs instead of one. Rounding q and k once to fp16 gave max abs errors up to 6.3e-3 on the HW4
+  // shapes (score error ~2^-11 |q||k| sqrt(d)); V and P stay single fp16 (their rounding is
+  // averaged by the P V sum: < 1e-3 there).
+  static constexpr bool kSplitQK = cute::is_same_v<ElementIn, float>;
+  static_assert(cute::is_same_v<ElementIn, Element> || (kSplitQK && cute::is_same_v<Element, cutlass::half_t> &&
+                                                         cute::is_same_v<ElementOut, float>),
+                "inputs are the MMA type, or fp32 (fp16 split MMAs, fp32 output)");
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -90,7 +110,10 @@ struct FwdTraits {
   static constexpr int kSmemSizeQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kSmemSizeKV = kBlockN * kHeadDim * sizeof(Element);  // one of K or V
   static constexpr int kSmemSizeO = kBlockM * kHeadDim * sizeof(ElementOut);
-  static constexpr int kSmemSize = cute::max(kSmemSizeQ + 2 * kSmemSizeKV, kSmemSizeO);
+  // kSplitQK: Q hi, Q lo, K hi, K lo, V, then the fp32 staging tile of K or V. O (fp32) aliases Q hi/lo.
+  static constexpr int kSmemSizeStage = kSplitQK ? kBlockN * kHeadDim * sizeof(ElementIn) : 0;
+  static constexpr int kSmemSize = kSplitQK ? cute::max(2 * kSmemSizeQ + 3 * kSmemSizeKV + kSmemSizeStage, kSmemSizeO)
+                                            : cute::max(kSmemSizeQ + 2 * kSmemSizeKV, kSmemSizeO);
   static_assert(kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
 
   // ---- Copies --------------------------------------------------------------------------------------
@@ -122,10 +145,35 @@ struct FwdTraits {
       Copy_Atom<UniversalCopy<cute::uint128_t>, ElementOut>{}, GmemLayoutAtomO{},
       Layout<Shape<_1, Int<kGmemElemsPerStoreO>>>{}));
   static_assert(kBlockM % (kNThreads / kGmemThreadsPerRowO) == 0);
+
+  // ---- fp32 inputs (kSplitQK) ------------------------------------------------------------------------
+  // K and V: cp.async of 4 floats per thread into a row-major fp32 staging tile; after its own
+  // cp.async wait each thread converts exactly the elements it copied (same partition) into the fp16
+  // tiles, so the conversion needs no barrier of its own. A warp covers whole contiguous rows
+  // (d / 4 threads per row): conflict-free 16-byte smem accesses without a swizzle.
+  // Q: the same partition, loaded to registers (LDG.128) once in the prologue.
+  static constexpr int kGmemThreadsPerRowIn = kHeadDim / 4;
+  static_assert(kNThreads % kGmemThreadsPerRowIn == 0 && kGmemThreadsPerRowIn <= 32);
+  using GmemLayoutAtomIn = Layout<Shape<Int<kNThreads / kGmemThreadsPerRowIn>, Int<kGmemThreadsPerRowIn>>,
+                                  Stride<Int<kGmemThreadsPerRowIn>, _1>>;
+  using GmemTiledCopyKVIn = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, float>{}, GmemLayoutAtomIn{}, Layout<Shape<_1, _4>>{}));
+  using GmemTiledCopyQIn = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<cute::uint128_t>, float>{}, GmemLayoutAtomIn{}, Layout<Shape<_1, _4>>{}));
+  // The fp16 side uses the same partition: 4 halves (8 bytes) per thread, inside one 16-byte swizzle
+  // chunk of sQ / sK / sV (store_split_fp16).
+  using SmemLayoutStage = Layout<Shape<Int<kBlockN>, Int<kHeadDim>>, Stride<Int<kHeadDim>, _1>>;
+  static_assert(!kSplitQK || kBlockM % (kNThreads / kGmemThreadsPerRowIn) == 0);
+  static_assert(!kSplitQK || kBlockN % (kNThreads / kGmemThreadsPerRowIn) == 0);
 };
 
 template <int kHeadDim, class Element, class ElementOut>
 using DefaultFwdTraits = FwdTraits<kHeadDim, TileConfig<kHeadDim>::kBlockM, TileConfig<kHeadDim>::kBlockN,
                                    TileConfig<kHeadDim>::kNWarps, Element, ElementOut>;
+
+// fp32 q, k, v -> split-fp16 MMAs -> fp32 O.
+template <int kHeadDim>
+using Fp32FwdTraits = FwdTraits<kHeadDim, TileConfigFp32<kHeadDim>::kBlockM, TileConfigFp32<kHeadDim>::kBlockN,
+                                TileConfigFp32<kHeadDim>::kNWarps, cutlass::half_t, float, float>;
 
 }  // namespace cutlassfa::sm80

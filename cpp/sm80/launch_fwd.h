@@ -14,6 +14,11 @@ namespace cutlassfa::sm80 {
 template <int kHeadDim, class Element, class ElementOut>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
+// fp32 q, k, v (16-byte aligned, strides multiples of 4) read directly by the kernel, S in split
+// fp16 (three MMAs), P V in fp16, O in fp32. Instantiated beside run_fwd.
+template <int kHeadDim>
+cudaError_t run_fwd_fp32(const FwdParams& params, cudaStream_t stream);
+
 // True when launch_tensorcore accepts params: head_dim in {32, 64, 128}, heads consistent, and the
 // 16-byte alignment its cp.async loads and vector stores need (see launch_tensorcore.cu).
 bool tensorcore_supports(const FwdParams& params);
