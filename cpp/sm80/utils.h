@@ -138,16 +138,17 @@ template <bool kWithLo, class TensorF, class TensorHi, class TensorLo>
 __forceinline__ __device__ void store_split_fp16(TensorF const& rX, TensorHi&& tXsHi, TensorLo&& tXsLo) {
   using Element = typename std::decay_t<TensorHi>::value_type;
   using SmemCopyAtom = Copy_Atom<UniversalCopy<cute::uint64_t>, Element>;
-  Tensor rHi = make_tensor<Element>(rX.layout());
-  Tensor rLo = make_tensor<Element>(rX.layout());
-  CUTE_UNROLL
-  for (int i = 0; i < size(rX); ++i) {
-    Element const hi = static_cast<Element>(rX(i));
-    rHi(i) = hi;
-    if constexpr (kWithLo) { rLo(i) = static_cast<Element>(rX(i) - static_cast<float>(hi)); }
-  }
+  // Paired conversions (F2FP, HADD2.F32): one instruction per two values. Scalar casts compiled to
+  // F2F + PRMT per value.
+  Tensor rHi = convert_type<Element>(rX);
   copy(SmemCopyAtom{}, rHi, tXsHi);
-  if constexpr (kWithLo) { copy(SmemCopyAtom{}, rLo, tXsLo); }
+  if constexpr (kWithLo) {
+    Tensor rHiF = convert_type<float>(rHi);
+    CUTE_UNROLL
+    for (int i = 0; i < size(rX); ++i) { rHiF(i) = rX(i) - rHiF(i); }
+    Tensor rLo = convert_type<Element>(rHiF);
+    copy(SmemCopyAtom{}, rLo, tXsLo);
+  }
 }
 
 // acc += A B^T with both operands in shared memory (S = Q K^T).
