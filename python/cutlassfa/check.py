@@ -32,7 +32,8 @@ import numpy as np
 # BOUNDS: the one table of per-(backend, dtype) limits, about 3-4x the worst error measured on an
 # H200 over the full matrix (check --json, commit b320db9; worst rel-L2 / worst lse error):
 #   * fp32 on CUDA cores (naive, small_tile, large_tile) accumulates in fp32: 1.2e-6 / 6.9e-6.
-#   * tensorcore rounds fp32 inputs to fp16 for mma.sync: 6.6e-4 / 2.6e-3.
+#   * tensorcore computes S from fp32 inputs in split fp16 (hi + lo), P and V in fp16: 3.0e-4 / 9.0e-6
+#     (commit 80cc65a).
 #   * fp16 / bf16 round P (tensorcore) and O to the input dtype: fp16 2.9e-4, bf16 2.4e-3 rel-L2
 #     (tensorcore; the CUDA-core kernels 2.3e-4 and 1.8e-3); lse ~1e-6 (computed in fp32).
 #   * the cpu backend (numpy, fp32 accumulation): 1.1e-6 / 3.4e-6 on fp32.
@@ -50,7 +51,7 @@ class Bound(NamedTuple):
 _HALF = {"float16": Bound(1e-3, 1e-4), "bfloat16": Bound(8e-3, 1e-4)}
 _CUDA_CORE = {"float32": Bound(1e-5, 5e-5), **_HALF}
 BOUNDS: dict[str, dict[str, Bound]] = {
-    "tensorcore": {"float32": Bound(2e-3, 1e-2), **_HALF},
+    "tensorcore": {"float32": Bound(1e-3, 5e-5), **_HALF},
     "large_tile": _CUDA_CORE,
     "small_tile": _CUDA_CORE,
     "naive": _CUDA_CORE,
