@@ -21,6 +21,15 @@ def _need_torch():
     return torch
 
 
+def _run_threads(worker, count: int) -> None:
+    """Runs worker(0) ... worker(count - 1) at once, one thread each, and waits for all."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
@@ -65,11 +74,7 @@ def test_threads_on_their_own_streams():
                 if not err < 3e-3:
                     errors.append((index, err))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads(worker, len(cases))
     assert not errors
 
 
@@ -86,9 +91,5 @@ def test_numpy_calls_from_threads():
             if not err < 2e-3:
                 errors.append((index, err))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads(worker, len(cases))
     assert not errors
