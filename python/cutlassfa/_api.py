@@ -4,6 +4,7 @@ host/device launch paths, in one place."""
 from __future__ import annotations
 
 import math
+import pathlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -18,8 +19,6 @@ try:
     _EXTENSION_ERROR = ""
 except ImportError as error:  # built without a CUDA toolkit
     _C = None
-    import pathlib
-
     if any(pathlib.Path(__file__).parent.glob("_C.*")):
         _EXTENSION_ERROR = f"the CUDA extension failed to load ({error})"
     else:
@@ -390,9 +389,10 @@ def _forward_host_on_gpu(problem: _Problem, name: str, return_lse: bool) -> tupl
             lse.fill(-np.inf)
         return result, lse
 
+    # Host arrays run on CUDA device 0, on the calling thread's default stream.
     device, stream, itemsize = 0, _C.stream_per_thread, _arrays.ITEMSIZE[problem.dtype]
     views = {}
-    buffers = []
+    buffers = []  # keeps the device copies alive until the launch has been synchronized
     for key, info in (("q", problem.q), ("k", problem.k), ("v", problem.v)):
         shape, strides = _as4d(info)
         buffer = _C.DeviceBuffer(int(np.prod(shape)) * itemsize, device)
