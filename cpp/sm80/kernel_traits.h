@@ -12,20 +12,21 @@ namespace cutlassfa::sm80 {
 using namespace cute;
 
 // Tile shape per head dim, 4 warps. FlashAttention-2 uses 128 x 128 (d = 32, 64) and 128 x 64
-// (d = 128) on H100; with this kernel those spill under the 255-register cap (nvcc 13, sm_90a:
-// 128x128 d=64 ~230 B, 128x128 d=32 ~150 B, 128x64 d=128 ~180 B, 128x32 d=128 ~80 B): the
-// accumulators (acc_o + acc_s = 192 floats per thread at 128x128 d=64) leave too little room for
-// the ldmatrix/cp.async addresses and softmax state. The largest tiles that compile spill-free:
-//   d = 32 : 128 x  64   smem 16 KB   acc_o 32 + acc_s 64 floats per thread
-//   d = 64 : 128 x  64   smem 32 KB   acc_o 64 + acc_s 64
-//   d = 128:  64 x 128   smem 80 KB   acc_o 64 + acc_s 64 (each warp one 16-row slab)
-// For d = 128, 64 x 128 beat 64 x 64 by 6-12% on an H200 (fp16 8x16x4096: 341 vs 304 TFLOP/s):
-// half the K/V steps, so half the barriers and acc_o rescales.
-// Adding a head dim means adding one line here and one instantiation file in cpp/src/inst/.
+// (d = 128) on H100; with this kernel 128 x 128 spills under the 255-register cap (nvcc 13, sm_90a:
+// d=64 ~230 B, d=32 ~150 B): the accumulators (acc_o + acc_s = 192 floats per thread at 128x128
+// d=64) leave too little room for the ldmatrix/cp.async addresses and softmax state.
+//   d = 32 : 128 x  64   smem 16 KB   acc_o 32 + acc_s 64 floats per thread, no spills
+//   d = 64 : 128 x  64   smem 32 KB   acc_o 64 + acc_s 64, no spills
+//   d = 128: 128 x  64   smem 64 KB   acc_o 128 + acc_s 64: spills ~224 B (hoisted global offsets,
+//            row sums) and is still the fastest measured (H200, same run as FA2, fp16): each warp
+//            owns 32 rows, so every K/V fragment read by ldmatrix feeds two MMA rows, half the shared
+//            memory traffic per FLOP of the spill-free 64 x 128 (16 rows per warp): 8x16x4096
+//            3.05 vs 3.34 ms, 2x16x16384 12.90 vs 14.06 ms (FA2 3.20-3.32 and 13.24-13.50 ms).
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<32>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
 template <> struct TileConfig<64>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
-template <> struct TileConfig<128> { static constexpr int kBlockM = 64,  kBlockN = 128, kNWarps = 4; };
+template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
+// Adding a head dim means adding one line here and one instantiation file in cpp/src/inst/.
 
 // fp32 inputs (split-fp16 S, see FwdTraits::kSplitQK): Q and K take two fp16 tiles each (hi, lo) and
 // the raw fp32 K or V tile needs a staging buffer, so smem is Q 2x, K 2x, V 1x in fp16 plus one
