@@ -233,17 +233,11 @@ def test_speed(rng):
 
 
 # ---- through the public API: cutlassfa.forward(..., backend="cpu") ----------------------------------
-# These need the lead's cutlassfa.forward and skip until it exists.
+# The same checks through the public entry point.
 
-try:
-    from cutlassfa import forward as api_forward
-except ImportError:
-    api_forward = None
-
-needs_forward = pytest.mark.skipif(api_forward is None, reason="cutlassfa.forward not available yet")
+from cutlassfa import forward as api_forward  # noqa: E402
 
 
-@needs_forward
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_forward_cpu_backend_4d(make_qkv, resolve_dtype, dtype):
     q, k, v = make_qkv(2, 4, 2, 65, 130, 64, resolve_dtype(dtype))
@@ -254,7 +248,6 @@ def test_forward_cpu_backend_4d(make_qkv, resolve_dtype, dtype):
     check_against_reference(q, k, v, causal=True)
 
 
-@needs_forward
 def test_forward_cpu_backend_3d_and_out(make_qkv):
     q, k, v = (x[:, 0] for x in make_qkv(3, 1, 1, 9, 17, 32))  # (B, N, d)
     out, lse = api_forward(q, k, v, backend="cpu", return_lse=True, softmax_scale=0.3)
@@ -266,7 +259,6 @@ def test_forward_cpu_backend_3d_and_out(make_qkv):
     np.testing.assert_array_equal(buf, out)
 
 
-@needs_forward
 def test_forward_cpu_backend_empty():
     z = np.zeros((0, 2, 4, 32), dtype=np.float32)
     out, lse = api_forward(z, z, z, backend="cpu", return_lse=True)

@@ -74,7 +74,7 @@ def test_matrix_host_arrays(rng, backend, dtype, d, causal):
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("d", [32, 64])
 def test_hw4_criterion(rng, backend, d):
-    """Seed 003's rule: fp32 inputs in [-3, 3], every output within 5e-3 of the exact answer."""
+    """The HW4 rule: fp32 inputs in [-3, 3], every output within 5e-3 of the exact answer."""
     _need(backend)
     q, k, v = (rng.uniform(-3, 3, (4, 1, 1024, d)).astype(np.float32) for _ in range(3))
     out = cutlassfa.forward(q[:, 0], k[:, 0], v[:, 0], backend=backend)

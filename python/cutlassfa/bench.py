@@ -47,7 +47,7 @@ SDPA_BACKENDS = {
 ALL_BACKENDS = OUR_BACKENDS + tuple(SDPA_BACKENDS)
 
 # ---------------------------------------------------------------------------------------------------
-# Grids. HW4: the fp32 one-head test shapes (t11, t22, t29, t30 of seed 003), (B, N, d). LLM: fp16 and
+# Grids. HW4: the fp32 one-head test shapes (t11, t22, t29, t30 of the HW4 test set), (B, N, d). LLM: fp16 and
 # bf16, d 64 / 128, (B, H, N) with B*N = 32K tokens, causal and not. Quick: seconds on an H100.
 # ---------------------------------------------------------------------------------------------------
 HW4_SHAPES = ((13600, 128, 32), (500, 2048, 64), (4, 32768, 32), (2, 32768, 64))

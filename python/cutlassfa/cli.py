@@ -38,7 +38,7 @@ _EXTERNAL = {
 }
 
 
-# Seed 003's correctness rule: every output within 5e-3 of the reference.
+# The HW4 correctness rule: every output within 5e-3 of the reference.
 HW4_MAX_ABS_ERROR = 5e-3
 
 
