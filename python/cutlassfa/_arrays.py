@@ -29,10 +29,6 @@ class ArrayInfo:
     device: int | None  # CUDA device ordinal, None on the host
     ptr: int
 
-    @property
-    def on_host(self) -> bool:
-        return self.device is None
-
 
 def framework_of(array: Any) -> str | None:
     if isinstance(array, np.ndarray):
@@ -96,30 +92,23 @@ def wait_until_ready(info: ArrayInfo) -> None:
         info.array.block_until_ready()
 
 
-def empty_like_framework(like: ArrayInfo, shape: tuple[int, ...], dtype: str, extension: Any,
-                         fill: float | None = None) -> tuple[Any, Any]:
+def empty_like_framework(like: ArrayInfo, shape: tuple[int, ...], dtype: str, extension: Any) -> tuple[Any, Any]:
     """A new array of `like`'s framework and device. Returns (array to hand back, writable target):
     the two differ for JAX, whose arrays are immutable: we write into a device buffer and wrap it after."""
     if like.framework == "numpy":
         array = np.empty(shape, dtype=numpy_dtype(dtype))
-        if fill is not None:
-            array.fill(fill)
         return array, array
     if like.framework == "torch":
         import torch
 
         torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
         array = torch.empty(shape, dtype=torch_dtype, device=like.array.device)
-        if fill is not None:
-            array.fill_(fill)
         return array, array
     if like.framework == "cupy":
         import cupy
 
         with cupy.cuda.Device(like.device):
             array = cupy.empty(shape, dtype=numpy_dtype(dtype))
-            if fill is not None:
-                array.fill(fill)
         return array, array
     buffer = extension.DeviceBuffer(int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[dtype], like.device)
     return buffer, buffer
