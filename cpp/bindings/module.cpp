@@ -24,7 +24,7 @@ namespace {
 
 // Raises a Python exception carrying the CUDA error string; out-of-memory becomes MemoryError.
 void throw_cuda_error(cudaError_t status, const char* what, size_t bytes = 0) {
-  cudaGetLastError();  // clear the sticky-free error state so the next call starts clean
+  cudaGetLastError();  // reset the last (non-sticky) error so the next call starts clean
   if (status == cudaErrorMemoryAllocation && bytes > 0) {
     PyErr_Format(PyExc_MemoryError, "%s: CUDA out of memory allocating %zu bytes (%s)", what, bytes,
                  cudaGetErrorString(status));
