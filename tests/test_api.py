@@ -125,7 +125,7 @@ def test_not_an_array(rng):
 
 
 @pytest.mark.skipif(cutlassfa.backends()["small_tile"].available, reason="a GPU is present")
-@pytest.mark.parametrize("backend", ["tensorcore", "large_tile", "small_tile", "naive"])
+@pytest.mark.parametrize("backend", ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"])
 def test_gpu_backend_without_gpu_is_a_clear_error(rng, backend):
     _expect_refused(rng, RuntimeError, f"backend '{backend}' is not available", backend=backend)
 

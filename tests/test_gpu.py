@@ -11,7 +11,7 @@ import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, rel_l2
 
-GPU_BACKENDS = ["tensorcore", "large_tile", "small_tile", "naive"]
+GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 _status = cutlassfa.backends()
 pytestmark = pytest.mark.gpu
 

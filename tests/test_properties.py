@@ -60,7 +60,7 @@ def test_cpu_backend_properties(problem):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["tensorcore", "large_tile", "small_tile", "naive"])
+@pytest.mark.parametrize("backend", ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"])
 def test_gpu_backend_properties(backend):
     status = cutlassfa.backends()[backend]
     if not status.available:

@@ -186,13 +186,15 @@ NB_MODULE(_C, m) {
 
   m.attr("compiled_architectures") = CUTLASSFA_ARCHITECTURES;
   m.attr("tensorcore_architectures") = CUTLASSFA_SM80_ARCHITECTURES;
+  m.attr("wgmma_architectures") = CUTLASSFA_SM90_ARCHITECTURES;
   m.attr("stream_per_thread") = reinterpret_cast<uintptr_t>(cudaStreamPerThread);
 
   nb::enum_<Backend>(m, "Backend")
       .value("naive", Backend::kNaive)
       .value("small_tile", Backend::kSmallTile)
       .value("large_tile", Backend::kLargeTile)
-      .value("tensorcore", Backend::kTensorCore);
+      .value("tensorcore", Backend::kTensorCore)
+      .value("tensorcore_sm80", Backend::kTensorCoreSm80);
   m.def("min_compute_capability", [](Backend b) { return cutlassfa::min_compute_capability(b); });
   m.def("is_compiled", [](Backend b) { return cutlassfa::is_compiled(b); });
 

@@ -1,5 +1,6 @@
-// launch_tensorcore: checks, the dtype / head-dim switch onto the kernels instantiated in
-// cpp/src/inst/sm80_hdim<d>.cu, and the fp32 path.
+// launch_tensorcore and launch_tensorcore_sm80: checks, the choice of the wgmma (sm90) or mma.sync
+// (sm80) family, the dtype / head-dim switch onto the kernels instantiated in
+// cpp/src/inst/sm{80,90}_hdim<d>.cu, and the fp32 path.
 //
 // fp32 inputs are read by the kernel itself (run_fwd_fp32): it splits q and k into fp16 hi + lo on
 // the way to shared memory and computes S = QK^T with three fp16 MMAs (hi hi, hi lo, lo hi), V and P
@@ -18,6 +19,9 @@
 #include "cutlassfa/params.h"
 #include "sm80/launch_fwd.h"
 #include "sm80/static_switch.h"
+#if CUTLASSFA_HAS_SM90
+#include "sm90/launch_fwd.h"
+#endif
 
 namespace cutlassfa {
 namespace sm80 {
@@ -147,13 +151,37 @@ bool tensorcore_supports(const FwdParams& params) {
 
 }  // namespace sm80
 
-cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream) {
+cudaError_t launch_tensorcore_sm80(const FwdParams& params, cudaStream_t stream) {
   if (!sm80::tensorcore_supports(params)) { return cudaErrorInvalidValue; }
   if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
   if (params.dtype == DType::kFloat32) { return sm80::launch_fp32(params, stream); }
   return CUTLASSFA_FP16_SWITCH(params.dtype, Element, [&] {
     return sm80::run_fwd_head_dim<Element, Element>(params, stream);
   });
+}
+
+cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream) {
+#if CUTLASSFA_HAS_SM90
+  bool const wgmma_shape = params.dtype != DType::kFloat32 && (params.head_dim == 64 || params.head_dim == 128);
+  if (wgmma_shape && sm80::tensorcore_supports(params)) {
+    int device = 0;
+    int major = 0;
+    int minor = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) { err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); }
+    if (err == cudaSuccess) { err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device); }
+    if (err != cudaSuccess) { return err; }
+    // sm_90a code runs on compute capability 9.0 only.
+    if (major == 9 && minor == 0) {
+      if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
+      return CUTLASSFA_FP16_SWITCH(params.dtype, Element, [&] {
+        return params.head_dim == 64 ? sm90::run_fwd<64, Element>(params, stream)
+                                     : sm90::run_fwd<128, Element>(params, stream);
+      });
+    }
+  }
+#endif
+  return launch_tensorcore_sm80(params, stream);
 }
 
 }  // namespace cutlassfa

@@ -1,5 +1,6 @@
-// Register-level helpers of the SM80 forward kernel: accumulator layout views, type conversion,
-// the two warp-level GEMMs with their ldmatrix software pipeline, and quad reductions.
+// Register-level helpers of the SM80 forward kernel (the SM90 one reuses most): accumulator layout
+// views, type conversion, the two warp-level GEMMs with their ldmatrix software pipeline, quad
+// reductions, and the row-predicated global-to-shared tile copy.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -207,6 +208,25 @@ __forceinline__ __device__ int opaque(int x) {
 __forceinline__ __device__ int opaque_volatile(int x) {
   asm volatile("" : "+r"(x));
   return x;
+}
+
+// Copy the rows of a (CPY, CPY_ROWS, CPY_K) partition whose tile row is < rows_valid and zero the
+// others, so rows past the end of the sequence never read out of bounds nor leave stale data
+// (a NaN left in a V row would survive the P = 0 weight: 0 * NaN = NaN).
+template <class TiledCopy, class TensorSrc, class TensorDst, class TensorCoord>
+__forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tiled_copy, TensorSrc const& src, TensorDst& dst,
+                                                TensorCoord const& coords, int rows_valid) {
+  // Relative to this thread's first row, behind opaque(): see Mask::apply.
+  int const row0 = get<0>(coords(0, 0, 0));
+  int const rows_valid_rel = opaque(rows_valid - row0);
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coords(0, m, 0)) - row0 < rows_valid_rel) {
+      copy(tiled_copy, src(_, m, _), dst(_, m, _));
+    } else {
+      clear(dst(_, m, _));
+    }
+  }
 }
 
 }  // namespace cutlassfa::sm80

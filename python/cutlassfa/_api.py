@@ -25,7 +25,10 @@ except ImportError as error:  # built without a CUDA toolkit
         _EXTENSION_ERROR = "cutlassfa was installed without its CUDA extension (no CUDA toolkit at build time)"
 
 HEAD_DIMS = (32, 64, 128)
-GPU_BACKENDS = ("tensorcore", "large_tile", "small_tile", "naive")
+# tensorcore: the fastest tensor-core kernel for the device (warpgroup MMA on sm_90 for fp16/bf16,
+# d = 64/128; mma.sync otherwise). tensorcore_sm80: always the mma.sync kernel (comparison, tests).
+GPU_BACKENDS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive")
+_TENSORCORE_BACKENDS = ("tensorcore", "tensorcore_sm80")
 BACKENDS = GPU_BACKENDS + ("cpu",)
 # `auto` takes the first available backend of this list that accepts the inputs.
 _AUTO_ORDER = ("tensorcore", "large_tile", "small_tile")
@@ -118,7 +121,7 @@ def _gpu_backend_status(name: str, device: int) -> BackendStatus:
     if capability < _C.min_compute_capability(backend):
         return BackendStatus(name, False, f"needs compute capability >= "
                              f"{_C.min_compute_capability(backend) / 10:.1f}, device {device} has {capability / 10:.1f}")
-    architectures = _C.tensorcore_architectures if name == "tensorcore" else _C.compiled_architectures
+    architectures = _C.tensorcore_architectures if name in _TENSORCORE_BACKENDS else _C.compiled_architectures
     if not _C.is_compiled(backend) or not _has_image(architectures, capability):
         return BackendStatus(name, False, f"not compiled for sm_{capability} (built for: {architectures or 'none'})")
     return BackendStatus(name, True)
@@ -285,8 +288,8 @@ def _resolve(problem: _Problem, backend: str) -> str:
     status = backends(device)[backend]
     if not status.available:
         raise RuntimeError(f"backend {backend!r} is not available: {status.reason}")
-    if backend == "tensorcore" and not _tensorcore_accepts(problem):
-        raise ValueError("backend 'tensorcore' needs softmax_scale > 0 and 16-byte aligned q, k, v and out "
+    if backend in _TENSORCORE_BACKENDS and not _tensorcore_accepts(problem):
+        raise ValueError(f"backend {backend!r} needs softmax_scale > 0 and 16-byte aligned q, k, v and out "
                          "with strides that are multiples of 16 bytes; pass contiguous arrays or use "
                          "backend='auto'")
     return backend

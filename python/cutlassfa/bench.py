@@ -36,7 +36,7 @@ import numpy as np
 from .check import Case, Unsupported, classify_error, first_line, format_table, numpy_dtype, to_numpy64
 
 DTYPES = ("float32", "float16", "bfloat16")
-OUR_BACKENDS = ("tensorcore", "large_tile", "small_tile", "naive", "cpu")
+OUR_BACKENDS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive", "cpu")
 # Row name -> torch.nn.attention.SDPBackend member.
 SDPA_BACKENDS = {
     "sdpa_flash": "FLASH_ATTENTION",
@@ -117,7 +117,7 @@ def peak_of(backend: str, dtype: str) -> str | None:
         return "fp16_gemm"
     if dtype == "bfloat16":
         return "bf16_gemm"
-    return "fp16_gemm" if backend == "tensorcore" else "fp32_gemm"
+    return "fp16_gemm" if backend.startswith("tensorcore") else "fp32_gemm"
 
 
 def attention_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool) -> float:

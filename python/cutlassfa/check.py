@@ -52,6 +52,7 @@ _HALF = {"float16": Bound(1e-3, 1e-4), "bfloat16": Bound(8e-3, 1e-4)}
 _CUDA_CORE = {"float32": Bound(1e-5, 5e-5), **_HALF}
 BOUNDS: dict[str, dict[str, Bound]] = {
     "tensorcore": {"float32": Bound(1e-3, 5e-5), **_HALF},
+    "tensorcore_sm80": {"float32": Bound(1e-3, 5e-5), **_HALF},
     "large_tile": _CUDA_CORE,
     "small_tile": _CUDA_CORE,
     "naive": _CUDA_CORE,
@@ -69,7 +70,7 @@ HW4_MAX_ABS = 5e-3
 HW4_RANGE = 3.0
 
 DTYPES = ("float32", "float16", "bfloat16")
-BACKEND_ORDER = ("tensorcore", "large_tile", "small_tile", "naive", "cpu")
+BACKEND_ORDER = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive", "cpu")
 
 # ---------------------------------------------------------------------------------------------------
 # The shape matrix. (Nq, Nk) pairs cover N = 1, ragged N (77, 257: not a multiple of any tile),

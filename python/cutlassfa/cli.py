@@ -26,7 +26,7 @@ from . import hw4
 
 __all__ = ["main", "build_parser"]
 
-BACKEND_CHOICES = ("auto", "naive", "small_tile", "large_tile", "tensorcore", "cpu")
+BACKEND_CHOICES = ("auto", "naive", "small_tile", "large_tile", "tensorcore", "tensorcore_sm80", "cpu")
 # Batches per forward call in `run`: bounded so that the staging copies a backend makes stay small
 # next to the mapped input and the output (~2 copies of the data in all). 2**24 elements = 64 MiB
 # per tensor, still thousands of (N=128, d=32) problems per call: plenty to fill a GPU.

@@ -7,7 +7,9 @@
 
 namespace cutlassfa {
 
-enum class Backend : int { kNaive = 0, kSmallTile = 1, kLargeTile = 2, kTensorCore = 3 };
+// kTensorCore is the fastest tensor-core kernel for the device (wgmma on sm_90 when built for sm_90a,
+// mma.sync otherwise); kTensorCoreSm80 is always the mma.sync kernel, for comparison and testing.
+enum class Backend : int { kNaive = 0, kSmallTile = 1, kLargeTile = 2, kTensorCore = 3, kTensorCoreSm80 = 4 };
 
 // Lowest compute capability (major * 10 + minor) each backend runs on.
 int min_compute_capability(Backend backend);

@@ -18,7 +18,11 @@ cudaError_t launch_small_tile(const FwdParams& params, cudaStream_t stream);
 // CUDA-core FlashAttention-2 with larger tiles in opt-in shared memory (sm_80 and up).
 cudaError_t launch_large_tile(const FwdParams& params, cudaStream_t stream);
 
-// Tensor-core FlashAttention-2 through CuTe SM80 mma.sync atoms (sm_80 and up).
+// Tensor-core FlashAttention: on an sm_90 device with the sm_90a kernels built, fp16/bf16 with head
+// dim 64 or 128 run the warpgroup-MMA (wgmma) kernel; everything else the SM80 mma.sync kernel.
 cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream);
+
+// Tensor-core FlashAttention-2 through CuTe SM80 mma.sync atoms only (sm_80 and up).
+cudaError_t launch_tensorcore_sm80(const FwdParams& params, cudaStream_t stream);
 
 }  // namespace cutlassfa

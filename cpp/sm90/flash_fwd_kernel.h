@@ -1,0 +1,205 @@
+// FlashAttention forward on Hopper tensor cores: warpgroup MMA (wgmma, sm_90a) for S = Q K^T and
+// O += P V, in CuTe. Same structure as the SM80 kernel (sm80/flash_fwd_kernel.h), which it follows
+// step for step: one CTA per kBlockM-row Q tile, K/V tiles walked from the last visible one down,
+// one shared buffer each for K and V with FlashAttention-2's overlap
+//     wait K[n] | issue V[n]   | S = Q K[n]^T (wgmma, Q and K from shared memory), mask
+//     wait V[n] | issue K[n-1] | online softmax, O += P V[n] (wgmma, P from registers)
+// What changes is the MMA: a warpgroup (4 warps) multiplies a 64-row slab in one asynchronous
+// instruction stream that reads its B operand (K, V) from shared memory once per 64 rows, instead
+// of every warp fetching it with ldmatrix for its own 16 rows. Mask, online softmax and epilogue
+// are the SM80 code, run on re-viewed accumulators (sm90/utils.h).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "cutlassfa/params.h"
+#include "sm80/mask.h"
+#include "sm80/softmax.h"
+#include "sm80/utils.h"
+#include "sm90/kernel_traits.h"
+#include "sm90/utils.h"
+
+namespace cutlassfa::sm90 {
+
+using namespace cute;
+
+template <class Traits, bool kIsCausal>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(1024) char smem[];
+  int const tidx = threadIdx.x;
+
+  // Same grid order as SM80: m_block fastest (K/V reuse in L2), last tiles first (causal balance).
+  int const num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  int const m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
+  int const bh = static_cast<int>(blockIdx.x / num_m_blocks);
+  int const head = bh % params.heads_q;
+  int const batch = bh / params.heads_q;
+  int const head_kv = head / params.heads_ratio;
+
+  sm80::Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
+  int const n_block_max = mask.n_block_max(m_block);
+  int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
+  int const rows_q = params.seqlen_q - m_block * kBlockM;
+
+  // ---- Global tensors (64-bit offsets) ----------------------------------------------------------------
+  int64_t const q_offset = batch * params.q_batch_stride + head * params.q_head_stride;
+  int64_t const k_offset = batch * params.k_batch_stride + head_kv * params.k_head_stride;
+  int64_t const v_offset = batch * params.v_batch_stride + head_kv * params.v_head_stride;
+  int64_t const o_offset = batch * params.o_batch_stride + head * params.o_head_stride;
+  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.q) + q_offset),
+                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.q_row_stride), _1{}));  // (seqlen_q, d)
+  Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.k) + k_offset),
+                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.k_row_stride), _1{}));  // (seqlen_k, d)
+  Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.v) + v_offset),
+                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.v_row_stride), _1{}));  // (seqlen_k, d)
+  Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.o) + o_offset),
+                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(static_cast<int64_t>(params.o_row_stride), _1{}));  // (seqlen_q, d)
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
+  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
+
+  // ---- Shared tensors: Q | K | V, each seen by the copies (swizzled layout) and by wgmma -----------
+  Element* const smem_q = reinterpret_cast<Element*>(smem);
+  Element* const smem_k = smem_q + cosize(typename Traits::SmemLayoutQ{});
+  Element* const smem_v = smem_k + cosize(typename Traits::SmemLayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});   // (kBlockM, d)
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
+  Tensor sQm = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQMma{});    // (kBlockM, d)
+  Tensor sKm = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKMma{});    // (kBlockN, d)
+  Tensor sVtm = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutVtMma{});  // (d, kBlockN)
+  Tensor sO = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutO{});        // (kBlockM, d)
+
+  // ---- Partitions ---------------------------------------------------------------------------------------
+  typename Traits::GmemTiledCopyQKV gmem_tiled_copy_QKV;
+  auto gmem_thr_copy_QKV = gmem_tiled_copy_QKV.get_thread_slice(tidx);
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});   // (kBlockM, d) -> (row, col)
+  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, d) -> (row, col)
+
+  auto load_kv = [&](auto const& gX, auto& sX, int const n_block, auto is_predicated) {
+    Tensor tXgX = gmem_thr_copy_QKV.partition_S(gX(_, _, n_block));  // (KCPY, KCPY_N, KCPY_K)
+    Tensor tXsX = gmem_thr_copy_QKV.partition_D(sX);                // (KCPY, KCPY_N, KCPY_K)
+    if constexpr (decltype(is_predicated)::value) {
+      Tensor tXcX = gmem_thr_copy_QKV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
+      sm80::copy_rows_zfill(gmem_tiled_copy_QKV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
+    } else {
+      copy(gmem_tiled_copy_QKV, tXgX, tXsX);
+    }
+  };
+
+  typename Traits::TiledMmaS tiled_mma_s;
+  auto thr_mma_s = tiled_mma_s.get_thread_slice(tidx);
+  Tensor tSrQ = thr_mma_s.partition_fragment_A(sQm);  // (MMA, MMA_M, MMA_K) descriptors
+  Tensor tSrK = thr_mma_s.partition_fragment_B(sKm);  // (MMA, MMA_N, MMA_K) descriptors
+  typename Traits::TiledMmaO tiled_mma_o;
+  auto thr_mma_o = tiled_mma_o.get_thread_slice(tidx);
+  Tensor tOrVt = thr_mma_o.partition_fragment_B(sVtm);  // (MMA, MMA_N, MMA_K) descriptors
+  Tensor acc_o = partition_fragment_C(tiled_mma_o, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
+  Tensor acc_o80 = make_tensor(acc_o.data(), acc_as_sm80(acc_o.layout()));                // SM80 view
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN) -> (row, col)
+  Tensor tScS = thr_mma_s.partition_C(cS);                                // (MMA, MMA_M, MMA_N)
+  Tensor tScS80 = make_tensor(tScS.data(), acc_as_sm80(tScS.layout()));   // SM80 view
+
+  // ---- Prologue: Q and the first (highest) K tile in flight -------------------------------------------
+  {
+    Tensor tQgQ = gmem_thr_copy_QKV.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
+    Tensor tQsQ = gmem_thr_copy_QKV.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
+    Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
+    sm80::copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
+  }
+  if (n_block_max > 0) { load_kv(gK, sK, n_block_max - 1, cute::true_type{}); }
+  cute::cp_async_fence();
+
+  clear(acc_o);
+  sm80::OnlineSoftmax<2 * decltype(size<1>(acc_o80))::value> softmax;
+
+  // ---- K/V loop ----------------------------------------------------------------------------------------
+  auto kv_step = [&](int const n_block, auto is_masked_step) {
+    constexpr bool kMasked = decltype(is_masked_step)::value;
+    Tensor acc_s = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+    Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));              // SM80 view
+
+    cute::cp_async_wait<0>();
+    fence_shared_to_async();
+    __syncthreads();  // K[n] (and Q) have landed; every warpgroup is done reading V[n+1]
+    load_kv(gV, sV, n_block, cute::bool_constant<kMasked>{});  // only a masked step holds the ragged tile
+    cute::cp_async_fence();
+
+    gemm</*kZeroInit=*/true, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
+    if constexpr (kMasked) { mask.apply(acc_s80, tScS80, m_block, n_block); }
+
+    cute::cp_async_wait<0>();
+    fence_shared_to_async();
+    __syncthreads();  // V[n] has landed; every warpgroup is done reading K[n]
+    if (n_block > 0) {  // tiles below the last are full: no predicate
+      load_kv(gK, sK, n_block - 1, cute::false_type{});
+      cute::cp_async_fence();
+    }
+
+    softmax.update(acc_s80, acc_o80, params.softmax_scale_log2);
+
+    Tensor rP = sm80::convert_type<Element>(acc_s);                        // (MMA, MMA_M, MMA_N)
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, kBlockN / 16)
+    gemm</*kZeroInit=*/false, /*kARegisters=*/true>(tiled_mma_o, tOrP, tOrVt, acc_o);
+  };
+
+  int n_block = n_block_max - 1;
+  for (; n_block >= n_block_unmasked_end; --n_block) { kv_step(n_block, cute::true_type{}); }
+  for (; n_block >= 0; --n_block) { kv_step(n_block, cute::false_type{}); }
+
+  // ---- Epilogue (as SM80) --------------------------------------------------------------------------------
+  Tensor lse = softmax.finalize(acc_o80, params.softmax_scale);  // (nrow)
+  Tensor rO = sm80::convert_type<Element>(acc_o);                // (MMA, MMA_M, MMA_N)
+
+  cute::cp_async_wait<0>();  // the Q load is still in flight when no K/V step ran
+  __syncthreads();           // sO overwrites sQ: every warpgroup must be done with it
+
+  auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma_o);
+  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(tidx);
+  Tensor taccOrO = smem_thr_copy_O.retile_S(rO);     // (CPY, CPY_M, CPY_N)
+  Tensor taccOsO = smem_thr_copy_O.partition_D(sO);  // (CPY, CPY_M, CPY_N)
+  copy(smem_tiled_copy_O, taccOrO, taccOsO);
+
+  if (params.lse != nullptr) {
+    Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
+    Tensor taccOcO = thr_mma_o.partition_C(cO);                              // (MMA, MMA_M, MMA_N)
+    Tensor taccOcO_rc = make_tensor(taccOcO.data(), sm80::acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
+    float* lse_row0 = params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q +
+                      m_block * kBlockM;
+    if (get<1>(taccOcO_rc(0, 0)) == 0) {  // one thread of each quad writes the quad's rows
+      CUTE_UNROLL
+      for (int mi = 0; mi < size(lse); ++mi) {
+        int const row = get<0>(taccOcO_rc(mi, 0));
+        if (row < rows_q) { lse_row0[row] = lse(mi); }
+      }
+    }
+  }
+
+  __syncthreads();  // sO complete before it is read back with another thread mapping
+
+  typename Traits::GmemTiledCopyO gmem_tiled_copy_O;
+  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tidx);
+  Tensor tOsO = gmem_thr_copy_O.partition_S(sO);  // (OCPY, OCPY_M, OCPY_K)
+  Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (OCPY, OCPY_M, OCPY_K)
+  Tensor tOrO = make_tensor<Element>(shape(tOgO));  // (OCPY, OCPY_M, OCPY_K)
+  copy(gmem_tiled_copy_O, tOsO, tOrO);
+  Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOrO); ++m) {
+    if (get<0>(tOcO(0, m, 0)) < rows_q) { copy(gmem_tiled_copy_O, tOrO(_, m, _), tOgO(_, m, _)); }
+  }
+#endif
+}
+
+}  // namespace cutlassfa::sm90

@@ -1,0 +1,17 @@
+// Declarations shared by the tensor-core launcher and the SM90 instantiation files (no CuTe here).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cutlassfa/params.h"
+
+namespace cutlassfa::sm90 {
+
+// Enqueue the wgmma forward kernel for one (head dim, element); switches on params.causal.
+// Element is cutlass::half_t or cutlass::bfloat16_t; O is written in Element. The caller has
+// checked sm80::tensorcore_supports (same alignment contract) and that the device is sm_90.
+// Defined in sm90/launch_template.h, instantiated in cpp/src/inst/sm90_hdim<d>.cu.
+template <int kHeadDim, class Element>
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+
+}  // namespace cutlassfa::sm90
