@@ -115,7 +115,6 @@ struct FwdTraits {
   static constexpr int kSmemSizeStage = kSplitQK ? kBlockN * kHeadDim * sizeof(ElementIn) : 0;
   static constexpr int kSmemSize = kSplitQK ? cute::max(2 * kSmemSizeQ + 3 * kSmemSizeKV + kSmemSizeStage, kSmemSizeO)
                                             : cute::max(kSmemSizeQ + 2 * kSmemSizeKV, kSmemSizeO);
-  static_assert(kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
 
   // ---- Copies --------------------------------------------------------------------------------------
   // Registers <- shared: ldmatrix. Q and K are K-major (row = M or N index), V^T needs .trans.
@@ -153,7 +152,9 @@ struct FwdTraits {
   // tiles, so the conversion needs no barrier of its own. A warp covers whole contiguous rows
   // (d / 4 threads per row): conflict-free 16-byte smem accesses without a swizzle.
   // Q: the same partition, loaded to registers (LDG.128) once in the prologue.
-  static constexpr int kGmemThreadsPerRowIn = kHeadDim / 4;
+  // (Defined for every traits type; only kSplitQK ones use it. 8 otherwise keeps it well-formed
+  // for head dims wider than 128, which the SM90 kernel's pre-split fp32 Q and K have.)
+  static constexpr int kGmemThreadsPerRowIn = kSplitQK ? kHeadDim / 4 : 8;
   static_assert(kNThreads % kGmemThreadsPerRowIn == 0 && kGmemThreadsPerRowIn <= 32);
   using GmemLayoutAtomIn = Layout<Shape<Int<kNThreads / kGmemThreadsPerRowIn>, Int<kGmemThreadsPerRowIn>>,
                                   Stride<Int<kGmemThreadsPerRowIn>, _1>>;

@@ -17,6 +17,7 @@ namespace cutlassfa::sm80 {
 template <class Traits, bool kIsCausal>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmemSize = Traits::kSmemSize;
+  static_assert(kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
   auto kernel = &flash_fwd_kernel<Traits, kIsCausal>;
   if constexpr (kSmemSize > 48 * 1024) {
     cudaError_t const err =

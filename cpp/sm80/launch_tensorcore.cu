@@ -162,8 +162,7 @@ cudaError_t launch_tensorcore_sm80(const FwdParams& params, cudaStream_t stream)
 
 cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream) {
 #if CUTLASSFA_HAS_SM90
-  bool const wgmma_shape = params.dtype != DType::kFloat32 && (params.head_dim == 64 || params.head_dim == 128);
-  if (wgmma_shape && sm80::tensorcore_supports(params)) {
+  if ((params.head_dim == 64 || params.head_dim == 128) && sm80::tensorcore_supports(params)) {
     int device = 0;
     int major = 0;
     int minor = 0;
@@ -174,6 +173,7 @@ cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream) {
     // sm_90a code runs on compute capability 9.0 only.
     if (major == 9 && minor == 0) {
       if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
+      if (params.dtype == DType::kFloat32) { return sm90::launch_fp32(params, stream); }
       return CUTLASSFA_FP16_SWITCH(params.dtype, Element, [&] {
         return params.head_dim == 64 ? sm90::run_fwd<64, Element>(params, stream)
                                      : sm90::run_fwd<128, Element>(params, stream);

@@ -24,12 +24,14 @@ namespace cutlassfa::sm90 {
 using namespace cute;
 
 template <class Traits, bool kIsCausal>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Traits::Element;
+  using ElementOut = typename Traits::ElementOut;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimQK = Traits::kHeadDimQK;  // columns of Q and K
+  constexpr int kHeadDim = Traits::kHeadDim;      // columns of V and O
 
   extern __shared__ __align__(1024) char smem[];
   int const tidx = threadIdx.x;
@@ -53,45 +55,50 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_
   int64_t const v_offset = batch * params.v_batch_stride + head_kv * params.v_head_stride;
   int64_t const o_offset = batch * params.o_batch_stride + head * params.o_head_stride;
   Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.q) + q_offset),
-                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.q_row_stride), _1{}));  // (seqlen_q, d)
+                          make_shape(params.seqlen_q, Int<kHeadDimQK>{}),
+                          make_stride(static_cast<int64_t>(params.q_row_stride), _1{}));  // (seqlen_q, dQK)
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.k) + k_offset),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.k_row_stride), _1{}));  // (seqlen_k, d)
+                          make_shape(params.seqlen_k, Int<kHeadDimQK>{}),
+                          make_stride(static_cast<int64_t>(params.k_row_stride), _1{}));  // (seqlen_k, dQK)
   Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.v) + v_offset),
                           make_shape(params.seqlen_k, Int<kHeadDim>{}),
                           make_stride(static_cast<int64_t>(params.v_row_stride), _1{}));  // (seqlen_k, d)
-  Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.o) + o_offset),
+  Tensor mO = make_tensor(make_gmem_ptr(static_cast<ElementOut*>(params.o) + o_offset),
                           make_shape(params.seqlen_q, Int<kHeadDim>{}),
                           make_stride(static_cast<int64_t>(params.o_row_stride), _1{}));  // (seqlen_q, d)
-  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}, make_coord(m_block, 0));  // (kBlockM, dQK)
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}, make_coord(_, 0));  // (kBlockN, dQK, n_blocks)
   Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
   Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
 
   // ---- Shared tensors: Q | K | V, each seen by the copies (swizzled layout) and by wgmma -----------
   Element* const smem_q = reinterpret_cast<Element*>(smem);
   Element* const smem_k = smem_q + cosize(typename Traits::SmemLayoutQ{});
-  Element* const smem_v = smem_k + cosize(typename Traits::SmemLayoutKV{});
-  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});   // (kBlockM, d)
-  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
-  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});  // (kBlockN, d)
-  Tensor sQm = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQMma{});    // (kBlockM, d)
-  Tensor sKm = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKMma{});    // (kBlockN, d)
+  Element* const smem_v = smem_k + cosize(typename Traits::SmemLayoutK{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});  // (kBlockM, dQK)
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutK{});  // (kBlockN, dQK)
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutV{});  // (kBlockN, d)
+  Tensor sQm = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQMma{});    // (kBlockM, dQK)
+  Tensor sKm = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKMma{});    // (kBlockN, dQK)
   Tensor sVtm = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutVtMma{});  // (d, kBlockN)
-  Tensor sO = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutO{});        // (kBlockM, d)
+  Tensor sO = make_tensor(make_smem_ptr(reinterpret_cast<ElementOut*>(smem)),
+                          typename Traits::SmemLayoutO{});  // (kBlockM, d), over sQ
 
   // ---- Partitions ---------------------------------------------------------------------------------------
   typename Traits::GmemTiledCopyQKV gmem_tiled_copy_QKV;
   auto gmem_thr_copy_QKV = gmem_tiled_copy_QKV.get_thread_slice(tidx);
-  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});   // (kBlockM, d) -> (row, col)
-  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, d) -> (row, col)
+  // (row, col) of every copied element, for the row predicates of ragged tiles.
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimQK>>{});  // (kBlockM, dQK) -> (row, col)
+  Tensor cK = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDimQK>>{});  // (kBlockN, dQK) -> (row, col)
+  Tensor cV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});    // (kBlockN, d) -> (row, col)
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});    // (kBlockM, d) -> (row, col)
 
-  auto load_kv = [&](auto const& gX, auto& sX, int const n_block, auto is_predicated) {
+  // cp.async of K or V tile n_block into sX; is_predicated zero-fills the rows >= seqlen_k.
+  auto load_kv = [&](auto const& gX, auto& sX, auto const& cX, int const n_block, auto is_predicated) {
     Tensor tXgX = gmem_thr_copy_QKV.partition_S(gX(_, _, n_block));  // (KCPY, KCPY_N, KCPY_K)
     Tensor tXsX = gmem_thr_copy_QKV.partition_D(sX);                // (KCPY, KCPY_N, KCPY_K)
     if constexpr (decltype(is_predicated)::value) {
-      Tensor tXcX = gmem_thr_copy_QKV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
+      Tensor tXcX = gmem_thr_copy_QKV.partition_S(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
       sm80::copy_rows_zfill(gmem_tiled_copy_QKV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
     } else {
       copy(gmem_tiled_copy_QKV, tXgX, tXsX);
@@ -118,7 +125,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_
     Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
     sm80::copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
   }
-  if (n_block_max > 0) { load_kv(gK, sK, n_block_max - 1, cute::true_type{}); }
+  if (n_block_max > 0) { load_kv(gK, sK, cK, n_block_max - 1, cute::true_type{}); }
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_
     cute::cp_async_wait<0>();
     fence_shared_to_async();
     __syncthreads();  // K[n] (and Q) have landed; every warpgroup is done reading V[n+1]
-    load_kv(gV, sV, n_block, cute::bool_constant<kMasked>{});  // only a masked step holds the ragged tile
+    load_kv(gV, sV, cV, n_block, cute::bool_constant<kMasked>{});  // only a masked step holds the ragged tile
     cute::cp_async_fence();
 
     gemm</*kZeroInit=*/true, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
@@ -143,7 +150,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_
     fence_shared_to_async();
     __syncthreads();  // V[n] has landed; every warpgroup is done reading K[n]
     if (n_block > 0) {  // tiles below the last are full: no predicate
-      load_kv(gK, sK, n_block - 1, cute::false_type{});
+      load_kv(gK, sK, cK, n_block - 1, cute::false_type{});
       cute::cp_async_fence();
     }
 
@@ -160,7 +167,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_
 
   // ---- Epilogue (as SM80) --------------------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o80, params.softmax_scale);  // (nrow)
-  Tensor rO = sm80::convert_type<Element>(acc_o);                // (MMA, MMA_M, MMA_N)
+  Tensor rO = sm80::convert_type<ElementOut>(acc_o);             // (MMA, MMA_M, MMA_N)
 
   cute::cp_async_wait<0>();  // the Q load is still in flight when no K/V step ran
   __syncthreads();           // sO overwrites sQ: every warpgroup must be done with it
@@ -172,7 +179,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_
   copy(smem_tiled_copy_O, taccOrO, taccOsO);
 
   if (params.lse != nullptr) {
-    Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
     Tensor taccOcO = thr_mma_o.partition_C(cO);                              // (MMA, MMA_M, MMA_N)
     Tensor taccOcO_rc = make_tensor(taccOcO.data(), sm80::acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
     float* lse_row0 = params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q +
@@ -192,9 +198,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(__grid_
   auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tidx);
   Tensor tOsO = gmem_thr_copy_O.partition_S(sO);  // (OCPY, OCPY_M, OCPY_K)
   Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (OCPY, OCPY_M, OCPY_K)
-  Tensor tOrO = make_tensor<Element>(shape(tOgO));  // (OCPY, OCPY_M, OCPY_K)
+  Tensor tOrO = make_tensor<ElementOut>(shape(tOgO));  // (OCPY, OCPY_M, OCPY_K)
   copy(gmem_tiled_copy_O, tOsO, tOrO);
-  Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
+  Tensor tOcO = gmem_thr_copy_O.partition_D(cO);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOrO); ++m) {
     if (get<0>(tOcO(0, m, 0)) < rows_q) { copy(gmem_tiled_copy_O, tOrO(_, m, _), tOgO(_, m, _)); }

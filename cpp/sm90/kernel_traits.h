@@ -14,31 +14,64 @@ namespace cutlassfa::sm90 {
 
 using namespace cute;
 
-// Tile per head dim. A warpgroup (4 warps) owns 64 query rows; kBlockM / 64 warpgroups share each
-// K/V tile in shared memory.
+// Tile per head dim: one warpgroup (4 warps) owns the whole 64-row Q tile, and several CTAs share
+// an SM (registers: 168 at d = 64, ~228 at d = 128, no spills; smem 40 / 80 KB), so one CTA's
+// softmax overlaps another's MMAs. Measured on an H100 (fp16, same run, TFLOP/s at (8,16,4096) and
+// (2,16,16384), non-causal / causal), against 128 x 128 with two warpgroups per CTA (1 CTA per SM,
+// both warpgroups in lockstep at the barriers) and 128 x 64 with two warpgroups (2 CTAs per SM):
+//   d = 64 : 64 x 128, 3/SM: 456/405, 428/411   128 x 128: 314/286, 331/327   128 x 64: 393/363, 386/386
+//   d = 128: 64 x 128, 2/SM: 510/441, 484/491   128 x 128: 449/407, 444/449   128 x 64: 406/393, 421/423
 template <int kHeadDim> struct TileConfig;
-template <> struct TileConfig<64>  { static constexpr int kBlockM = 128, kBlockN = 128; };
-template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 128; };
+template <> struct TileConfig<64>  { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 3; };
+template <> struct TileConfig<128> { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 2; };
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, class Element_>
-struct FwdTraits : sm80::FwdTraits<kHeadDim_, kBlockM_, kBlockN_, kBlockM_ / 16, Element_, Element_> {
-  using Base = sm80::FwdTraits<kHeadDim_, kBlockM_, kBlockN_, kBlockM_ / 16, Element_, Element_>;
+// fp32 inputs: Q and K carry 3 d fp16 columns (launch_fp32.cu), so the K tile shrinks at d = 128 to
+// keep two CTAs per SM: d = 64 smem 24 + 48 + 16 KB, d = 128 48 + 48 + 16 KB.
+template <int kHeadDim> struct TileConfigFp32;
+template <> struct TileConfigFp32<64>  { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 2; };
+template <> struct TileConfigFp32<128> { static constexpr int kBlockM = 64, kBlockN = 64, kMinBlocksPerSm = 2; };
+
+// kHeadDimQK : columns of Q and K (the K dimension of S = Q K^T).
+// kHeadDim   : columns of V and O. Equal for fp16/bf16 inputs; fp32 inputs run with Q and K
+//              pre-split into three fp16 column blocks (kHeadDimQK = 3 kHeadDim, see launch_fp32.cu).
+// ElementOut : Element, or float for fp32 inputs.
+// kMinBlocksPerSm: CTAs per SM the register allocation must allow (__launch_bounds__).
+template <int kHeadDimQK_, int kHeadDim_, int kBlockM_, int kBlockN_, class Element_, class ElementOut_,
+          int kMinBlocksPerSm_>
+struct FwdTraits {
   using Element = Element_;
+  using ElementOut = ElementOut_;
+  static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNWarpGroups = kBlockM / 64;
+  static constexpr int kNThreads = 128 * kNWarpGroups;
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static_assert(kBlockM % 64 == 0, "a warpgroup MMA covers 64 rows");
-  static_assert(Base::kNThreads == 128 * kNWarpGroups);
-  static_assert(kHeadDim % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
+  static_assert(kHeadDim % 64 == 0 && kHeadDimQK % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
+
+  // ---- Copy side: the SM80 traits of the Q/K tiles and of the V/O tiles ------------------------------
+  // (cp.async partitions, swizzled layouts, O epilogue; their MMA members are unused here).
+  using CopyQK = sm80::FwdTraits<kHeadDimQK, kBlockM, kBlockN, kBlockM / 16, Element, Element>;
+  using CopyVO = sm80::FwdTraits<kHeadDim, kBlockM, kBlockN, kBlockM / 16, Element, ElementOut>;
+  static_assert(CopyQK::kNThreads == kNThreads);
+  using GmemTiledCopyQKV = typename CopyQK::GmemTiledCopyQKV;  // 8 threads x 16 B per 64-column row block
+  static_assert(cute::is_same_v<GmemTiledCopyQKV, typename CopyVO::GmemTiledCopyQKV>);
+  using SmemLayoutQ = typename CopyQK::SmemLayoutQ;   // (kBlockM, kHeadDimQK)
+  using SmemLayoutK = typename CopyQK::SmemLayoutKV;  // (kBlockN, kHeadDimQK)
+  using SmemLayoutV = typename CopyVO::SmemLayoutKV;  // (kBlockN, kHeadDim)
+  using SmemLayoutO = typename CopyVO::SmemLayoutO;   // (kBlockM, kHeadDim), over the Q tile
+  using SmemCopyAtomO = typename CopyVO::SmemCopyAtomO;
+  using GmemTiledCopyO = typename CopyVO::GmemTiledCopyO;
 
   // ---- MMA: S = Q K^T (both operands in shared memory), O += P V (P from registers) ---------------
   // Warpgroup w owns rows [64w, 64w + 64); within it warp j owns 16 rows, and a thread holds the
   // same (row, row + 8) x (2 columns per 8) pattern as the SM80 16x8 accumulator, so the SM80
-  // softmax and mask run on a re-viewed accumulator (sm90/layout.h).
+  // softmax and mask run on a re-viewed accumulator (sm90/utils.h).
   using AtomLayout = Layout<Shape<Int<kNWarpGroups>, _1, _1>>;
   using TiledMmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>>(),
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDimQK>>>(),
       AtomLayout{}));
   // V is stored as rows of head_dim (the N index of P V is contiguous): an MN-major B operand.
   using TiledMmaO = decltype(make_tiled_mma(
@@ -48,20 +81,35 @@ struct FwdTraits : sm80::FwdTraits<kHeadDim_, kBlockM_, kBlockN_, kBlockM_ / 16,
 
   // ---- GMMA views of the shared tiles --------------------------------------------------------------
   // Layout_K_SW128 for 16-bit types is 8 rows x 64 columns with the 16-byte chunk XORed by the row:
-  // byte for byte the SM80 Swizzle<3,3,3> tile the cp.async copies write (Base::SmemLayoutQ/KV,
-  // the same tile_to_shape order), carried here with the flag wgmma descriptors are built from.
+  // byte for byte the SM80 Swizzle<3,3,3> tile the cp.async copies write (same tile_to_shape
+  // order), carried here with the flag wgmma descriptors are built from.
   using SmemLayoutAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutKMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutQMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
+  using SmemLayoutKMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));
+  using SmemLayoutVMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutVtMma = decltype(composition(
-      SmemLayoutKMma{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));  // (d, kBlockN)
-  static_assert(cosize(SmemLayoutQMma{}) == cosize(typename Base::SmemLayoutQ{}));
-  static_assert(cosize(SmemLayoutKMma{}) == cosize(typename Base::SmemLayoutKV{}));
+      SmemLayoutVMma{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));  // (d, kBlockN)
+  static_assert(cosize(SmemLayoutQMma{}) == cosize(SmemLayoutQ{}));
+  static_assert(cosize(SmemLayoutKMma{}) == cosize(SmemLayoutK{}));
+  static_assert(cosize(SmemLayoutVMma{}) == cosize(SmemLayoutV{}));
 
-  static constexpr int kSmemSize = Base::kSmemSize;
+  static constexpr int kSmemSizeQKV =
+      (cosize(SmemLayoutQ{}) + cosize(SmemLayoutK{}) + cosize(SmemLayoutV{})) * sizeof(Element);
+  static constexpr int kSmemSizeO = cosize(SmemLayoutO{}) * sizeof(ElementOut);
+  static_assert(kSmemSizeO <= cosize(SmemLayoutQ{}) * sizeof(Element), "O is staged over the Q tile");
+  static constexpr int kSmemSize = kSmemSizeQKV;
+  static_assert(kSmemSize * kMinBlocksPerSm <= 227 * 1024, "the CTAs of one SM fit its shared memory");
 };
 
+// fp16 / bf16 in and out.
 template <int kHeadDim, class Element>
-using DefaultFwdTraits = FwdTraits<kHeadDim, TileConfig<kHeadDim>::kBlockM, TileConfig<kHeadDim>::kBlockN, Element>;
+using DefaultFwdTraits = FwdTraits<kHeadDim, kHeadDim, TileConfig<kHeadDim>::kBlockM, TileConfig<kHeadDim>::kBlockN,
+                                   Element, Element, TileConfig<kHeadDim>::kMinBlocksPerSm>;
+
+// fp32 in and out: Q' = [Qhi Qhi Qlo], K' = [Khi Klo Khi] (3 d columns), V in fp16.
+template <int kHeadDim>
+using Fp32FwdTraits = FwdTraits<3 * kHeadDim, kHeadDim, TileConfigFp32<kHeadDim>::kBlockM,
+                                TileConfigFp32<kHeadDim>::kBlockN, cutlass::half_t, float,
+                                TileConfigFp32<kHeadDim>::kMinBlocksPerSm>;
 
 }  // namespace cutlassfa::sm90

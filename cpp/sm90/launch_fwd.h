@@ -14,4 +14,14 @@ namespace cutlassfa::sm90 {
 template <int kHeadDim, class Element>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
+// The fp32 kernel on pre-split inputs: params.q and params.k point to fp16 rows of 3 * kHeadDim
+// columns ([hi hi lo] and [hi lo hi]), params.v to fp16 rows of kHeadDim, params.o to fp32.
+// Instantiated beside run_fwd.
+template <int kHeadDim>
+cudaError_t run_fwd_split(const FwdParams& params, cudaStream_t stream);
+
+// fp32 q, k, v (any strides), head dim 64 or 128: split into fp16 in a stream-ordered workspace,
+// then run_fwd_split. Defined in sm90/launch_fp32.cu.
+cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream);
+
 }  // namespace cutlassfa::sm90

@@ -37,4 +37,11 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
                                [&] { return run_flash_fwd<Traits, kIsCausal>(params, stream); });
 }
 
+template <int kHeadDim>
+cudaError_t run_fwd_split(const FwdParams& params, cudaStream_t stream) {
+  using Traits = Fp32FwdTraits<kHeadDim>;
+  return CUTLASSFA_BOOL_SWITCH(params.causal, kIsCausal,
+                               [&] { return run_flash_fwd<Traits, kIsCausal>(params, stream); });
+}
+
 }  // namespace cutlassfa::sm90
