@@ -16,7 +16,7 @@ def main() -> int:
     import ml_dtypes
 
     rng = np.random.default_rng()
-    backends = [name for name in ("tensorcore", "large_tile", "small_tile", "naive")
+    backends = [name for name in ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive")
                 if cutlassfa.backends()[name].available]
     if len(sys.argv) > 1:
         backends = [b for b in backends if b in sys.argv[1:]]

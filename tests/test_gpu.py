@@ -128,6 +128,26 @@ def test_auto_picks_tensorcore_on_sm80(rng):
     assert cutlassfa.select_backend(q, k, v) == "tensorcore"
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensorcore_families_agree_on_long_ragged_sequences(rng, dtype, d, causal):
+    """`tensorcore` (the wgmma kernel on sm_90) and `tensorcore_sm80` (mma.sync) on many K/V tiles
+    with a ragged end and GQA: each within its bound of the reference, and close to each other."""
+    _need("tensorcore")
+    _need("tensorcore_sm80")
+    q, k, v = _inputs(rng, 1, 4, 2, 1000, 1537, d, dtype)
+    ref, ref_lse = attention_reference(q, k, v, causal=causal)
+    outs = {}
+    for backend in ("tensorcore", "tensorcore_sm80"):
+        out, lse = cutlassfa.forward(q, k, v, causal=causal, backend=backend, return_lse=True)
+        out = out.astype(np.float64)
+        assert rel_l2(out, ref) <= _bound(backend, dtype), backend
+        np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=bound_for(backend, dtype).lse)
+        outs[backend] = out
+    assert rel_l2(outs["tensorcore"], outs["tensorcore_sm80"]) <= 2 * _bound("tensorcore", dtype)
+
+
 # ---- device arrays of each framework ------------------------------------------------------------
 
 def _torch():
