@@ -25,8 +25,8 @@ except ImportError as error:  # built without a CUDA toolkit
         _EXTENSION_ERROR = "cutlassfa was installed without its CUDA extension (no CUDA toolkit at build time)"
 
 HEAD_DIMS = (32, 64, 128)
-# tensorcore: the fastest tensor-core kernel for the device (warpgroup MMA on sm_90 for fp16/bf16,
-# d = 64/128; mma.sync otherwise). tensorcore_sm80: always the mma.sync kernel (comparison, tests).
+# tensorcore: the fastest tensor-core kernel for the device (warpgroup MMA on sm_90 for head dims
+# 64/128, mma.sync otherwise). tensorcore_sm80: always the mma.sync kernel (comparison, tests).
 GPU_BACKENDS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive")
 _TENSORCORE_BACKENDS = ("tensorcore", "tensorcore_sm80")
 BACKENDS = GPU_BACKENDS + ("cpu",)

@@ -99,8 +99,8 @@ REF_MAX_SCORES = 1 << 24
 GEMM_SIZE = 8192
 
 # Which measured dense-GEMM rate a row is compared with. fp16 / bf16 rows: the GEMM of that dtype.
-# fp32 rows: CUDA-core fp32 (TF32 off), except `tensorcore`, which converts fp32 inputs to fp16 and runs
-# fp16 mma.sync. PyTorch's fp32 SDPA does not use TF32 unless allowed (off by default). cpu: none.
+# fp32 rows: CUDA-core fp32 (TF32 off), except the tensor-core backends, which split fp32 inputs into fp16
+# and run fp16 MMAs. PyTorch's fp32 SDPA does not use TF32 unless allowed (off by default). cpu: none.
 PEAKS = {
     "fp16_gemm": ("float16", False),
     "bf16_gemm": ("bfloat16", False),
