@@ -7,7 +7,8 @@
 // What changes is the MMA: a warpgroup (4 warps) multiplies a 64-row slab in one asynchronous
 // instruction stream that reads its B operand (K, V) from shared memory once per 64 rows, instead
 // of every warp fetching it with ldmatrix for its own 16 rows. Mask, online softmax and epilogue
-// are the SM80 code, run on re-viewed accumulators (sm90/utils.h).
+// are the SM80 code, run on re-viewed accumulators (sm90/utils.h). fp32 inputs arrive pre-split
+// (launch_fp32.cu): only the Q/K width (kHeadDimQK = 3 d) and the output type differ.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -24,7 +25,8 @@ namespace cutlassfa::sm90 {
 using namespace cute;
 
 template <class Traits, bool kIsCausal>
-__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
+    flash_fwd_kernel(__grid_constant__ const FwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Traits::Element;
   using ElementOut = typename Traits::ElementOut;
