@@ -148,6 +148,14 @@ def test_tensorcore_families_agree_on_long_ragged_sequences(rng, dtype, d, causa
     assert rel_l2(outs["tensorcore"], outs["tensorcore_sm80"]) <= 2 * _bound("tensorcore", dtype)
 
 
+def test_device_info_names_the_tensorcore_kernel_family():
+    _need("tensorcore")
+    info = cutlassfa.device_info()
+    expected = ("wgmma (sm_90a)" if tuple(info["compute_capability"]) == (9, 0)
+                and "90a" in info["wgmma_architectures"] else "mma.sync (sm_80)")
+    assert info["tensorcore_kernel"] == expected
+
+
 # ---- device arrays of each framework ------------------------------------------------------------
 
 def _torch():

@@ -137,17 +137,27 @@ def backends(device: int = 0) -> dict[str, BackendStatus]:
 
 def device_info(device: int = 0) -> dict[str, Any]:
     """The GPU this package would use: name, compute capability, multiprocessors, memory, driver and
-    runtime versions, and the architectures the extension was compiled for. Without a usable GPU the
+    runtime versions, the architectures the extension was compiled for (all, and those with the Hopper
+    wgmma kernels), and which tensor-core kernel family `tensorcore` runs on it. Without a usable GPU the
     dict holds `available: False` and the `reason`."""
     count, error = _device_count()
+    wgmma = getattr(_C, "wgmma_architectures", "")
     info: dict[str, Any] = {
         "compiled_architectures": _C.compiled_architectures.split(",") if _C is not None else [],
+        "wgmma_architectures": wgmma.split(",") if wgmma else [],
         "device_count": count,
     }
     if count == 0 or not 0 <= device < count:
         info.update(available=False, reason=error or f"CUDA device {device} does not exist")
         return info
     info.update(available=True, device=device, **_properties(device))
+    # Which kernel family `tensorcore` runs here for head dims 64 and 128 (32 always takes mma.sync).
+    if _compute_capability(device) == 90 and "90a" in info["wgmma_architectures"]:
+        info["tensorcore_kernel"] = "wgmma (sm_90a)"
+    elif _gpu_backend_status("tensorcore", device).available:
+        info["tensorcore_kernel"] = "mma.sync (sm_80)"
+    else:
+        info["tensorcore_kernel"] = None
     return info
 
 

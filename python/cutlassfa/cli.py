@@ -136,7 +136,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print("backends:")
     for name, backend in cutlassfa.backends().items():
         state = "available" if backend.available else f"unavailable: {backend.reason}"
-        print(f"  {name:<11} {state}")
+        print(f"  {name:<15} {state}")
     return 0
 
 
