@@ -2,13 +2,15 @@
 // (sm80) family, the dtype / head-dim switch onto the kernels instantiated in
 // cpp/src/inst/sm{80,90}_hdim<d>.cu, and the fp32 path.
 //
-// fp32 inputs are read by the kernel itself (run_fwd_fp32): it splits q and k into fp16 hi + lo on
-// the way to shared memory and computes S = QK^T with three fp16 MMAs (hi hi, hi lo, lo hi), V and P
-// in one fp16 rounding, O in fp32. fp16 holds finite values up to 65504, so |x| <= 1e4 never
-// overflows. Rounding q and k once to fp16 (the previous pre-pass) gave max abs errors of 6.3e-3 on
-// the HW4 shapes, over the 5e-3 rule. TF32 atoms keep the same 10 mantissa bits at half the rate.
-// The kernel's 16-byte fp32 loads need aligned q, k, v; other layouts are first copied to contiguous
-// fp32 by a small pre-pass into a stream-ordered workspace.
+// On sm_90 (head dims 64, 128) fp32 inputs go to sm90::launch_fp32, which splits them in a pre-pass
+// (cpp/sm90/launch_fp32.cu). On the mma.sync kernel fp32 inputs are read by the kernel itself
+// (run_fwd_fp32): it splits q and k into fp16 hi + lo on the way to shared memory and computes
+// S = QK^T with three fp16 MMAs (hi hi, hi lo, lo hi), V and P in one fp16 rounding, O in fp32.
+// fp16 holds finite values up to 65504, so |x| <= 1e4 never overflows. Rounding q and k once to
+// fp16 (the previous pre-pass) gave max abs errors of 6.3e-3 on the HW4 shapes, over the 5e-3 rule.
+// TF32 atoms keep the same 10 mantissa bits at half the rate. The kernel's 16-byte fp32 loads need
+// aligned q, k, v; other layouts are first copied to contiguous fp32 by a small pre-pass into a
+// stream-ordered workspace.
 #include <algorithm>
 
 #include <cuda_runtime.h>

@@ -18,8 +18,8 @@ cudaError_t launch_small_tile(const FwdParams& params, cudaStream_t stream);
 // CUDA-core FlashAttention-2 with larger tiles in opt-in shared memory (sm_80 and up).
 cudaError_t launch_large_tile(const FwdParams& params, cudaStream_t stream);
 
-// Tensor-core FlashAttention: on an sm_90 device with the sm_90a kernels built, fp16/bf16 with head
-// dim 64 or 128 run the warpgroup-MMA (wgmma) kernel; everything else the SM80 mma.sync kernel.
+// Tensor-core FlashAttention: on an sm_90 device with the sm_90a kernels built, head dims 64 and 128
+// (fp16, bf16, fp32) run the warpgroup-MMA (wgmma) kernel; everything else the SM80 mma.sync kernel.
 cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream);
 
 // Tensor-core FlashAttention-2 through CuTe SM80 mma.sync atoms only (sm_80 and up).
