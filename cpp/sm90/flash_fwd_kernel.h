@@ -8,7 +8,8 @@
 // instruction stream that reads its B operand (K, V) from shared memory once per 64 rows, instead
 // of every warp fetching it with ldmatrix for its own 16 rows. Mask, online softmax and epilogue
 // are the SM80 code, run on re-viewed accumulators (sm90/utils.h). fp32 inputs arrive pre-split
-// (launch_fp32.cu): only the Q/K width (kHeadDimQK = 3 d) and the output type differ.
+// (launch_fp32.cu): the Q/K width (kHeadDimQK = 2 d, hi | lo), the S GEMM (gemm_split) and the
+// output type differ.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -145,7 +146,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     load_kv(gV, sV, cV, n_block, cute::bool_constant<kMasked>{});  // only a masked step holds the ragged tile
     cute::cp_async_fence();
 
-    gemm</*kZeroInit=*/true, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
+    if constexpr (Traits::kSplitQK) {
+      gemm_split(tiled_mma_s, tSrQ, tSrK, acc_s);
+    } else {
+      gemm</*kZeroInit=*/true, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
+    }
     if constexpr (kMasked) { mask.apply(acc_s80, tScS80, m_block, n_block); }
 
     cute::cp_async_wait<0>();

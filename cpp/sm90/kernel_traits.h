@@ -25,20 +25,21 @@ template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<64>  { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 3; };
 template <> struct TileConfig<128> { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 2; };
 
-// fp32 inputs: Q and K carry 3 d fp16 columns (launch_fp32.cu). d = 64: two warpgroups share each
-// 64-row K/V tile, 2 CTAs per SM (128 registers, smem 48 + 24 + 8 KB); measured on an H100 (ms,
+// fp32 inputs: Q and K carry 2 d fp16 columns, [hi | lo] (launch_fp32.cu). d = 64: two warpgroups
+// share each 64-row K/V tile, 2 CTAs per SM (128 registers); measured on an H100 (ms,
 // (2,1,32768) non-causal / causal, (500,1,2048) non-causal / causal) against one warpgroup at
 // 64 x 128, 2/SM and 64 x 64, 3/SM and 4/SM:
 //   128 x 64, 2/SM: 2.071/1.025, 2.698/1.770     64 x 128, 2/SM: 2.119/1.161, 2.994/1.919
 //   64 x 64, 3/SM:  2.097/1.104, 2.743/1.846     64 x 64, 4/SM:  2.026/1.113, 2.768/1.850
-// d = 128: the K tile shrinks to keep two CTAs per SM (smem 48 + 48 + 16 KB).
+// (with Q and K then stored as three blocks, [hi hi lo] and [hi lo hi]). d = 128: the K tile shrinks
+// to keep two CTAs per SM (smem 32 + 32 + 16 KB).
 template <int kHeadDim> struct TileConfigFp32;
 template <> struct TileConfigFp32<64>  { static constexpr int kBlockM = 128, kBlockN = 64, kMinBlocksPerSm = 2; };
 template <> struct TileConfigFp32<128> { static constexpr int kBlockM = 64, kBlockN = 64, kMinBlocksPerSm = 2; };
 
 // kHeadDimQK : columns of Q and K (the K dimension of S = Q K^T).
 // kHeadDim   : columns of V and O. Equal for fp16/bf16 inputs; fp32 inputs run with Q and K
-//              pre-split into three fp16 column blocks (kHeadDimQK = 3 kHeadDim, see launch_fp32.cu).
+//              pre-split into fp16 [hi | lo] column halves (kHeadDimQK = 2 kHeadDim, kSplitQK).
 // ElementOut : Element, or float for fp32 inputs.
 // kMinBlocksPerSm: CTAs per SM the register allocation must allow (__launch_bounds__).
 template <int kHeadDimQK_, int kHeadDim_, int kBlockM_, int kBlockN_, class Element_, class ElementOut_,
@@ -53,6 +54,10 @@ struct FwdTraits {
   static constexpr int kNWarpGroups = kBlockM / 64;
   static constexpr int kNThreads = 128 * kNWarpGroups;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  // fp32 inputs (fp32 O): S = Qhi Khi^T + Qhi Klo^T + Qlo Khi^T over the [hi | lo] halves of Q and K
+  // (sm90::gemm_split).
+  static constexpr bool kSplitQK = cute::is_same_v<ElementOut, float>;
+  static_assert(kHeadDimQK == (kSplitQK ? 2 : 1) * kHeadDim, "Q and K: d columns, or [hi | lo] for fp32 inputs");
   static_assert(kBlockM % 64 == 0, "a warpgroup MMA covers 64 rows");
   static_assert(kHeadDim % 64 == 0 && kHeadDimQK % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
 
@@ -111,9 +116,9 @@ template <int kHeadDim, class Element>
 using DefaultFwdTraits = FwdTraits<kHeadDim, kHeadDim, TileConfig<kHeadDim>::kBlockM, TileConfig<kHeadDim>::kBlockN,
                                    Element, Element, TileConfig<kHeadDim>::kMinBlocksPerSm>;
 
-// fp32 in and out: Q' = [Qhi Qhi Qlo], K' = [Khi Klo Khi] (3 d columns), V in fp16.
+// fp32 in and out: Q' = [Qhi Qlo], K' = [Khi Klo] (2 d columns), V in fp16.
 template <int kHeadDim>
-using Fp32FwdTraits = FwdTraits<3 * kHeadDim, kHeadDim, TileConfigFp32<kHeadDim>::kBlockM,
+using Fp32FwdTraits = FwdTraits<2 * kHeadDim, kHeadDim, TileConfigFp32<kHeadDim>::kBlockM,
                                 TileConfigFp32<kHeadDim>::kBlockN, cutlass::half_t, float,
                                 TileConfigFp32<kHeadDim>::kMinBlocksPerSm>;
 

@@ -1,8 +1,8 @@
 // fp32 inputs on the wgmma kernel: one pre-pass splits every fp32 value x into fp16 hi = fp16(x) and
-// lo = fp16(x - hi) and lays Q and K out as three column blocks,
-//     Q' = [Qhi | Qhi | Qlo],  K' = [Khi | Klo | Khi],  V' = Vhi,
-// so that the kernel's ordinary S = Q' K'^T over 3 d columns is Qhi Khi^T + Qhi Klo^T + Qlo Khi^T:
-// the split-precision scores of the SM80 fp32 path (lo lo^T, ~2^-22 relative, dropped), with no
+// lo = fp16(x - hi) and lays Q and K out as two column halves,
+//     Q' = [Qhi | Qlo],  K' = [Khi | Klo],  V' = Vhi,
+// from which the kernel's S GEMM (sm90::gemm_split) forms Qhi Khi^T + Qhi Klo^T + Qlo Khi^T: the
+// split-precision scores of the SM80 fp32 path (lo lo^T, ~2^-22 relative, dropped), with no
 // conversion inside the K/V loop. P and V are rounded to fp16 once, O accumulates and is written
 // in fp32. |x| <= 1e4 stays far inside fp16's range (65504).
 #include <algorithm>
@@ -23,8 +23,7 @@ struct SplitTensor {
   long long batch_stride, head_stride, row_stride;
   int heads, seqlen;
   long long rows;  // batch * heads * seqlen
-  int lo_block;    // which of the column blocks holds lo (-1: none); the others hold hi
-  int blocks;      // column blocks per output row: 3 for Q and K, 1 for V
+  int blocks;      // column blocks per output row: 2 for Q and K (hi, lo), 1 for V (hi)
 };
 
 // Each thread converts 4 consecutive values of one row (blockIdx.y picks q, k or v).
@@ -49,7 +48,7 @@ __global__ void split_fp32_kernel(SplitTensor q, SplitTensor k, SplitTensor v, i
     }
     __half* dst = t.dst + row * t.blocks * head_dim + col;
     for (int b = 0; b < t.blocks; ++b) {
-      __half2 const* part = b == t.lo_block ? lo : hi;
+      __half2 const* part = b == 1 ? lo : hi;
       *reinterpret_cast<uint2*>(dst + b * head_dim) =
           make_uint2(*reinterpret_cast<unsigned const*>(&part[0]), *reinterpret_cast<unsigned const*>(&part[1]));
     }
@@ -62,8 +61,8 @@ cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream) {
   int const d = params.head_dim;
   long long const rows_q = static_cast<long long>(params.batch) * params.heads_q * params.seqlen_q;
   long long const rows_k = static_cast<long long>(params.batch) * params.heads_kv * params.seqlen_k;
-  long long const halves_q = rows_q * 3 * d;
-  long long const halves_k = rows_k * 3 * d;
+  long long const halves_q = rows_q * 2 * d;
+  long long const halves_k = rows_k * 2 * d;
   long long const halves_v = rows_k * d;
   __half* workspace = nullptr;
   cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&workspace),
@@ -71,13 +70,13 @@ cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream) {
   if (err != cudaSuccess) { return err; }
 
   SplitTensor const q{static_cast<const float*>(params.q), workspace, params.q_batch_stride, params.q_head_stride,
-                      params.q_row_stride, params.heads_q, params.seqlen_q, rows_q, /*lo_block=*/2, /*blocks=*/3};
+                      params.q_row_stride, params.heads_q, params.seqlen_q, rows_q, /*blocks=*/2};
   SplitTensor const k{static_cast<const float*>(params.k), workspace + halves_q, params.k_batch_stride,
                       params.k_head_stride, params.k_row_stride, params.heads_kv, params.seqlen_k, rows_k,
-                      /*lo_block=*/1, /*blocks=*/3};
+                      /*blocks=*/2};
   SplitTensor const v{static_cast<const float*>(params.v), workspace + halves_q + halves_k, params.v_batch_stride,
                       params.v_head_stride, params.v_row_stride, params.heads_kv, params.seqlen_k, rows_k,
-                      /*lo_block=*/-1, /*blocks=*/1};
+                      /*blocks=*/1};
   int const threads = 256;
   long long const groups = std::max(rows_q, rows_k) * (d / 4);
   dim3 const grid(static_cast<unsigned>(std::min((groups + threads - 1) / threads, 1LL << 20)), 3);
@@ -89,10 +88,10 @@ cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream) {
     p.q = q.dst;
     p.k = k.dst;
     p.v = v.dst;
-    p.q_row_stride = 3LL * d;
+    p.q_row_stride = 2LL * d;
     p.q_head_stride = p.q_row_stride * params.seqlen_q;
     p.q_batch_stride = p.q_head_stride * params.heads_q;
-    p.k_row_stride = 3LL * d;
+    p.k_row_stride = 2LL * d;
     p.k_head_stride = p.k_row_stride * params.seqlen_k;
     p.k_batch_stride = p.k_head_stride * params.heads_kv;
     p.v_row_stride = d;

@@ -14,8 +14,8 @@ namespace cutlassfa::sm90 {
 template <int kHeadDim, class Element>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// The fp32 kernel on pre-split inputs: params.q and params.k point to fp16 rows of 3 * kHeadDim
-// columns ([hi hi lo] and [hi lo hi]), params.v to fp16 rows of kHeadDim, params.o to fp32.
+// The fp32 kernel on pre-split inputs: params.q and params.k point to fp16 rows of 2 * kHeadDim
+// columns ([hi lo]), params.v to fp16 rows of kHeadDim, params.o to fp32.
 // Instantiated beside run_fwd.
 template <int kHeadDim>
 cudaError_t run_fwd_split(const FwdParams& params, cudaStream_t stream);
