@@ -53,9 +53,9 @@ __forceinline__ __device__ void gemm(TiledMma& tiled_mma, TensorA& tCrA, TensorB
 }
 
 // fp32 inputs: S = Qhi Khi^T + Qhi Klo^T + Qlo Khi^T with Q and K in shared memory as [hi | lo]
-// column halves (the first half of the K slices hi, the second lo): three slices of MMAs per
-// column slice, the small cross terms first; lo lo^T (~2^-22 relative) is dropped. Each half is
-// stored once and read by two of the three products.
+// column halves (the first half of the 16-column K slices hi, the second lo): three MMAs per
+// slice, the small cross terms first; lo lo^T (~2^-22 relative) is dropped. Each half is stored
+// once and read by two of the three products.
 template <class TiledMma, class TensorA, class TensorB, class TensorC>
 __forceinline__ __device__ void gemm_split(TiledMma& tiled_mma, TensorA& tCrA, TensorB const& tCrB, TensorC& tCrC) {
   constexpr int kHalf = decltype(size<2>(tCrA))::value / 2;
