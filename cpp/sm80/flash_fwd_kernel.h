@@ -17,6 +17,7 @@
 #include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
+#include "sm80/epilogue.h"
 #include "sm80/kernel_traits.h"
 #include "sm80/mask.h"
 #include "sm80/softmax.h"
@@ -247,31 +248,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
     Tensor taccOcO = thr_mma.partition_C(cO);                                // (MMA, MMA_M, MMA_K)
     Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(taccOcO.layout()));  // (nrow, ncol)
-    float* lse_row0 = params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q +
-                      m_block * kBlockM;
-    if (get<1>(taccOcO_rc(0, 0)) == 0) {  // one thread of each quad writes the quad's rows
-      CUTE_UNROLL
-      for (int mi = 0; mi < size(lse); ++mi) {
-        int const row = get<0>(taccOcO_rc(mi, 0));
-        if (row < rows_q) { lse_row0[row] = lse(mi); }
-      }
-    }
+    write_lse(params, batch, head, m_block * kBlockM, lse, taccOcO_rc, rows_q);
   }
 
   __syncthreads();  // sO complete before it is read back with another thread mapping
-
-  // 16-byte coalesced stores of whole rows, predicated on the ragged end of the queries.
-  typename Traits::GmemTiledCopyO gmem_tiled_copy_O;
-  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tidx);
-  Tensor tOsO = gmem_thr_copy_O.partition_S(sO);  // (OCPY, OCPY_M, OCPY_K)
-  Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (OCPY, OCPY_M, OCPY_K)
-  Tensor tOrO = make_tensor<ElementOut>(shape(tOgO));  // (OCPY, OCPY_M, OCPY_K)
-  copy(gmem_tiled_copy_O, tOsO, tOrO);
-  Tensor tOcO = gmem_thr_copy_O.partition_D(cQ);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOrO); ++m) {
-    if (get<0>(tOcO(0, m, 0)) < rows_q) { copy(gmem_tiled_copy_O, tOrO(_, m, _), tOgO(_, m, _)); }
-  }
+  store_o_rows<typename Traits::GmemTiledCopyO>(sO, gO, cQ, rows_q, tidx);
 }
 
 }  // namespace cutlassfa::sm80

@@ -164,7 +164,9 @@ cudaError_t launch_tensorcore_sm80(const FwdParams& params, cudaStream_t stream)
 
 cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream) {
 #if CUTLASSFA_HAS_SM90
-  if ((params.head_dim == 64 || params.head_dim == 128) && sm80::tensorcore_supports(params)) {
+  // Empty problems and rejected layouts take the SM80 path, which answers them without a launch.
+  bool const empty = params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0;
+  if (!empty && (params.head_dim == 64 || params.head_dim == 128) && sm80::tensorcore_supports(params)) {
     int device = 0;
     int major = 0;
     int minor = 0;
@@ -174,7 +176,6 @@ cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) { return err; }
     // sm_90a code runs on compute capability 9.0 only.
     if (major == 9 && minor == 0) {
-      if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
       if (params.dtype == DType::kFloat32) { return sm90::launch_fp32(params, stream); }
       return CUTLASSFA_FP16_SWITCH(params.dtype, Element, [&] {
         return params.head_dim == 64 ? sm90::run_fwd<64, Element>(params, stream)

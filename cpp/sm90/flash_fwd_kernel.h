@@ -15,6 +15,7 @@
 #include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
+#include "sm80/epilogue.h"
 #include "sm80/mask.h"
 #include "sm80/softmax.h"
 #include "sm80/utils.h"
@@ -186,32 +187,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   copy(smem_tiled_copy_O, taccOrO, taccOsO);
 
   if (params.lse != nullptr) {
-    Tensor taccOcO = thr_mma_o.partition_C(cO);                              // (MMA, MMA_M, MMA_N)
+    Tensor taccOcO = thr_mma_o.partition_C(cO);  // (MMA, MMA_M, MMA_N)
     Tensor taccOcO_rc = make_tensor(taccOcO.data(), sm80::acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
-    float* lse_row0 = params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q +
-                      m_block * kBlockM;
-    if (get<1>(taccOcO_rc(0, 0)) == 0) {  // one thread of each quad writes the quad's rows
-      CUTE_UNROLL
-      for (int mi = 0; mi < size(lse); ++mi) {
-        int const row = get<0>(taccOcO_rc(mi, 0));
-        if (row < rows_q) { lse_row0[row] = lse(mi); }
-      }
-    }
+    sm80::write_lse(params, batch, head, m_block * kBlockM, lse, taccOcO_rc, rows_q);
   }
 
   __syncthreads();  // sO complete before it is read back with another thread mapping
-
-  typename Traits::GmemTiledCopyO gmem_tiled_copy_O;
-  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tidx);
-  Tensor tOsO = gmem_thr_copy_O.partition_S(sO);  // (OCPY, OCPY_M, OCPY_K)
-  Tensor tOgO = gmem_thr_copy_O.partition_D(gO);  // (OCPY, OCPY_M, OCPY_K)
-  Tensor tOrO = make_tensor<ElementOut>(shape(tOgO));  // (OCPY, OCPY_M, OCPY_K)
-  copy(gmem_tiled_copy_O, tOsO, tOrO);
-  Tensor tOcO = gmem_thr_copy_O.partition_D(cO);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOrO); ++m) {
-    if (get<0>(tOcO(0, m, 0)) < rows_q) { copy(gmem_tiled_copy_O, tOrO(_, m, _), tOgO(_, m, _)); }
-  }
+  sm80::store_o_rows<typename Traits::GmemTiledCopyO>(sO, gO, cO, rows_q, tidx);
 #endif
 }
 

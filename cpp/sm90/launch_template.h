@@ -1,12 +1,11 @@
-// Host side of one SM90 kernel instantiation: grid, shared-memory opt-in, launch. Included only by
-// the instantiation files cpp/src/inst/sm90_hdim<d>.cu.
+// Host side of one SM90 kernel instantiation: traits and the causal switch (the launch itself is
+// sm80/launch_kernel.h, shared). Included only by the instantiation files cpp/src/inst/sm90_hdim<d>.cu.
 #pragma once
-
-#include <climits>
 
 #include <cuda_runtime.h>
 
 #include "cutlassfa/params.h"
+#include "sm80/launch_kernel.h"
 #include "sm80/static_switch.h"
 #include "sm90/flash_fwd_kernel.h"
 #include "sm90/kernel_traits.h"
@@ -16,18 +15,7 @@ namespace cutlassfa::sm90 {
 
 template <class Traits, bool kIsCausal>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
-  constexpr int kSmemSize = Traits::kSmemSize;
-  auto kernel = &flash_fwd_kernel<Traits, kIsCausal>;
-  if constexpr (kSmemSize > 48 * 1024) {
-    cudaError_t const err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemSize);
-    if (err != cudaSuccess) { return err; }
-  }
-  // Same flattened 1-D grid as SM80: (batch, head, m_block), m_block fastest.
-  long long const num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  long long const num_ctas = num_m_blocks * params.heads_q * params.batch;
-  if (num_ctas > INT_MAX) { return cudaErrorInvalidConfiguration; }
-  kernel<<<static_cast<unsigned>(num_ctas), Traits::kNThreads, kSmemSize, stream>>>(params);
-  return cudaGetLastError();
+  return sm80::launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, kIsCausal>, params, stream);
 }
 
 template <int kHeadDim, class Element>

@@ -1,0 +1,48 @@
+// The end of a forward tile, shared by the SM80 and SM90 kernels: lse rows to global memory, and
+// the O tile staged in shared memory to global memory in whole 16-byte rows.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "cutlassfa/params.h"
+
+namespace cutlassfa::sm80 {
+
+using namespace cute;
+
+// lse of the tile's rows [row0, row0 + rows_valid): one thread of each quad (the one holding column
+// 0) writes the quad's rows. coords_rc is the (nrow, ncol) -> (row, col) view of this thread's
+// accumulator coordinates, lse its (nrow) values.
+template <class TensorLse, class TensorCoord>
+__forceinline__ __device__ void write_lse(FwdParams const& params, int batch, int head, int row0, TensorLse const& lse,
+                                          TensorCoord const& coords_rc, int rows_valid) {
+  float* lse_row0 = params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + row0;
+  if (get<1>(coords_rc(0, 0)) == 0) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < size(lse); ++mi) {
+      int const row = get<0>(coords_rc(mi, 0));
+      if (row < rows_valid) { lse_row0[row] = lse(mi); }
+    }
+  }
+}
+
+// sO -> gO, 16-byte coalesced stores of whole rows, rows >= rows_valid skipped (the ragged end of
+// the queries). cO is the identity tensor of the tile's shape. sO must be complete (barrier first).
+template <class GmemTiledCopyO, class TensorS, class TensorG, class TensorC>
+__forceinline__ __device__ void store_o_rows(TensorS const& sO, TensorG& gO, TensorC const& cO, int rows_valid,
+                                             int tidx) {
+  using ElementOut = typename TensorS::value_type;
+  GmemTiledCopyO gmem_tiled_copy_O;
+  auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tidx);
+  Tensor tOsO = gmem_thr_copy_O.partition_S(sO);       // (OCPY, OCPY_M, OCPY_K)
+  Tensor tOgO = gmem_thr_copy_O.partition_D(gO);       // (OCPY, OCPY_M, OCPY_K)
+  Tensor tOrO = make_tensor<ElementOut>(shape(tOgO));  // (OCPY, OCPY_M, OCPY_K)
+  copy(gmem_tiled_copy_O, tOsO, tOrO);
+  Tensor tOcO = gmem_thr_copy_O.partition_D(cO);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOrO); ++m) {
+    if (get<0>(tOcO(0, m, 0)) < rows_valid) { copy(gmem_tiled_copy_O, tOrO(_, m, _), tOgO(_, m, _)); }
+  }
+}
+
+}  // namespace cutlassfa::sm80
