@@ -25,6 +25,14 @@ if(NOT EXISTS "${_cutlass_include}/cute/tensor.hpp")
     "nvidia-cutlass==4.2.0.0 or set CUTLASS_DIR to a CUTLASS checkout.")
 endif()
 
+# Headers of the build requirement sit in pip's temporary build environment: mirror them to a path that
+# stays the same from one build to the next (Mirror.cmake).
+if(NOT CUTLASS_DIR)
+  include(Mirror)
+  cutlassfa_mirror("${_cutlass_include}" "${CMAKE_BINARY_DIR}/_deps/cutlass/include")
+  set(_cutlass_include "${CMAKE_BINARY_DIR}/_deps/cutlass/include")
+endif()
+
 message(STATUS "CUTLASS headers: ${_cutlass_include}")
 add_library(cutlass_headers INTERFACE)
 target_include_directories(cutlass_headers SYSTEM INTERFACE "${_cutlass_include}")

@@ -1,103 +1,49 @@
-// Python bindings: a thin layer. Argument validation lives in python/cutlassfa/_api.py; this module
-// describes arrays (through DLPack), owns device buffers, copies, and runs one backend on one stream.
+// Python bindings (the extension module `cutlassfa._C`): the forward call, device queries, and what this
+// build contains. Argument types are checked in python/cutlassfa/_api.py; everything about the arrays is
+// checked here (bindings/problem.cpp).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <cuda_runtime.h>
-
-#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
-#include "cutlassfa/dispatch.h"
+#include "bindings/problem.h"
+#include "cutlassfa/backends.h"
+#include "cutlassfa/config.h"
+
+#if CUTLASSFA_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "bindings/cuda_errors.h"
+#include "bindings/device_buffer.h"
+#include "bindings/forward.h"
+#include "cutlassfa/workspace.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
 using cutlassfa::Backend;
-using cutlassfa::FwdParams;
 
 namespace {
 
-// Raises a Python exception carrying the CUDA error string; out-of-memory becomes MemoryError.
-void throw_cuda_error(cudaError_t status, const char* what, size_t bytes = 0) {
-  cudaGetLastError();  // reset the last (non-sticky) error so the next call starts clean
-  if (status == cudaErrorMemoryAllocation && bytes > 0) {
-    PyErr_Format(PyExc_MemoryError, "%s: CUDA out of memory allocating %zu bytes (%s)", what, bytes,
-                 cudaGetErrorString(status));
-  } else if (status == cudaErrorMemoryAllocation) {
-    PyErr_Format(PyExc_MemoryError, "%s: CUDA out of memory for its workspace (%s)", what,
-                 cudaGetErrorString(status));
-  } else {
-    PyErr_Format(PyExc_RuntimeError, "%s: %s (%s)", what, cudaGetErrorString(status),
-                 cudaGetErrorName(status));
-  }
-  throw nb::python_error();
+nb::tuple int_tuple(std::initializer_list<int> values) {
+  nb::list items;
+  for (int x : values) items.append(x);
+  return nb::steal<nb::tuple>(PySequence_Tuple(items.ptr()));
 }
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw_cuda_error(status, what);
+double scale_or_default(nb::handle scale) {
+  return scale.is_none() ? std::numeric_limits<double>::quiet_NaN() : nb::cast<double>(scale);
 }
 
-// Makes `device` current for the scope and restores the caller's device afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (device != previous_) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-// Device memory owned by Python (the host-array path and outputs for frameworks without an allocator).
-class DeviceBuffer {
- public:
-  DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
-    DeviceGuard guard(device);
-    cudaError_t status = cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes);
-    if (status != cudaSuccess) throw_cuda_error(status, "DeviceBuffer", bytes);
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) {
-      int previous = 0;
-      cudaGetDevice(&previous);
-      cudaSetDevice(device_);
-      cudaFree(ptr_);
-      cudaSetDevice(previous);
-    }
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  uintptr_t ptr() const { return reinterpret_cast<uintptr_t>(ptr_); }
-  size_t bytes() const { return bytes_; }
-  int device() const { return device_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  int device_ = 0;
-};
-
-nb::tuple device_count() {
-  int count = 0;
-  cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) {
-    cudaGetLastError();
-    return nb::make_tuple(0, std::string(cudaGetErrorString(status)));
-  }
-  return nb::make_tuple(count, std::string());
-}
-
+#if CUTLASSFA_HAS_CUDA
 nb::dict device_properties(int device) {
+  using cutlassfa::bindings::check;
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   int driver = 0, runtime = 0;
@@ -116,78 +62,44 @@ nb::dict device_properties(int device) {
 }
 
 nb::tuple memory_info(int device) {
-  DeviceGuard guard(device);
+  cutlassfa::bindings::DeviceGuard guard(device);
   size_t free_bytes = 0, total_bytes = 0;
-  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  cutlassfa::bindings::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   return nb::make_tuple(free_bytes, total_bytes);
 }
 
-// (data pointer, shape, strides in elements, (dtype code, bits), (device type, device id)) of any
-// DLPack-capable array: numpy, CuPy, PyTorch, JAX.
-nb::tuple describe(nb::ndarray<nb::ro> array) {
-  std::vector<int64_t> shape, strides;
-  for (size_t i = 0; i < array.ndim(); ++i) {
-    shape.push_back(static_cast<int64_t>(array.shape(i)));
-    strides.push_back(array.stride(i));
-  }
-  nb::dlpack::dtype dtype = array.dtype();
-  return nb::make_tuple(reinterpret_cast<uintptr_t>(array.data()), shape, strides,
-                        nb::make_tuple(static_cast<int>(dtype.code), static_cast<int>(dtype.bits)),
-                        nb::make_tuple(array.device_type(), array.device_id()));
-}
-
-// Exports a filled DeviceBuffer to JAX through DLPack, zero copy: JAX arrays cannot be allocated from
-// here, so forward() writes into a buffer of ours and wraps it; the array keeps the buffer alive.
+// Hands a filled DeviceBuffer to JAX through DLPack, zero copy; the array keeps the buffer alive.
 nb::ndarray<nb::jax> wrap_jax(nb::handle buffer_object, std::vector<size_t> shape, int dtype_code, int bits) {
-  auto& buffer = nb::cast<DeviceBuffer&>(buffer_object);
+  auto& buffer = nb::cast<cutlassfa::bindings::DeviceBuffer&>(buffer_object);
   nb::dlpack::dtype dtype{static_cast<uint8_t>(dtype_code), static_cast<uint8_t>(bits), 1};
-  return nb::ndarray<nb::jax>(reinterpret_cast<void*>(buffer.ptr()), shape.size(), shape.data(),
-                              buffer_object, nullptr, dtype, nb::device::cuda::value, buffer.device());
-}
-
-void memcpy_2d(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width,
-               size_t height, int device, uintptr_t stream) {
-  DeviceGuard guard(device);
-  nb::gil_scoped_release release;
-  check(cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), dst_pitch, reinterpret_cast<const void*>(src),
-                          src_pitch, width, height, cudaMemcpyDefault,
-                          reinterpret_cast<cudaStream_t>(stream)),
-        "cudaMemcpy2DAsync");
+  return nb::ndarray<nb::jax>(reinterpret_cast<void*>(buffer.ptr()), shape.size(), shape.data(), buffer_object,
+                              nullptr, dtype, nb::device::cuda::value, buffer.device());
 }
 
 void synchronize(int device, uintptr_t stream) {
-  DeviceGuard guard(device);
+  cutlassfa::bindings::DeviceGuard guard(device);
   nb::gil_scoped_release release;
-  check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  cutlassfa::bindings::check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
-
-void forward(Backend backend, const FwdParams& params, int device, uintptr_t stream) {
-  DeviceGuard guard(device);
-  cudaError_t status;
-  {
-    nb::gil_scoped_release release;
-    status = cutlassfa::run_forward(backend, params,
-                                    reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(status, "cutlassfa kernel launch");
-}
-
-template <typename T>
-void def_pointer(nb::class_<FwdParams>& cls, const char* name, T FwdParams::*member) {
-  cls.def_prop_rw(
-      name, [member](const FwdParams& p) { return reinterpret_cast<uintptr_t>(p.*member); },
-      [member](FwdParams& p, uintptr_t value) { p.*member = reinterpret_cast<T>(value); });
-}
+#endif
 
 }  // namespace
 
 NB_MODULE(_C, m) {
-  m.doc() = "cutlassfa CUDA extension (internal; use the cutlassfa package)";
+  m.doc() = "cutlassfa extension (internal; use the cutlassfa package)";
 
+  m.attr("has_cuda") = bool(CUTLASSFA_HAS_CUDA);
   m.attr("compiled_architectures") = CUTLASSFA_ARCHITECTURES;
   m.attr("tensorcore_architectures") = CUTLASSFA_SM80_ARCHITECTURES;
   m.attr("wgmma_architectures") = CUTLASSFA_SM90_ARCHITECTURES;
-  m.attr("stream_per_thread") = reinterpret_cast<uintptr_t>(cudaStreamPerThread);
+  // Head dims with compiled kernels, per kernel family: the one list of CMakeLists.txt.
+  nb::dict head_dims;
+  head_dims["simt"] = int_tuple({CUTLASSFA_SIMT_HEAD_DIMS});
+  head_dims["sm80"] = int_tuple({CUTLASSFA_SM80_HEAD_DIMS});
+  head_dims["sm90"] = int_tuple({CUTLASSFA_SM90_HEAD_DIMS});
+  m.attr("head_dims") = head_dims;
+  m.attr("BACKEND_AUTO") = cutlassfa::bindings::kBackendAuto;
+  m.attr("BACKEND_CPU") = cutlassfa::bindings::kBackendCpu;
 
   nb::enum_<Backend>(m, "Backend")
       .value("naive", Backend::kNaive)
@@ -195,55 +107,48 @@ NB_MODULE(_C, m) {
       .value("large_tile", Backend::kLargeTile)
       .value("tensorcore", Backend::kTensorCore)
       .value("tensorcore_sm80", Backend::kTensorCoreSm80);
-  m.def("min_compute_capability", [](Backend b) { return cutlassfa::min_compute_capability(b); });
-  m.def("is_compiled", [](Backend b) { return cutlassfa::is_compiled(b); });
 
-  nb::class_<FwdParams> params(m, "FwdParams");
-  params.def(nb::init<>());
-  def_pointer(params, "q", &FwdParams::q);
-  def_pointer(params, "k", &FwdParams::k);
-  def_pointer(params, "v", &FwdParams::v);
-  def_pointer(params, "o", &FwdParams::o);
-  def_pointer(params, "lse", &FwdParams::lse);
-  params.def_rw("q_batch_stride", &FwdParams::q_batch_stride)
-      .def_rw("q_head_stride", &FwdParams::q_head_stride)
-      .def_rw("q_row_stride", &FwdParams::q_row_stride)
-      .def_rw("k_batch_stride", &FwdParams::k_batch_stride)
-      .def_rw("k_head_stride", &FwdParams::k_head_stride)
-      .def_rw("k_row_stride", &FwdParams::k_row_stride)
-      .def_rw("v_batch_stride", &FwdParams::v_batch_stride)
-      .def_rw("v_head_stride", &FwdParams::v_head_stride)
-      .def_rw("v_row_stride", &FwdParams::v_row_stride)
-      .def_rw("o_batch_stride", &FwdParams::o_batch_stride)
-      .def_rw("o_head_stride", &FwdParams::o_head_stride)
-      .def_rw("o_row_stride", &FwdParams::o_row_stride)
-      .def_rw("batch", &FwdParams::batch)
-      .def_rw("heads_q", &FwdParams::heads_q)
-      .def_rw("heads_kv", &FwdParams::heads_kv)
-      .def_rw("heads_ratio", &FwdParams::heads_ratio)
-      .def_rw("seqlen_q", &FwdParams::seqlen_q)
-      .def_rw("seqlen_k", &FwdParams::seqlen_k)
-      .def_rw("head_dim", &FwdParams::head_dim)
-      .def_rw("softmax_scale", &FwdParams::softmax_scale)
-      .def_rw("softmax_scale_log2", &FwdParams::softmax_scale_log2)
-      .def_rw("causal", &FwdParams::causal)
-      .def_prop_rw(
-          "dtype", [](const FwdParams& p) { return static_cast<int>(p.dtype); },
-          [](FwdParams& p, int value) { p.dtype = static_cast<cutlassfa::DType>(value); });
+  m.def("device_count", [] {
+    std::string reason;
+    int const count = cutlassfa::device_count(&reason);
+    return nb::make_tuple(count, reason);
+  });
+  m.def("backend_unavailable_reason", [](Backend b, int device) { return cutlassfa::backend_unavailable_reason(b, device); },
+        "backend"_a, "device"_a);
+  m.def("head_dim_compiled", [](Backend b, int head_dim) { return cutlassfa::head_dim_compiled(b, head_dim); },
+        "backend"_a, "head_dim"_a);
+  m.def("tensorcore_family", [](int device) {
+    switch (cutlassfa::tensorcore_family(device)) {
+      case cutlassfa::Family::kWgmma: return std::string("wgmma");
+      case cutlassfa::Family::kMmaSync: return std::string("mma.sync");
+      case cutlassfa::Family::kNone: break;
+    }
+    return std::string();
+  }, "device"_a);
+  m.def("validate", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
+                       int backend) {
+    return cutlassfa::bindings::resolve_backend(
+        cutlassfa::bindings::validate(q, k, v, out, causal, scale_or_default(scale)), backend);
+  }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a,
+        "Validates the arguments of forward and returns the backend it would run (BACKEND_CPU for cpu).");
 
-  nb::class_<DeviceBuffer>(m, "DeviceBuffer")
+#if CUTLASSFA_HAS_CUDA
+  m.attr("stream_per_thread") = reinterpret_cast<uintptr_t>(cudaStreamPerThread);
+  nb::class_<cutlassfa::bindings::DeviceBuffer>(m, "DeviceBuffer")
       .def(nb::init<size_t, int>(), "bytes"_a, "device"_a)
-      .def_prop_ro("ptr", &DeviceBuffer::ptr)
-      .def_prop_ro("bytes", &DeviceBuffer::bytes)
-      .def_prop_ro("device", &DeviceBuffer::device);
-
-  m.def("device_count", &device_count);
+      .def_prop_ro("ptr", &cutlassfa::bindings::DeviceBuffer::ptr)
+      .def_prop_ro("bytes", &cutlassfa::bindings::DeviceBuffer::bytes)
+      .def_prop_ro("device", &cutlassfa::bindings::DeviceBuffer::device);
   m.def("device_properties", &device_properties, "device"_a);
   m.def("memory_info", &memory_info, "device"_a);
-  m.def("describe", &describe, "array"_a);
   m.def("wrap_jax", &wrap_jax, "buffer"_a, "shape"_a, "dtype_code"_a, "bits"_a);
-  m.def("memcpy_2d", &memcpy_2d, "dst"_a, "dst_pitch"_a, "src"_a, "src_pitch"_a, "width"_a, "height"_a,
-        "device"_a, "stream"_a);
   m.def("synchronize", &synchronize, "device"_a, "stream"_a);
-  m.def("forward", &forward, "backend"_a, "params"_a, "device"_a, "stream"_a);
+  m.def("empty_cache", [] { cutlassfa::bindings::check(cutlassfa::workspace_trim(), "cudaMemPoolTrimTo"); });
+  m.def("forward", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
+                      int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync) {
+    return cutlassfa::bindings::forward(q, k, v, out, causal, scale_or_default(scale), backend, return_lse, alloc,
+                                        stream, sync);
+  }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, "return_lse"_a,
+        "alloc"_a.none(), "stream"_a, "sync"_a);
+#endif
 }

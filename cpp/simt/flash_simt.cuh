@@ -187,8 +187,8 @@ struct TileCopy {
 template <int kTM, int kTN, int kK, int kLdA, int kLdB>
 __device__ __forceinline__ void gemm_tn(float (&acc)[kTM][kTN], const float* __restrict__ sA,
                                         const float* __restrict__ sB) {
-  // Unrolled by 8, not fully: a fully unrolled D=64 step is ~70 KB of SASS per GEMM, past the
-  // instruction cache; 8 k-steps give the scheduler room to hoist the next fragments' loads.
+  // Unrolled by 4, not fully: a fully unrolled D=64 step is ~70 KB of SASS per GEMM, past the
+  // instruction cache; 4 k-steps give the scheduler room to hoist the next fragments' loads.
 #pragma unroll 4
   for (int k = 0; k < kK; ++k) {
     float a[kTM], b[kTN];

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include "common/launch_kernel.h"
+#include "common/static_switch.h"
 #include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
 #include "flash_simt.cuh"
@@ -23,8 +25,7 @@ cudaError_t launch_flash_simt_kernel(const FwdParams& params, cudaStream_t strea
   if (num_blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   if (Kt::kSmemBytes > 48 * 1024) {
     // Opt-in shared memory beyond 48 KB; a device with less reports an error here.
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kt::kSmemBytes);
+    const cudaError_t err = opt_in_shared_memory(kernel, Kt::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   kernel<<<static_cast<unsigned>(num_blocks), Kt::kThreads, Kt::kSmemBytes, stream>>>(params);
@@ -37,12 +38,8 @@ template <template <typename, int> class Launch>
 cudaError_t dispatch_flash_simt(const FwdParams& params, cudaStream_t stream) {
   auto by_head_dim = [&](auto type_tag) -> cudaError_t {
     using T = decltype(type_tag);
-    switch (params.head_dim) {
-      case 32: return Launch<T, 32>::run(params, stream);
-      case 64: return Launch<T, 64>::run(params, stream);
-      case 128: return Launch<T, 128>::run(params, stream);
-      default: return cudaErrorInvalidValue;
-    }
+    return head_dim_switch<CUTLASSFA_SIMT_HEAD_DIMS>(
+        params.head_dim, [&](auto head_dim) { return Launch<T, decltype(head_dim)::value>::run(params, stream); });
   };
   switch (params.dtype) {
     case DType::kFloat32: return by_head_dim(float{});

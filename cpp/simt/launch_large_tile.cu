@@ -6,13 +6,10 @@
 namespace cutlassfa {
 namespace {
 
-static_assert(simt::LargeTileCompact<32>::kSmemBytes <= 99 * 1024, "must fit 99 KB (sm_86)");
-static_assert(simt::LargeTileCompact<64>::kSmemBytes <= 99 * 1024, "must fit 99 KB (sm_86)");
-static_assert(simt::LargeTileCompact<128>::kSmemBytes <= 99 * 1024, "must fit 99 KB (sm_86)");
-static_assert(simt::LargeTile<64>::kSmemBytes <= 163 * 1024, "must fit 163 KB (sm_80)");
-
 template <typename T, int D>
 struct LargeTileLaunch {
+  static_assert(simt::LargeTileCompact<D>::kSmemBytes <= 99 * 1024, "must fit 99 KB (sm_86)");
+  static_assert(simt::LargeTile<D>::kSmemBytes <= 163 * 1024, "must fit 163 KB (sm_80)");
   static cudaError_t run(const FwdParams& params, cudaStream_t stream) {
     using Primary = simt::LargeTile<D>;
     using Compact = simt::LargeTileCompact<D>;

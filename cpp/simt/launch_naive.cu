@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "cutlassfa/launch.h"
+#include "cutlassfa/workspace.h"
 #include "naive.cuh"
 
 namespace cutlassfa {
@@ -22,7 +23,7 @@ cudaError_t launch_naive_typed(const FwdParams& params, cudaStream_t stream) {
   const size_t s_bytes = static_cast<size_t>(bh) * params.seqlen_q * params.seqlen_k * sizeof(float);
 
   float* S = nullptr;
-  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&S), s_bytes, stream);
+  cudaError_t err = workspace_alloc(reinterpret_cast<void**>(&S), s_bytes, stream);
   if (err != cudaSuccess) return err;
 
   const dim3 tile_block(kTile, kTile);
@@ -39,7 +40,7 @@ cudaError_t launch_naive_typed(const FwdParams& params, cudaStream_t stream) {
         <<<grid_for(bh * m_tiles * (params.head_dim / kTile)), tile_block, 0, stream>>>(params, S);
     err = cudaGetLastError();
   }
-  const cudaError_t free_err = cudaFreeAsync(S, stream);  // stream-ordered: after the kernels
+  const cudaError_t free_err = workspace_free(S, stream);  // stream-ordered: after the kernels
   return err != cudaSuccess ? err : free_err;
 }
 

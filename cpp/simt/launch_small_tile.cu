@@ -4,12 +4,9 @@
 namespace cutlassfa {
 namespace {
 
-static_assert(simt::SmallTile<32>::kSmemBytes <= 48 * 1024, "small_tile must fit 48 KB (sm_61)");
-static_assert(simt::SmallTile<64>::kSmemBytes <= 48 * 1024, "small_tile must fit 48 KB (sm_61)");
-static_assert(simt::SmallTile<128>::kSmemBytes <= 48 * 1024, "small_tile must fit 48 KB (sm_61)");
-
 template <typename T, int D>
 struct SmallTileLaunch {
+  static_assert(simt::SmallTile<D>::kSmemBytes <= 48 * 1024, "small_tile must fit 48 KB (sm_61)");
   static cudaError_t run(const FwdParams& params, cudaStream_t stream) {
     return simt::launch_flash_simt_kernel<simt::SmallTile<D>, T>(params, stream);
   }

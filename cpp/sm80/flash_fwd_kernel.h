@@ -17,11 +17,12 @@
 #include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
-#include "sm80/epilogue.h"
+#include "common/epilogue.h"
+#include "common/mask.h"
+#include "common/online_softmax.h"
+#include "common/tensor_utils.h"
+#include "sm80/gemm.h"
 #include "sm80/kernel_traits.h"
-#include "sm80/mask.h"
-#include "sm80/softmax.h"
-#include "sm80/utils.h"
 
 namespace cutlassfa::sm80 {
 

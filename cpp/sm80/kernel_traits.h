@@ -1,11 +1,14 @@
 // Compile-time configuration of the SM80 tensor-core forward kernel: one traits struct per
-// (head dim, tile, dtype) holds every choice the kernel makes (MMA atom, copy atoms, swizzled shared
-// layouts, shared-memory size). The kernel itself only reads these names.
+// (head dim, tile, dtype) holds every choice the kernel makes (MMA atom, ldmatrix atoms, fp32 staging,
+// shared-memory size) on top of the shared copy side (common/tile_copy.h). The kernel itself only
+// reads these names.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include <cutlass/numeric_types.h>
+
+#include "common/tile_copy.h"
 
 namespace cutlassfa::sm80 {
 
@@ -41,7 +44,8 @@ template <> struct TileConfigFp32<128> { static constexpr int kBlockM = 64, kBlo
 //              computed in split precision, kSplitQK).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, class ElementOut_,
           class ElementIn_ = Element_>
-struct FwdTraits {
+struct FwdTraits : TileCopyTraits<kHeadDim_, kBlockM_, kBlockN_, kNWarps_ * 32, Element_, ElementOut_> {
+  using Copy = TileCopyTraits<kHeadDim_, kBlockM_, kBlockN_, kNWarps_ * 32, Element_, ElementOut_>;
   using Element = Element_;
   using ElementOut = ElementOut_;
   using ElementIn = ElementIn_;
@@ -67,7 +71,6 @@ struct FwdTraits {
                 "tensor-core inputs are fp16 or bf16");
   static_assert(cute::is_same_v<ElementOut, Element> || cute::is_same_v<ElementOut, float>,
                 "O is written in the input type or in fp32");
-  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32 (one swizzle atom)");
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA slabs of the Q tile");
   static_assert(kBlockN % 16 == 0, "kBlockN is a multiple of the MMA's N tile (16) and K step (16)");
 
@@ -80,33 +83,11 @@ struct FwdTraits {
                                      MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>>;
   using TiledMma = TiledMMA<MmaAtom, Layout<Shape<Int<kNWarps>, _1, _1>>, Tile<Int<16 * kNWarps>, _16, _16>>;
 
-  // ---- Shared memory: Q, K, V --------------------------------------------------------------------
-  // Atoms are 8 rows x 64 elements (128 B per row) with Swizzle<3,3,3>: the 16-byte chunk index is
-  // XORed with the row index, so the 8 rows an ldmatrix phase reads (and the 8 chunks a cp.async
-  // warp writes) land in 8 different bank groups. For d = 32 a row is 64 B, two rows share one
-  // 128-B bank line, so Swizzle<2,3,3> XORs the 2 chunk bits with (row / 2).
-  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
-  static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
-  using SmemLayoutAtomQKV = decltype(composition(
-      Swizzle<kSwizzle, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
-  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtomQKV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtomQKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   // V seen as V^T (kHeadDim, kBlockN) so that O = P V is a TN GEMM like S = Q K^T; the transpose is
   // done by ldmatrix.trans on the way to registers, not in memory.
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+      typename Copy::SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
-
-  // ---- Shared memory: O staging for the epilogue (aliases Q, and K too when O is fp32) ------------
-  // 128-byte rows again: 64 x 16-bit with Swizzle<3,3,3>, 32 x fp32 with Swizzle<3,2,3> (4-float
-  // chunks), 32 x 16-bit for d = 32 with Swizzle<2,3,3>.
-  static constexpr int kBlockKSmemO =
-      cute::min(kHeadDim, 128 / static_cast<int>(sizeof(ElementOut)));
-  static constexpr int kSwizzleO = kBlockKSmemO * static_cast<int>(sizeof(ElementOut)) == 64 ? 2 : 3;
-  static constexpr int kSwizzleBaseO = sizeof(ElementOut) == 4 ? 2 : 3;
-  using SmemLayoutAtomO = decltype(composition(
-      Swizzle<kSwizzleO, kSwizzleBaseO, 3>{}, Layout<Shape<_8, Int<kBlockKSmemO>>, Stride<Int<kBlockKSmemO>, _1>>{}));
-  using SmemLayoutO = decltype(tile_to_shape(SmemLayoutAtomO{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
 
   static constexpr int kSmemSizeQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kSmemSizeKV = kBlockN * kHeadDim * sizeof(Element);  // one of K or V
@@ -120,31 +101,6 @@ struct FwdTraits {
   // Registers <- shared: ldmatrix. Q and K are K-major (row = M or N index), V^T needs .trans.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
-  // Registers -> shared for O: each thread holds 2 adjacent columns of an accumulator row.
-  using SmemCopyAtomO = Copy_Atom<UniversalCopy<cute::uint_bit_t<2 * sizeof_bits_v<ElementOut>>>, ElementOut>;
-
-  // Global -> shared: cp.async of 16 bytes per thread, bypassing L1 (.cg) since every tile is read
-  // once per CTA. Threads of one row cover one 128-B (64-B for d = 32) swizzle-atom row.
-  static constexpr int kGmemElemsPerLoad = 16 / sizeof(Element);
-  static constexpr int kGmemThreadsPerRow = kBlockKSmem / kGmemElemsPerLoad;
-  static_assert(kNThreads % kGmemThreadsPerRow == 0);
-  using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
-                                Stride<Int<kGmemThreadsPerRow>, _1>>;
-  using GmemTiledCopyQKV = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, GmemLayoutAtom{},
-      Layout<Shape<_1, Int<kGmemElemsPerLoad>>>{}));
-  static_assert(kBlockM % (kNThreads / kGmemThreadsPerRow) == 0);
-  static_assert(kBlockN % (kNThreads / kGmemThreadsPerRow) == 0);
-
-  // Shared -> global for O: 16-byte vector stores, threads of a row cover one 128-B atom row.
-  static constexpr int kGmemElemsPerStoreO = 16 / sizeof(ElementOut);
-  static constexpr int kGmemThreadsPerRowO = kBlockKSmemO / kGmemElemsPerStoreO;
-  using GmemLayoutAtomO = Layout<Shape<Int<kNThreads / kGmemThreadsPerRowO>, Int<kGmemThreadsPerRowO>>,
-                                 Stride<Int<kGmemThreadsPerRowO>, _1>>;
-  using GmemTiledCopyO = decltype(make_tiled_copy(
-      Copy_Atom<UniversalCopy<cute::uint128_t>, ElementOut>{}, GmemLayoutAtomO{},
-      Layout<Shape<_1, Int<kGmemElemsPerStoreO>>>{}));
-  static_assert(kBlockM % (kNThreads / kGmemThreadsPerRowO) == 0);
 
   // ---- fp32 inputs (kSplitQK) ------------------------------------------------------------------------
   // K and V: cp.async of 4 floats per thread into a row-major fp32 staging tile; after its own

@@ -1,36 +1,35 @@
-// Host side of one kernel instantiation: traits and the causal switch (the launch itself is
-// sm80/launch_kernel.h). Included only by the instantiation files cpp/src/inst/sm80_hdim<d>.cu.
+// Host side of one SM80 kernel instantiation: traits and the causal switch (the launch itself is
+// common/launch_kernel.h). Included only by the instantiation files generated from
+// cpp/sm80/instantiate.cu.in, one per head dim.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "common/launch_kernel.h"
+#include "common/static_switch.h"
 #include "cutlassfa/params.h"
 #include "sm80/flash_fwd_kernel.h"
 #include "sm80/kernel_traits.h"
 #include "sm80/launch_fwd.h"
-#include "sm80/launch_kernel.h"
-#include "sm80/static_switch.h"
 
 namespace cutlassfa::sm80 {
 
-template <class Traits, bool kIsCausal>
+template <class Traits>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
   static_assert(Traits::kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
-  return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, kIsCausal>, params, stream);
+  return bool_switch(params.causal, [&](auto causal) {
+    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(causal)::value>, params, stream);
+  });
 }
 
 template <int kHeadDim, class Element, class ElementOut>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Traits = DefaultFwdTraits<kHeadDim, Element, ElementOut>;
-  return CUTLASSFA_BOOL_SWITCH(params.causal, kIsCausal,
-                               [&] { return run_flash_fwd<Traits, kIsCausal>(params, stream); });
+  return run_flash_fwd<DefaultFwdTraits<kHeadDim, Element, ElementOut>>(params, stream);
 }
 
 template <int kHeadDim>
 cudaError_t run_fwd_fp32(const FwdParams& params, cudaStream_t stream) {
-  using Traits = Fp32FwdTraits<kHeadDim>;
-  return CUTLASSFA_BOOL_SWITCH(params.causal, kIsCausal,
-                               [&] { return run_flash_fwd<Traits, kIsCausal>(params, stream); });
+  return run_flash_fwd<Fp32FwdTraits<kHeadDim>>(params, stream);
 }
 
 }  // namespace cutlassfa::sm80

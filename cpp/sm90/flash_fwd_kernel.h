@@ -1,5 +1,5 @@
 // FlashAttention forward on Hopper tensor cores: warpgroup MMA (wgmma, sm_90a) for S = Q K^T and
-// O += P V, in CuTe. Same structure as the SM80 kernel (sm80/flash_fwd_kernel.h), which it follows
+// O += P V, in CuTe. Same structure as the mma.sync kernel (sm80/flash_fwd_kernel.h), which it follows
 // step for step: one CTA per kBlockM-row Q tile, K/V tiles walked from the last visible one down,
 // one shared buffer each for K and V with FlashAttention-2's overlap
 //     wait K[n] | issue V[n]   | S = Q K[n]^T (wgmma, Q and K from shared memory), mask
@@ -7,7 +7,7 @@
 // What changes is the MMA: a warpgroup (4 warps) multiplies a 64-row slab in one asynchronous
 // instruction stream that reads its B operand (K, V) from shared memory once per 64 rows, instead
 // of every warp fetching it with ldmatrix for its own 16 rows. Mask, online softmax and epilogue
-// are the SM80 code, run on re-viewed accumulators (sm90/utils.h). fp32 inputs arrive pre-split
+// are the shared ones (common/), run on re-viewed accumulators (sm90/utils.h). fp32 inputs arrive pre-split
 // (launch_fp32.cu): the Q/K width (kHeadDimQK = 2 d, hi | lo), the S GEMM (gemm_split) and the
 // output type differ.
 #pragma once
@@ -15,10 +15,10 @@
 #include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
-#include "sm80/epilogue.h"
-#include "sm80/mask.h"
-#include "sm80/softmax.h"
-#include "sm80/utils.h"
+#include "common/epilogue.h"
+#include "common/mask.h"
+#include "common/online_softmax.h"
+#include "common/tensor_utils.h"
 #include "sm90/kernel_traits.h"
 #include "sm90/utils.h"
 
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   extern __shared__ __align__(1024) char smem[];
   int const tidx = threadIdx.x;
 
-  // Same grid order as SM80: m_block fastest (K/V reuse in L2), last tiles first (causal balance).
+  // Same grid order as the mma.sync kernel: m_block fastest (K/V reuse in L2), last tiles first (causal balance).
   int const num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
   int const m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
   int const bh = static_cast<int>(blockIdx.x / num_m_blocks);
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   int const batch = bh / params.heads_q;
   int const head_kv = head / params.heads_ratio;
 
-  sm80::Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
+  Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
   int const n_block_max = mask.n_block_max(m_block);
   int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
   int const rows_q = params.seqlen_q - m_block * kBlockM;
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     Tensor tXsX = gmem_thr_copy_QKV.partition_D(sX);                // (KCPY, KCPY_N, KCPY_K)
     if constexpr (decltype(is_predicated)::value) {
       Tensor tXcX = gmem_thr_copy_QKV.partition_S(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
-      sm80::copy_rows_zfill(gmem_tiled_copy_QKV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
+      copy_rows_zfill(gmem_tiled_copy_QKV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
     } else {
       copy(gmem_tiled_copy_QKV, tXgX, tXsX);
     }
@@ -117,29 +117,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   auto thr_mma_o = tiled_mma_o.get_thread_slice(tidx);
   Tensor tOrVt = thr_mma_o.partition_fragment_B(sVtm);  // (MMA, MMA_N, MMA_K) descriptors
   Tensor acc_o = partition_fragment_C(tiled_mma_o, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
-  Tensor acc_o80 = make_tensor(acc_o.data(), acc_as_sm80(acc_o.layout()));                // SM80 view
+  Tensor acc_o80 = make_tensor(acc_o.data(), acc_as_sm80(acc_o.layout()));                // mma.sync view
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN) -> (row, col)
   Tensor tScS = thr_mma_s.partition_C(cS);                                // (MMA, MMA_M, MMA_N)
-  Tensor tScS80 = make_tensor(tScS.data(), acc_as_sm80(tScS.layout()));   // SM80 view
+  Tensor tScS80 = make_tensor(tScS.data(), acc_as_sm80(tScS.layout()));   // mma.sync view
 
   // ---- Prologue: Q and the first (highest) K tile in flight -------------------------------------------
   {
     Tensor tQgQ = gmem_thr_copy_QKV.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
     Tensor tQsQ = gmem_thr_copy_QKV.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
     Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
-    sm80::copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
+    copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
   }
   if (n_block_max > 0) { load_kv(gK, sK, cK, n_block_max - 1, cute::true_type{}); }
   cute::cp_async_fence();
 
   clear(acc_o);
-  sm80::OnlineSoftmax<2 * decltype(size<1>(acc_o80))::value> softmax;
+  OnlineSoftmax<2 * decltype(size<1>(acc_o80))::value> softmax;
 
   // ---- K/V loop ----------------------------------------------------------------------------------------
   auto kv_step = [&](int const n_block, auto is_masked_step) {
     constexpr bool kMasked = decltype(is_masked_step)::value;
     Tensor acc_s = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
-    Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));              // SM80 view
+    Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));              // mma.sync view
 
     cute::cp_async_wait<0>();
     fence_shared_to_async();
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
     softmax.update(acc_s80, acc_o80, params.softmax_scale_log2);
 
-    Tensor rP = sm80::convert_type<Element>(acc_s);                        // (MMA, MMA_M, MMA_N)
+    Tensor rP = convert_type<Element>(acc_s);                        // (MMA, MMA_M, MMA_N)
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, kBlockN / 16)
     gemm</*kZeroInit=*/false, /*kARegisters=*/true>(tiled_mma_o, tOrP, tOrVt, acc_o);
   };
@@ -173,9 +173,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   for (; n_block >= n_block_unmasked_end; --n_block) { kv_step(n_block, cute::true_type{}); }
   for (; n_block >= 0; --n_block) { kv_step(n_block, cute::false_type{}); }
 
-  // ---- Epilogue (as SM80) --------------------------------------------------------------------------------
+  // ---- Epilogue (shared) ---------------------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o80, params.softmax_scale);  // (nrow)
-  Tensor rO = sm80::convert_type<ElementOut>(acc_o);             // (MMA, MMA_M, MMA_N)
+  Tensor rO = convert_type<ElementOut>(acc_o);             // (MMA, MMA_M, MMA_N)
 
   cute::cp_async_wait<0>();  // the Q load is still in flight when no K/V step ran
   __syncthreads();           // sO overwrites sQ: every warpgroup must be done with it
@@ -188,12 +188,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   if (params.lse != nullptr) {
     Tensor taccOcO = thr_mma_o.partition_C(cO);  // (MMA, MMA_M, MMA_N)
-    Tensor taccOcO_rc = make_tensor(taccOcO.data(), sm80::acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
-    sm80::write_lse(params, batch, head, m_block * kBlockM, lse, taccOcO_rc, rows_q);
+    Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
+    write_lse(params, batch, head, m_block * kBlockM, lse, taccOcO_rc, rows_q);
   }
 
   __syncthreads();  // sO complete before it is read back with another thread mapping
-  sm80::store_o_rows<typename Traits::GmemTiledCopyO>(sO, gO, cO, rows_q, tidx);
+  store_o_rows<typename Traits::GmemTiledCopyO>(sO, gO, cO, rows_q, tidx);
 #endif
 }
 

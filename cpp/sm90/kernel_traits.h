@@ -1,14 +1,14 @@
 // Compile-time configuration of the SM90 (Hopper, sm_90a) tensor-core forward kernel: warpgroup MMA
-// (wgmma) for both GEMMs, everything else as the SM80 kernel. The copy side (cp.async tiles,
-// swizzled shared layouts, O epilogue) is inherited from sm80::FwdTraits unchanged; this struct
-// adds the two wgmma TiledMMAs and the GMMA views of the same shared memory.
+// (wgmma) for both GEMMs. The copy side (cp.async tiles, swizzled shared layouts, O epilogue) is the
+// shared common/tile_copy.h; this struct adds the two wgmma TiledMMAs and the GMMA views of the same
+// shared memory.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
-#include "sm80/kernel_traits.h"
+#include "common/tile_copy.h"
 
 namespace cutlassfa::sm90 {
 
@@ -61,10 +61,9 @@ struct FwdTraits {
   static_assert(kBlockM % 64 == 0, "a warpgroup MMA covers 64 rows");
   static_assert(kHeadDim % 64 == 0 && kHeadDimQK % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
 
-  // ---- Copy side: the SM80 traits of the Q/K tiles and of the V/O tiles ------------------------------
-  // (cp.async partitions, swizzled layouts, O epilogue; their MMA members are unused here).
-  using CopyQK = sm80::FwdTraits<kHeadDimQK, kBlockM, kBlockN, kBlockM / 16, Element, Element>;
-  using CopyVO = sm80::FwdTraits<kHeadDim, kBlockM, kBlockN, kBlockM / 16, Element, ElementOut>;
+  // ---- Copy side: the Q/K tiles and the V/O tiles (cp.async partitions, swizzled layouts, O epilogue)
+  using CopyQK = TileCopyTraits<kHeadDimQK, kBlockM, kBlockN, kNThreads, Element, Element>;
+  using CopyVO = TileCopyTraits<kHeadDim, kBlockM, kBlockN, kNThreads, Element, ElementOut>;
   static_assert(CopyQK::kNThreads == kNThreads);
   using GmemTiledCopyQKV = typename CopyQK::GmemTiledCopyQKV;  // 8 threads x 16 B per 64-column row block
   static_assert(cute::is_same_v<GmemTiledCopyQKV, typename CopyVO::GmemTiledCopyQKV>);
@@ -77,7 +76,7 @@ struct FwdTraits {
 
   // ---- MMA: S = Q K^T (both operands in shared memory), O += P V (P from registers) ---------------
   // Warpgroup w owns rows [64w, 64w + 64); within it warp j owns 16 rows, and a thread holds the
-  // same (row, row + 8) x (2 columns per 8) pattern as the SM80 16x8 accumulator, so the SM80
+  // same (row, row + 8) x (2 columns per 8) pattern as the mma.sync 16x8 accumulator, so the shared
   // softmax and mask run on a re-viewed accumulator (sm90/utils.h).
   using AtomLayout = Layout<Shape<Int<kNWarpGroups>, _1, _1>>;
   using TiledMmaS = decltype(make_tiled_mma(
@@ -91,7 +90,7 @@ struct FwdTraits {
 
   // ---- GMMA views of the shared tiles --------------------------------------------------------------
   // Layout_K_SW128 for 16-bit types is 8 rows x 64 columns with the 16-byte chunk XORed by the row:
-  // byte for byte the SM80 Swizzle<3,3,3> tile the cp.async copies write (same tile_to_shape
+  // byte for byte the Swizzle<3,3,3> tile the cp.async copies write (common/tile_copy.h) (same tile_to_shape
   // order), carried here with the flag wgmma descriptors are built from.
   using SmemLayoutAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));

@@ -10,7 +10,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "common/static_switch.h"
 #include "cutlassfa/params.h"
+#include "cutlassfa/workspace.h"
 #include "sm90/launch_fwd.h"
 
 namespace cutlassfa::sm90 {
@@ -65,7 +67,7 @@ cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream) {
   long long const halves_k = rows_k * 2 * d;
   long long const halves_v = rows_k * d;
   __half* workspace = nullptr;
-  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&workspace),
+  cudaError_t err = workspace_alloc(reinterpret_cast<void**>(&workspace),
                                     static_cast<size_t>(halves_q + halves_k + halves_v) * sizeof(__half), stream);
   if (err != cudaSuccess) { return err; }
 
@@ -97,10 +99,11 @@ cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream) {
     p.v_row_stride = d;
     p.v_head_stride = static_cast<long long>(d) * params.seqlen_k;
     p.v_batch_stride = p.v_head_stride * params.heads_kv;
-    err = d == 64 ? run_fwd_split<64>(p, stream) : run_fwd_split<128>(p, stream);
+    err = head_dim_switch<CUTLASSFA_SM90_HEAD_DIMS>(
+        d, [&](auto head_dim) { return run_fwd_split<decltype(head_dim)::value>(p, stream); });
   }
   // Stream-ordered: released once the kernel that reads it has finished.
-  cudaError_t const free_err = cudaFreeAsync(workspace, stream);
+  cudaError_t const free_err = workspace_free(workspace, stream);
   return err != cudaSuccess ? err : free_err;
 }
 

@@ -1,4 +1,4 @@
-// Declarations shared by the tensor-core launcher and the SM90 instantiation files (no CuTe here).
+// Declarations shared by the SM90 launcher and the instantiation files (no CuTe here).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,8 +9,8 @@ namespace cutlassfa::sm90 {
 
 // Enqueue the wgmma forward kernel for one (head dim, element); switches on params.causal.
 // Element is cutlass::half_t or cutlass::bfloat16_t; O is written in Element. The caller has
-// checked sm80::tensorcore_supports (same alignment contract) and that the device is sm_90.
-// Defined in sm90/launch_template.h, instantiated in cpp/src/inst/sm90_hdim<d>.cu.
+// checked the alignment contract (common/alignment.h) and that the device is sm_90.
+// Defined in sm90/launch_template.h, instantiated from sm90/instantiate.cu.in.
 template <int kHeadDim, class Element>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
@@ -20,7 +20,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim>
 cudaError_t run_fwd_split(const FwdParams& params, cudaStream_t stream);
 
-// fp32 q, k, v (any strides), head dim 64 or 128: split into fp16 in a stream-ordered workspace,
+// fp32 q, k, v (any strides), a head dim of CUTLASSFA_SM90_HEAD_DIMS: split into fp16 in a
+// stream-ordered workspace (cutlassfa/workspace.h),
 // then run_fwd_split. Defined in sm90/launch_fp32.cu.
 cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream);
 

@@ -1,5 +1,5 @@
-// Register-level helpers of the SM90 forward kernel: views of the wgmma accumulator in the SM80
-// shapes (so sm80's mask and online softmax apply unchanged) and one warpgroup GEMM.
+// Register-level helpers of the SM90 forward kernel: views of the wgmma accumulator in the mma.sync
+// shapes (so the shared mask and online softmax apply unchanged) and one warpgroup GEMM.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,8 +11,8 @@ namespace cutlassfa::sm90 {
 using namespace cute;
 
 // A wgmma accumulator fragment is ((2, 2, N/8), MMA_M, MMA_N): per 8-column chunk a thread holds
-// columns (2c, 2c+1) of rows r and r+8, exactly the values of one SM80 16x8 atom. Regroup it as
-// the SM80 fragment ((2, 2), MMA_M, (N/8, MMA_N)).
+// columns (2c, 2c+1) of rows r and r+8, exactly the values of one mma.sync 16x8 atom. Regroup it as
+// that fragment ((2, 2), MMA_M, (N/8, MMA_N)).
 template <class Layout>
 __forceinline__ __device__ auto acc_as_sm80(Layout acc_layout) {
   static_assert(decltype(rank<0>(acc_layout))::value == 3 && decltype(rank(acc_layout))::value == 3);

@@ -1,13 +1,16 @@
-"""cutlassfa: FlashAttention forward pass on tensor cores (CUTLASS/CuTe mma.sync) and CUDA cores.
+"""cutlassfa: FlashAttention forward pass on tensor cores (CUTLASS/CuTe: Hopper warpgroup MMA on sm_90,
+mma.sync on sm_80 and up) and CUDA cores, for numpy, PyTorch, CuPy and JAX arrays.
 
     import cutlassfa
     out = cutlassfa.forward(q, k, v, causal=True)
 
-See `forward` for the contract and `backends()` for what runs on this machine.
+See `forward` for the contract, `backends()` for what runs on this machine and `supports()` for what
+each backend takes.
 """
 
-from ._api import BACKENDS, HEAD_DIMS, BackendStatus, backends, device_info, forward, select_backend
+from ._api import (BACKENDS, HEAD_DIMS, BackendStatus, Support, backends, device_info, empty_cache, forward,
+                   select_backend, supports)
 
 __version__ = "0.1.0"
-__all__ = ["BACKENDS", "HEAD_DIMS", "BackendStatus", "backends", "device_info", "forward", "select_backend",
-           "__version__"]
+__all__ = ["BACKENDS", "HEAD_DIMS", "BackendStatus", "Support", "backends", "device_info", "empty_cache", "forward",
+           "select_backend", "supports", "__version__"]

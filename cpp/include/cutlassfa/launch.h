@@ -18,11 +18,12 @@ cudaError_t launch_small_tile(const FwdParams& params, cudaStream_t stream);
 // CUDA-core FlashAttention-2 with larger tiles in opt-in shared memory (sm_80 and up).
 cudaError_t launch_large_tile(const FwdParams& params, cudaStream_t stream);
 
-// Tensor-core FlashAttention: on an sm_90 device with the sm_90a kernels built, head dims 64 and 128
-// (fp16, bf16, fp32) run the warpgroup-MMA (wgmma) kernel; everything else the SM80 mma.sync kernel.
-cudaError_t launch_tensorcore(const FwdParams& params, cudaStream_t stream);
+// Tensor-core FlashAttention-2 through CuTe SM80 mma.sync atoms (sm_80 and up): fp16, bf16, and fp32
+// inputs as split-fp16 products. cpp/sm80/launch.cu.
+cudaError_t launch_sm80(const FwdParams& params, cudaStream_t stream);
 
-// Tensor-core FlashAttention-2 through CuTe SM80 mma.sync atoms only (sm_80 and up).
-cudaError_t launch_tensorcore_sm80(const FwdParams& params, cudaStream_t stream);
+// Tensor-core FlashAttention with Hopper warpgroup MMA (sm_90a only): fp16, bf16, and fp32 inputs
+// pre-split into fp16 hi/lo. cpp/sm90/launch.cu.
+cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream);
 
 }  // namespace cutlassfa

@@ -1,4 +1,4 @@
-// The end of a forward tile, shared by the SM80 and SM90 kernels: lse rows to global memory, and
+// The end of a forward tile, shared by the tensor-core families: lse rows to global memory, and
 // the O tile staged in shared memory to global memory in whole 16-byte rows.
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include "cutlassfa/params.h"
 
-namespace cutlassfa::sm80 {
+namespace cutlassfa {
 
 using namespace cute;
 
@@ -45,4 +45,4 @@ __forceinline__ __device__ void store_o_rows(TensorS const& sO, TensorG& gO, Ten
   }
 }
 
-}  // namespace cutlassfa::sm80
+}  // namespace cutlassfa

@@ -9,9 +9,9 @@
 
 #include <cute/tensor.hpp>
 
-#include "sm80/utils.h"
+#include "common/tensor_utils.h"
 
-namespace cutlassfa::sm80 {
+namespace cutlassfa {
 
 using namespace cute;
 
@@ -78,4 +78,4 @@ struct OnlineSoftmax {
   }
 };
 
-}  // namespace cutlassfa::sm80
+}  // namespace cutlassfa

@@ -1,14 +1,15 @@
 // Which keys a query row sees, and how many K/V tiles a Q tile visits: the bottom-right aligned
 // causal mask of FlashAttention-2 (query i sees key j iff j <= i + seqlen_k - seqlen_q) plus the
-// ragged end of the keys (j < seqlen_k). Trip counts and the per-element mask live together so a new
-// attention variant (sliding window, ...) is one more policy here.
+// ragged end of the keys (j < seqlen_k). Trip counts (which K/V tiles a Q tile visits, which of them
+// need element masking) and the per-element mask live together, and every tensor-core family uses
+// this one struct.
 #pragma once
 
 #include <cute/tensor.hpp>
 
-#include "sm80/utils.h"
+#include "common/tensor_utils.h"
 
-namespace cutlassfa::sm80 {
+namespace cutlassfa {
 
 using namespace cute;
 
@@ -68,4 +69,4 @@ struct Mask {
   }
 };
 
-}  // namespace cutlassfa::sm80
+}  // namespace cutlassfa

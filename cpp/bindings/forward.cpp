@@ -1,0 +1,387 @@
+#include "bindings/forward.h"
+
+#include <nanobind/nanobind.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "bindings/arrays.h"
+#include "bindings/cuda_errors.h"
+#include "bindings/device_buffer.h"
+#include "bindings/problem.h"
+#include "cutlassfa/dispatch.h"
+#include "cutlassfa/fill.h"
+#include "cutlassfa/workspace.h"
+
+namespace cutlassfa::bindings {
+namespace {
+
+int item_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+// One output (O or lse) while it is being produced: what goes back to Python, and where to write.
+struct Output {
+  nb::object result;                                  // the array handed back (set at the end for `managed`)
+  dlpack::ManagedTensorVersioned* managed = nullptr;  // allocated through the exchange API, not yet a Python object
+  const dlpack::ExchangeApi* api = nullptr;
+  void* data = nullptr;
+  Strided4 view{};  // (B, H, N, d) for O, (B, H, N, 1) for lse
+
+  Output() = default;
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+  ~Output() {
+    if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  }
+
+  nb::object finish() {
+    if (managed != nullptr) {
+      void* object = nullptr;
+      dlpack::ManagedTensorVersioned* const owned = managed;
+      managed = nullptr;  // stolen by the call, whatever it returns
+      if (api->managed_tensor_to_py_object_no_sync(owned, &object) != 0) throw nb::python_error();
+      result = nb::steal(static_cast<PyObject*>(object));
+    }
+    return result;
+  }
+};
+
+void set_allocator_error(void* context, const char* kind, const char* message) {
+  PyObject* type = PyExc_RuntimeError;
+  if (std::strcmp(kind, "MemoryError") == 0) type = PyExc_MemoryError;
+  if (std::strcmp(kind, "TypeError") == 0) type = PyExc_TypeError;
+  if (std::strcmp(kind, "ValueError") == 0) type = PyExc_ValueError;
+  PyErr_SetString(type, message);
+  (void)context;
+}
+
+// The (B, H, N, d) view of an output of `rank` (3: (B, N, d), no head dim) with `strides` in elements;
+// lse drops d.
+Strided4 view_of(const Problem& p, const int64_t* strides, bool lse) {
+  Strided4 v{};
+  long long const cols = lse ? 1 : p.head_dim;
+  v.shape[0] = p.batch, v.shape[1] = p.heads_q, v.shape[2] = p.seqlen_q, v.shape[3] = cols;
+  if (p.rank == 4) {
+    for (int i = 0; i < (lse ? 3 : 4); ++i) v.strides[i] = strides[i];
+  } else {
+    v.strides[0] = strides[0], v.strides[1] = 0, v.strides[2] = strides[1];
+    if (!lse) v.strides[3] = strides[2];
+  }
+  if (lse) v.strides[3] = 1;
+  return v;
+}
+
+// Compact strides of a (B, H, N, cols) array written in `rank` dims.
+void compact_strides(const Problem& p, bool lse, int64_t* strides) {
+  long long const cols = lse ? 1 : p.head_dim;
+  if (p.rank == 4) {
+    strides[3] = 1, strides[2] = cols, strides[1] = cols * p.seqlen_q, strides[0] = strides[1] * p.heads_q;
+  } else {
+    strides[2] = 1, strides[1] = cols, strides[0] = cols * p.seqlen_q;
+  }
+  if (lse) {  // lse has one dim fewer: shift (B, H, N) / (B, N) strides down
+    if (p.rank == 4) strides[0] = static_cast<long long>(p.heads_q) * p.seqlen_q, strides[1] = p.seqlen_q, strides[2] = 1;
+    else strides[0] = p.seqlen_q, strides[1] = 1;
+  }
+}
+
+nb::tuple shape_tuple(const Problem& p, bool lse) {
+  if (p.rank == 4) {
+    return lse ? nb::make_tuple(p.batch, p.heads_q, p.seqlen_q) : nb::make_tuple(p.batch, p.heads_q, p.seqlen_q, p.head_dim);
+  }
+  return lse ? nb::make_tuple(p.batch, p.seqlen_q) : nb::make_tuple(p.batch, p.seqlen_q, p.head_dim);
+}
+
+// Allocates O (lse = false) or lse like q: through the framework's exchange API, numpy, or `alloc`.
+void allocate(Output& o, const Problem& p, bool lse, nb::handle alloc) {
+  int const ndim = p.rank - (lse ? 1 : 0);
+  int64_t strides[4];
+  if (p.q.exchange != nullptr) {
+    int64_t shape[4] = {p.batch, p.rank == 4 ? p.heads_q : p.seqlen_q, 0, 0};
+    if (p.rank == 4) shape[2] = p.seqlen_q, shape[3] = p.head_dim;
+    else shape[2] = p.head_dim;
+    dlpack::Tensor prototype{};
+    prototype.device = {p.device < 0 ? dlpack::kCPU : dlpack::kCUDA, p.device < 0 ? 0 : p.device};
+    prototype.ndim = ndim;
+    prototype.dtype = lse ? dlpack::DataType{dlpack::kFloat, 32, 1}
+                          : (p.dtype == DType::kBFloat16 ? dlpack::DataType{dlpack::kBfloat, 16, 1}
+                                                         : dlpack::DataType{dlpack::kFloat, uint8_t(8 * item_bytes(p.dtype)), 1});
+    prototype.shape = shape;
+    o.api = p.q.exchange;
+    if (o.api->managed_tensor_allocator(&prototype, &o.managed, nullptr, set_allocator_error) != 0 || o.managed == nullptr) {
+      o.managed = nullptr;
+      throw nb::python_error();
+    }
+    dlpack::Tensor const& t = o.managed->dl_tensor;
+    o.data = static_cast<char*>(t.data) + t.byte_offset;
+    if (t.strides != nullptr) {
+      for (int i = 0; i < ndim; ++i) strides[i] = t.strides[i];
+    } else {
+      compact_strides(p, lse, strides);
+    }
+  } else if (p.q.framework == Framework::kNumpy) {
+    nb::object dtype = lse ? nb::module_::import_("numpy").attr("float32") : p.q.object.attr("dtype");
+    o.result = nb::module_::import_("numpy").attr("empty")(shape_tuple(p, lse), dtype);
+    ArrayRef const a = describe(o.result, "out");
+    o.data = a.data;
+    for (int i = 0; i < ndim; ++i) strides[i] = a.strides[i];
+  } else {
+    nb::tuple made =
+        nb::cast<nb::tuple>(alloc(shape_tuple(p, lse), lse ? "float32" : p.q.dtype_name.c_str(), p.device));
+    o.result = nb::borrow(made[0]);
+    nb::handle target = made[1];
+    if (nb::isinstance<DeviceBuffer>(target)) {
+      o.data = reinterpret_cast<void*>(nb::cast<DeviceBuffer&>(target).ptr());
+      compact_strides(p, lse, strides);
+    } else {
+      ArrayRef const a = describe(target, "out");
+      o.data = a.data;
+      for (int i = 0; i < ndim; ++i) strides[i] = a.strides[i];
+    }
+  }
+  o.view = view_of(p, strides, lse);
+}
+
+FwdParams make_params(const Problem& p, const void* q, const void* k, const void* v, const Output& o,
+                      const Output* lse, const long long (*qkv_strides)[3]) {
+  FwdParams params{};
+  params.q = q, params.k = k, params.v = v, params.o = o.data;
+  params.lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  params.q_batch_stride = qkv_strides[0][0], params.q_head_stride = qkv_strides[0][1], params.q_row_stride = qkv_strides[0][2];
+  params.k_batch_stride = qkv_strides[1][0], params.k_head_stride = qkv_strides[1][1], params.k_row_stride = qkv_strides[1][2];
+  params.v_batch_stride = qkv_strides[2][0], params.v_head_stride = qkv_strides[2][1], params.v_row_stride = qkv_strides[2][2];
+  params.o_batch_stride = o.view.strides[0], params.o_head_stride = o.view.strides[1], params.o_row_stride = o.view.strides[2];
+  params.batch = p.batch, params.heads_q = p.heads_q, params.heads_kv = p.heads_kv;
+  params.heads_ratio = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  params.seqlen_q = p.seqlen_q, params.seqlen_k = p.seqlen_k, params.head_dim = p.head_dim;
+  params.softmax_scale = p.scale;
+  params.softmax_scale_log2 = p.scale * static_cast<float>(M_LOG2E);
+  params.causal = p.causal;
+  params.dtype = p.dtype;
+  return params;
+}
+
+// lse rows are written contiguous per (batch, head) by every kernel: a caller-visible lse must be
+// compact, which allocate() gives (the user never passes lse).
+void check_lse_compact(const Output& lse, const Problem& p) {
+  if (lse.view.strides[2] != 1 || (p.heads_q > 1 && lse.view.strides[1] != p.seqlen_q) ||
+      (p.batch > 1 && lse.view.strides[0] != static_cast<long long>(p.heads_q) * p.seqlen_q)) {
+    throw std::runtime_error("internal: the lse output is not compact");
+  }
+}
+
+// Copies a strided 4-D block (strides in elements; the last dim contiguous in both) with as few 2-D
+// copies as the strides allow: dims contiguous in both arrays are merged first.
+cudaError_t copy_strided(void* dst, const long long* dst_strides, const void* src, const long long* src_strides,
+                         const long long* shape, int itemsize, cudaStream_t stream) {
+  struct Dim {
+    long long n, d, s;
+  };
+  std::vector<Dim> merged;
+  for (int i = 3; i >= 0; --i) {
+    if (shape[i] == 1) continue;
+    if (!merged.empty() && dst_strides[i] == merged.back().n * merged.back().d &&
+        src_strides[i] == merged.back().n * merged.back().s) {
+      merged.back().n *= shape[i];
+    } else {
+      merged.push_back({shape[i], dst_strides[i], src_strides[i]});
+    }
+  }
+  if (merged.empty()) merged.push_back({1, 1, 1});
+  // merged[0] is the innermost (contiguous) run.
+  size_t const width = merged[0].n * itemsize;
+  size_t height = 1, dst_pitch = width, src_pitch = width;
+  size_t first_outer = 1;
+  if (merged.size() >= 2) {
+    height = merged[1].n, dst_pitch = merged[1].d * itemsize, src_pitch = merged[1].s * itemsize;
+    first_outer = 2;
+  }
+  long long outer_count = 1;
+  for (size_t i = first_outer; i < merged.size(); ++i) outer_count *= merged[i].n;
+  for (long long index = 0; index < outer_count; ++index) {
+    long long rest = index, dst_off = 0, src_off = 0;
+    for (size_t i = first_outer; i < merged.size(); ++i) {
+      long long const j = rest % merged[i].n;
+      rest /= merged[i].n;
+      dst_off += j * merged[i].d, src_off += j * merged[i].s;
+    }
+    cudaError_t const err = cudaMemcpy2DAsync(static_cast<char*>(dst) + dst_off * itemsize, dst_pitch,
+                                              static_cast<const char*>(src) + src_off * itemsize, src_pitch, width,
+                                              height, cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+void fill_host(void* data, DType dtype, const Strided4& v, float value) {
+  int const bytes = dtype == DType::kFloat32 ? 4 : 2;
+  uint16_t half_bits = 0;
+  if (dtype != DType::kFloat32) {  // 0 in fp16/bf16 is all zero bits; the only other value used is fp32
+    half_bits = 0;
+  }
+  for (long long a = 0; a < v.shape[0]; ++a)
+    for (long long b = 0; b < v.shape[1]; ++b)
+      for (long long c = 0; c < v.shape[2]; ++c)
+        for (long long d = 0; d < v.shape[3]; ++d) {
+          char* at = static_cast<char*>(data) + (a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]) * bytes;
+          if (bytes == 4) std::memcpy(at, &value, 4);
+          else std::memcpy(at, &half_bits, 2);
+        }
+}
+
+// numpy / torch CPU arrays on a GPU backend: compact device copies of q, k, v from the workspace pool,
+// one launch, results copied back, on the calling thread's stream of CUDA device 0.
+void run_host(const Problem& p, Backend backend, Output& o, Output* lse) {
+  if (p.empty() || p.seqlen_k == 0) {
+    fill_host(o.data, p.dtype, o.view, 0.f);
+    if (lse != nullptr) fill_host(lse->data, DType::kFloat32, lse->view, -INFINITY);
+    return;
+  }
+  DeviceGuard guard(0);
+  cudaStream_t const stream = cudaStreamPerThread;
+  int const bytes = item_bytes(p.dtype);
+  std::vector<void*> buffers;
+  auto release = [&] {
+    for (void* b : buffers) workspace_free(b, stream);
+    buffers.clear();
+  };
+  cudaError_t err = cudaSuccess;
+  const char* what = "cutlassfa host path";
+  size_t failed_bytes = 0;
+  {
+    nb::gil_scoped_release no_gil;
+    const ArrayRef* inputs[3] = {&p.q, &p.k, &p.v};
+    void* device_inputs[3] = {};
+    long long compact[3][3];
+    for (int i = 0; i < 3 && err == cudaSuccess; ++i) {
+      int const heads = i == 0 ? p.heads_q : p.heads_kv;
+      int const seqlen = i == 0 ? p.seqlen_q : p.seqlen_k;
+      long long const shape[4] = {p.batch, heads, seqlen, p.head_dim};
+      long long src[4] = {0, 0, 0, 1};
+      p.strides4(*inputs[i], &src[0], &src[1], &src[2]);
+      long long const dst[4] = {static_cast<long long>(heads) * seqlen * p.head_dim,
+                                static_cast<long long>(seqlen) * p.head_dim, p.head_dim, 1};
+      compact[i][0] = dst[0], compact[i][1] = dst[1], compact[i][2] = dst[2];
+      size_t const size = static_cast<size_t>(p.batch) * dst[0] * bytes;
+      err = workspace_alloc(&device_inputs[i], size, stream);
+      if (err != cudaSuccess) {
+        failed_bytes = size;
+        break;
+      }
+      buffers.push_back(device_inputs[i]);
+      err = copy_strided(device_inputs[i], dst, inputs[i]->data, src, shape, bytes, stream);
+    }
+    Output device_o, device_lse;
+    if (err == cudaSuccess) {
+      int64_t strides[4];
+      compact_strides(p, false, strides);
+      device_o.view = view_of(p, strides, false);
+      size_t const size = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q * p.head_dim * bytes;
+      err = workspace_alloc(&device_o.data, size, stream);
+      if (err == cudaSuccess) buffers.push_back(device_o.data);
+      else failed_bytes = size;
+    }
+    if (err == cudaSuccess && lse != nullptr) {
+      int64_t strides[4];
+      compact_strides(p, true, strides);
+      device_lse.view = view_of(p, strides, true);
+      size_t const size = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q * 4;
+      err = workspace_alloc(&device_lse.data, size, stream);
+      if (err == cudaSuccess) buffers.push_back(device_lse.data);
+      else failed_bytes = size;
+    }
+    if (err == cudaSuccess) {
+      FwdParams const params = make_params(p, device_inputs[0], device_inputs[1], device_inputs[2], device_o,
+                                           lse != nullptr ? &device_lse : nullptr, compact);
+      what = "cutlassfa kernel launch";
+      err = run_forward(backend, params, stream);
+    }
+    if (err == cudaSuccess) {
+      what = "cudaMemcpy2DAsync";
+      err = copy_strided(o.data, o.view.strides, device_o.data, device_o.view.strides, o.view.shape, bytes, stream);
+    }
+    if (err == cudaSuccess && lse != nullptr) {
+      err = copy_strided(lse->data, lse->view.strides, device_lse.data, device_lse.view.strides, lse->view.shape, 4,
+                         stream);
+    }
+    if (err == cudaSuccess) {
+      what = "cudaStreamSynchronize";
+      err = cudaStreamSynchronize(stream);
+    }
+    if (err != cudaSuccess) cudaStreamSynchronize(stream);  // nothing in flight may outlive the buffers
+    release();
+  }
+  if (err != cudaSuccess) throw_cuda_error(err, failed_bytes ? "cutlassfa workspace" : what, failed_bytes);
+}
+
+void run_device(const Problem& p, Backend backend, Output& o, Output* lse, int64_t stream_arg, bool sync) {
+  DeviceGuard guard(p.device);
+  cudaStream_t stream = cudaStreamPerThread;
+  if (stream_arg >= 0) {
+    stream = reinterpret_cast<cudaStream_t>(stream_arg);
+  } else if (p.q.exchange != nullptr) {
+    void* current = nullptr;
+    if (p.q.exchange->current_work_stream(dlpack::kCUDA, p.device, &current) != 0) throw nb::python_error();
+    stream = static_cast<cudaStream_t>(current);
+  }
+  cudaError_t err;
+  {
+    nb::gil_scoped_release no_gil;
+    if (p.empty() || p.seqlen_k == 0) {
+      err = fill_device(o.data, p.dtype, o.view, 0.f, stream);
+      if (err == cudaSuccess && lse != nullptr) err = fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream);
+    } else {
+      long long strides[3][3];
+      p.strides4(p.q, &strides[0][0], &strides[0][1], &strides[0][2]);
+      p.strides4(p.k, &strides[1][0], &strides[1][1], &strides[1][2]);
+      p.strides4(p.v, &strides[2][0], &strides[2][1], &strides[2][2]);
+      FwdParams const params = make_params(p, p.q.data, p.k.data, p.v.data, o, lse, strides);
+      err = run_forward(backend, params, stream);
+    }
+    if (err == cudaSuccess && sync) err = cudaStreamSynchronize(stream);
+  }
+  if (err != cudaSuccess) throw_cuda_error(err, "cutlassfa kernel launch");
+}
+
+}  // namespace
+
+nb::object forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, double scale, int backend,
+                   bool return_lse, nb::handle alloc, int64_t stream, bool sync) {
+  Problem const p = validate(q, k, v, out, causal, scale);
+  int const resolved = resolve_backend(p, backend);
+  if (resolved == kBackendCpu) return nb::none();
+
+  Output o;
+  if (p.out) {
+    o.result = nb::borrow(out);
+    if (p.out->framework == Framework::kBuffer) {
+      o.data = reinterpret_cast<void*>(nb::cast<DeviceBuffer&>(out).ptr());
+      int64_t strides[4];
+      compact_strides(p, false, strides);
+      o.view = view_of(p, strides, false);
+    } else {
+      o.data = p.out->data;
+      o.view = view_of(p, p.out->strides, false);
+    }
+  } else {
+    allocate(o, p, false, alloc);
+  }
+  Output lse;
+  if (return_lse) {
+    allocate(lse, p, true, alloc);
+    check_lse_compact(lse, p);
+  }
+  if (p.device < 0) {
+    run_host(p, static_cast<Backend>(resolved), o, return_lse ? &lse : nullptr);
+  } else {
+    run_device(p, static_cast<Backend>(resolved), o, return_lse ? &lse : nullptr, stream, sync);
+  }
+  nb::object result = o.finish();
+  return nb::make_tuple(result, return_lse ? lse.finish() : nb::none());
+}
+
+int select_backend(nb::handle q, nb::handle k, nb::handle v, bool causal, double scale, int backend) {
+  return resolve_backend(validate(q, k, v, nb::none(), causal, scale), backend);
+}
+
+}  // namespace cutlassfa::bindings

@@ -1,0 +1,35 @@
+// Backends, the tensor-core family each device runs, and which backend can run where. Every
+// availability decision is made here, once (cpp/src/devices.cpp), and reported to Python. Free of
+// CUDA types, so the validator compiles in a build without the CUDA toolkit (cpp/src/devices_none.cpp).
+#pragma once
+
+#include <string>
+
+namespace cutlassfa {
+
+// kTensorCore is the fastest tensor-core kernel for the device (see Family); kTensorCoreSm80 is always
+// the mma.sync kernel, for comparison and testing.
+enum class Backend : int { kNaive = 0, kSmallTile = 1, kLargeTile = 2, kTensorCore = 3, kTensorCoreSm80 = 4 };
+
+// The tensor-core kernel family `kTensorCore` runs on a device: Hopper warpgroup MMA when the device
+// is compute capability 9.0 and the extension carries sm_90a code (for the head dims of
+// CUTLASSFA_SM90_HEAD_DIMS), mma.sync on other sm_80+ devices.
+enum class Family : int { kNone = 0, kMmaSync = 1, kWgmma = 2 };
+
+// Number of usable CUDA devices; when zero, *reason says why (no driver, no device, no CUDA build).
+int device_count(std::string* reason);
+
+// Compute capability (major * 10 + minor) and multiprocessors of `device`, queried once and cached;
+// 0 when the device cannot be queried.
+int device_capability(int device);
+int device_multiprocessors(int device);
+
+Family tensorcore_family(int device);
+
+// Empty when `backend` can run on `device`; otherwise why not (no device, too old, not compiled).
+std::string backend_unavailable_reason(Backend backend, int device);
+
+// True when this build has the backend's kernels for `head_dim` (the lists of cutlassfa/config.h).
+bool head_dim_compiled(Backend backend, int head_dim);
+
+}  // namespace cutlassfa

@@ -1,0 +1,185 @@
+// Device queries made once per device and cached, and the backend availability rules: which backend
+// runs where, which head dims it has kernels for, and which tensor-core family `tensorcore` picks.
+// Built without the CUDA toolkit (CUTLASSFA_HAS_CUDA 0) it reports no device, with the reason.
+#include <dlfcn.h>
+
+#include <initializer_list>
+
+#include <array>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "cutlassfa/config.h"
+#if CUTLASSFA_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "cutlassfa/backends.h"
+
+namespace cutlassfa {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  int capability = 0;  // major * 10 + minor
+  int multiprocessors = 0;
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::array<DeviceInfo, kMaxDevices> info{};
+  std::array<bool, kMaxDevices> known{};
+};
+
+Cache& cache() {
+  static Cache instance;
+  return instance;
+}
+
+// Whether machine code built for the comma-separated `architectures` (e.g. "80,86,90a") runs on a
+// device of `capability`: sm_XY runs on the same major with minor >= Y; sm_90a only on 9.0.
+bool has_image(const char* architectures, int capability) {
+  std::stringstream list(architectures);
+  std::string arch;
+  while (std::getline(list, arch, ',')) {
+    if (arch.empty()) continue;
+    bool const specific = arch.back() == 'a';
+    int const number = std::stoi(specific ? arch.substr(0, arch.size() - 1) : arch);
+    if (specific ? number == capability : (number / 10 == capability / 10 && number <= capability)) return true;
+  }
+  return false;
+}
+
+int min_capability(Backend backend) {
+  switch (backend) {
+    case Backend::kNaive:
+    case Backend::kSmallTile: return 61;
+    case Backend::kLargeTile:  // opt-in shared memory beyond 99 KB per block
+    case Backend::kTensorCore:
+    case Backend::kTensorCoreSm80: return 80;  // mma.sync m16n8k16 and cp.async
+  }
+  return 1000;
+}
+
+bool in_list(int value, std::initializer_list<int> list) {
+  for (int x : list) {
+    if (x == value) return true;
+  }
+  return false;
+}
+
+bool is_tensorcore(Backend backend) { return backend == Backend::kTensorCore || backend == Backend::kTensorCoreSm80; }
+
+// Why no device can be used. A machine without any NVIDIA driver makes the runtime report "driver
+// version is insufficient", which would send users to upgrade a driver they do not have.
+#if CUTLASSFA_HAS_CUDA
+std::string no_device_reason(cudaError_t status, int count) {
+  if (status == cudaSuccess) return count == 0 ? "no CUDA device" : "";
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY);
+  if (driver == nullptr) return "no NVIDIA driver found (libcuda.so.1 cannot be loaded)";
+  dlclose(driver);
+  return std::string("no usable CUDA device (") + cudaGetErrorString(status) + ")";
+}
+#endif
+
+
+// Queried once per device, then served from the cache (a tiny call's budget is a few microseconds).
+const DeviceInfo& device_info(int device) {
+  static DeviceInfo const unknown{};
+  if (device < 0 || device >= kMaxDevices) return unknown;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (!c.known[device]) {
+#if CUTLASSFA_HAS_CUDA
+    int major = 0, minor = 0, sms = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return unknown;
+    }
+    c.info[device] = DeviceInfo{10 * major + minor, sms};
+#endif
+    c.known[device] = true;
+  }
+  return c.info[device];
+}
+
+// The device count and, when zero, why: asked once.
+struct Devices {
+  int count = 0;
+  std::string reason;
+};
+
+const Devices& devices() {
+  static Devices const result = [] {
+    Devices d;
+#if CUTLASSFA_HAS_CUDA
+    cudaError_t const status = cudaGetDeviceCount(&d.count);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      d.count = 0;
+    }
+    d.reason = no_device_reason(status, d.count);
+#else
+    d.reason = "cutlassfa was installed without its CUDA extension (no CUDA toolkit at build time)";
+#endif
+    return d;
+  }();
+  return result;
+}
+
+}  // namespace
+
+int device_count(std::string* reason) {
+  if (reason != nullptr) *reason = devices().reason;
+  return devices().count;
+}
+
+int device_capability(int device) { return device_info(device).capability; }
+
+int device_multiprocessors(int device) { return device_info(device).multiprocessors; }
+
+Family tensorcore_family(int device) {
+  if (!backend_unavailable_reason(Backend::kTensorCore, device).empty()) return Family::kNone;
+  if (device_capability(device) == 90 && has_image(CUTLASSFA_SM90_ARCHITECTURES, 90)) return Family::kWgmma;
+  return Family::kMmaSync;
+}
+
+bool head_dim_compiled(Backend backend, int head_dim) {
+  switch (backend) {
+    case Backend::kNaive:
+    case Backend::kSmallTile:
+    case Backend::kLargeTile: return CUTLASSFA_HAS_CUDA && in_list(head_dim, {CUTLASSFA_SIMT_HEAD_DIMS});
+    case Backend::kTensorCore:
+    case Backend::kTensorCoreSm80: return CUTLASSFA_HAS_SM80 && in_list(head_dim, {CUTLASSFA_SM80_HEAD_DIMS});
+  }
+  return false;
+}
+
+std::string backend_unavailable_reason(Backend backend, int device) {
+  int const count = devices().count;
+  if (count == 0) return devices().reason;
+  if (device < 0 || device >= count) {
+    return "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " present)";
+  }
+  int const capability = device_capability(device);
+  if (capability == 0) return "cannot query CUDA device " + std::to_string(device);
+  auto version = [](int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); };
+  if (capability < min_capability(backend)) {
+    return "needs compute capability >= " + version(min_capability(backend)) + ", device " + std::to_string(device) +
+           " has " + version(capability);
+  }
+  const char* architectures = is_tensorcore(backend) ? CUTLASSFA_SM80_ARCHITECTURES : CUTLASSFA_ARCHITECTURES;
+  if (!has_image(architectures, capability)) {
+    return "not compiled for sm_" + std::to_string(capability) + " (built for: " +
+           (architectures[0] != '\0' ? architectures : "none") + ")";
+  }
+  return "";
+}
+
+}  // namespace cutlassfa
