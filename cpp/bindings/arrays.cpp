@@ -1,6 +1,5 @@
 #include "bindings/arrays.h"
 
-#include <mutex>
 #include <unordered_map>
 
 #include "bindings/device_buffer.h"
@@ -26,16 +25,27 @@ const char* dtype_label(int dtype) {
   return "";
 }
 
-[[noreturn]] void type_error(const std::string& message) { throw nb::type_error(message.c_str()); }
+[[noreturn]] void type_error(const std::string& message) {
+  PyErr_SetString(PyExc_TypeError, message.c_str());
+  throw nb::python_error();
+}
 
 std::string type_name_of(nb::handle object) { return nb::cast<std::string>(nb::type_name(object.type())); }
 
-// The first component of the type's module: "numpy", "torch", "cupy", "jax"/"jaxlib", ...
-std::string module_root(nb::handle object) {
+// The first component of the type's module: "numpy", "torch", "cupy", "jax"/"jaxlib", ...; looked up
+// once per type (the GIL is held).
+const std::string& module_root(nb::handle object) {
+  static std::unordered_map<PyTypeObject*, std::string> by_type;
+  PyTypeObject* const type = Py_TYPE(object.ptr());
+  auto it = by_type.find(type);
+  if (it != by_type.end()) return it->second;
+  std::string root;
   nb::object module = nb::getattr(object.type(), "__module__", nb::none());
-  if (!nb::isinstance<nb::str>(module)) return "";
-  std::string name = nb::cast<std::string>(module);
-  return name.substr(0, name.find('.'));
+  if (nb::isinstance<nb::str>(module)) {
+    root = nb::cast<std::string>(module);
+    root = root.substr(0, root.find('.'));
+  }
+  return by_type.emplace(type, root).first->second;
 }
 
 void fill_from_dltensor(ArrayRef& a, const dlpack::Tensor& t) {
@@ -43,7 +53,7 @@ void fill_from_dltensor(ArrayRef& a, const dlpack::Tensor& t) {
   a.ndim = t.ndim;
   int64_t step = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
-    if (i < 4) {
+    if (i < ArrayRef::kMaxDims) {
       a.shape[i] = t.shape[i];
       a.strides[i] = t.strides != nullptr ? t.strides[i] : step;
     }
@@ -70,7 +80,7 @@ void describe_numpy(ArrayRef& a, nb::handle object) {
   nb::tuple shape = nb::cast<nb::tuple>(object.attr("shape"));
   nb::tuple strides = nb::cast<nb::tuple>(object.attr("strides"));  // bytes
   a.ndim = static_cast<int>(shape.size());
-  for (int i = 0; i < a.ndim && i < 4; ++i) {
+  for (int i = 0; i < a.ndim && i < ArrayRef::kMaxDims; ++i) {
     a.shape[i] = nb::cast<int64_t>(shape[i]);
     int64_t const bytes = nb::cast<int64_t>(strides[i]);
     a.strides[i] = bytes / itemsize;
@@ -89,7 +99,7 @@ void describe_dlpack(ArrayRef& a, nb::handle object, const char* name) {
   }
   a.data = const_cast<void*>(static_cast<const void*>(view.data()));
   a.ndim = static_cast<int>(view.ndim());
-  for (int i = 0; i < a.ndim && i < 4; ++i) {
+  for (int i = 0; i < a.ndim && i < ArrayRef::kMaxDims; ++i) {
     a.shape[i] = static_cast<int64_t>(view.shape(i));
     a.strides[i] = view.stride(i);
   }
@@ -123,21 +133,18 @@ const char* framework_name(Framework framework) {
 }
 
 bool ArrayRef::empty() const {
-  for (int i = 0; i < ndim && i < 4; ++i) {
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) {
     if (shape[i] == 0) return true;
   }
   return false;
 }
 
 const dlpack::ExchangeApi* exchange_api(nb::handle object) {
-  static std::mutex mutex;
+  // Looked up once per type (the GIL is held: the map needs no lock of its own).
   static std::unordered_map<PyTypeObject*, const dlpack::ExchangeApi*> by_type;
   PyTypeObject* const type = Py_TYPE(object.ptr());
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = by_type.find(type);
-    if (it != by_type.end()) return it->second;
-  }
+  auto it = by_type.find(type);
+  if (it != by_type.end()) return it->second;
   const dlpack::ExchangeApi* api = nullptr;
   nb::object capsule = nb::getattr(object.type(), "__dlpack_c_exchange_api__", nb::none());
   if (capsule.is_valid() && PyCapsule_CheckExact(capsule.ptr())) {
@@ -151,7 +158,6 @@ const dlpack::ExchangeApi* exchange_api(nb::handle object) {
   } else {
     PyErr_Clear();
   }
-  std::lock_guard<std::mutex> lock(mutex);
   by_type[type] = api;
   return api;
 }
@@ -163,7 +169,7 @@ ArrayRef describe(nb::handle object, const char* name) {
     a.framework = Framework::kBuffer;
     return a;
   }
-  std::string const root = module_root(object);
+  std::string const& root = module_root(object);
   if (root == "numpy" && nb::hasattr(object, "__array_interface__")) {
     a.framework = Framework::kNumpy;
     describe_numpy(a, object);

@@ -25,8 +25,9 @@ struct ArrayRef {
   Framework framework = Framework::kNumpy;
   void* data = nullptr;
   int ndim = 0;
-  int64_t shape[4] = {0, 0, 0, 0};
-  int64_t strides[4] = {0, 0, 0, 0};  // in elements
+  static constexpr int kMaxDims = 8;  // dims beyond are not recorded (the validator refuses ndim > 4)
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};  // in elements
   bool whole_strides = true;          // false: a byte stride that is not a multiple of the item size
   int dtype = -1;                     // a DType, or -1 when unsupported (dtype_name says which)
   std::string dtype_name;
@@ -40,7 +41,7 @@ struct ArrayRef {
 };
 
 // Describes `object`, raising TypeError naming `name` for anything that is not a supported array (ndim
-// above 4 is reported by the validator, which looks at ndim only).
+// above 4 is reported by the validator).
 ArrayRef describe(nb::handle object, const char* name);
 
 // The framework's C exchange API of `object`'s type, cached per type; nullptr when it has none.

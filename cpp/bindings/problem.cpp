@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -12,20 +11,28 @@
 namespace cutlassfa::bindings {
 namespace {
 
-[[noreturn]] void value_error(const std::string& message) { throw nb::value_error(message.c_str()); }
-[[noreturn]] void type_error(const std::string& message) { throw nb::type_error(message.c_str()); }
-
-// Python's repr of a tuple of ints: (2, 3) or (5,).
-std::string tuple_text(const int64_t* values, int n) {
-  std::ostringstream text;
-  text << '(';
-  for (int i = 0; i < n; ++i) text << (i ? ", " : "") << values[i];
-  text << (n == 1 ? ",)" : ")");
-  return text.str();
+// Python exceptions set from a copy of the message (nb::value_error keeps only the pointer in some
+// nanobind versions, and the message is a temporary).
+[[noreturn]] void value_error(const std::string& message) {
+  PyErr_SetString(PyExc_ValueError, message.c_str());
+  throw nb::python_error();
+}
+[[noreturn]] void type_error(const std::string& message) {
+  PyErr_SetString(PyExc_TypeError, message.c_str());
+  throw nb::python_error();
 }
 
-std::string shape_text(const ArrayRef& a) { return tuple_text(a.shape, a.ndim < 4 ? a.ndim : 4); }
-std::string strides_text(const ArrayRef& a) { return tuple_text(a.strides, a.ndim < 4 ? a.ndim : 4); }
+// Python's repr of a tuple of ints: (2, 3) or (5,). No iostreams: inserting an integer into an
+// ostringstream crashed inside the CUDA build of the extension on the H200 machine's toolchain.
+std::string tuple_text(const int64_t* values, int n) {
+  std::string text = "(";
+  for (int i = 0; i < n; ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + (n == 1 ? ",)" : ")");
+}
+
+int recorded(const ArrayRef& a) { return a.ndim < ArrayRef::kMaxDims ? a.ndim : ArrayRef::kMaxDims; }
+std::string shape_text(const ArrayRef& a) { return tuple_text(a.shape, recorded(a)); }
+std::string strides_text(const ArrayRef& a) { return tuple_text(a.strides, recorded(a)); }
 std::string where(const ArrayRef& a) { return a.on_host() ? "host" : "cuda:" + std::to_string(a.device); }
 
 // (B, H, N, d) of a 3-D or 4-D array.
@@ -37,8 +44,9 @@ void dims4(const ArrayRef& a, int64_t* dims) {
   }
 }
 
-std::set<int> all_head_dims() {
-  return {CUTLASSFA_SIMT_HEAD_DIMS, CUTLASSFA_SM80_HEAD_DIMS};
+const std::set<int>& all_head_dims() {
+  static std::set<int> const dims{CUTLASSFA_SIMT_HEAD_DIMS, CUTLASSFA_SM80_HEAD_DIMS};
+  return dims;
 }
 
 const char* backend_name(int backend) {
@@ -118,7 +126,7 @@ void Problem::strides4(const ArrayRef& a, long long* batch_stride, long long* he
 }
 
 std::string head_dims_text() {
-  std::set<int> const dims = all_head_dims();
+  std::set<int> const& dims = all_head_dims();
   std::vector<int64_t> values(dims.begin(), dims.end());
   return tuple_text(values.data(), static_cast<int>(values.size()));
 }
@@ -200,9 +208,7 @@ Problem validate(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool 
   if (std::isnan(scale)) {
     scale = 1.0 / std::sqrt(static_cast<double>(dq[3]));
   } else if (!std::isfinite(scale)) {
-    std::ostringstream text;
-    text << "softmax_scale must be finite, got " << (scale > 0 ? "inf" : "-inf");
-    value_error(text.str());
+    value_error(std::string("softmax_scale must be finite, got ") + (std::isnan(scale) ? "nan" : scale > 0 ? "inf" : "-inf"));
   }
   p.rank = p.q.ndim;
   p.batch = static_cast<int>(dq[0]);

@@ -2,8 +2,11 @@
 // shared-memory opt-in (once per device) and the flattened grid. Light (no CuTe).
 #pragma once
 
-#include <atomic>
+#include <algorithm>
 #include <climits>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -12,19 +15,29 @@
 namespace cutlassfa {
 
 // cudaFuncSetAttribute for `kernel` once per device (it is a per-context setting): a tiny call's
-// whole budget is a few microseconds, and the attribute never changes. Devices beyond 64 set it
-// every time.
+// whole budget is a few microseconds, and the attribute never changes. Remembered per kernel
+// function (not per kernel type: every kernel of one signature shares a type) and device; devices
+// beyond 64 set it every time.
 template <class Kernel>
 cudaError_t opt_in_shared_memory(Kernel kernel, int bytes) {
-  static std::atomic<unsigned long long> done{0};
+  static std::mutex mutex;
+  static std::vector<std::pair<const void*, unsigned long long>> done;  // kernel -> devices set
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) { return err; }
   unsigned long long const bit = device < 64 ? 1ull << device : 0;
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit)) { return cudaSuccess; }
+  const void* const key = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = std::find_if(done.begin(), done.end(), [key](auto const& entry) { return entry.first == key; });
+  if (it != done.end() && bit != 0 && (it->second & bit)) { return cudaSuccess; }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess) { done.fetch_or(bit, std::memory_order_relaxed); }
-  return err;
+  if (err != cudaSuccess) { return err; }
+  if (it == done.end()) {
+    done.emplace_back(key, bit);
+  } else {
+    it->second |= bit;
+  }
+  return cudaSuccess;
 }
 
 // One CTA per (m_block, head, batch), flattened into x (limit 2^31 - 1) so that neither batch nor

@@ -6,8 +6,8 @@
 #include <initializer_list>
 
 #include <array>
+#include <atomic>
 #include <mutex>
-#include <sstream>
 #include <string>
 
 #include "cutlassfa/config.h"
@@ -41,9 +41,9 @@ Cache& cache() {
 // Whether machine code built for the comma-separated `architectures` (e.g. "80,86,90a") runs on a
 // device of `capability`: sm_XY runs on the same major with minor >= Y; sm_90a only on 9.0.
 bool has_image(const char* architectures, int capability) {
-  std::stringstream list(architectures);
-  std::string arch;
-  while (std::getline(list, arch, ',')) {
+  std::string const list = std::string(architectures) + ",";
+  for (size_t start = 0, comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1) {
+    std::string const arch = list.substr(start, comma - start);
     if (arch.empty()) continue;
     bool const specific = arch.back() == 'a';
     int const number = std::stoi(specific ? arch.substr(0, arch.size() - 1) : arch);
@@ -145,9 +145,19 @@ int device_capability(int device) { return device_info(device).capability; }
 int device_multiprocessors(int device) { return device_info(device).multiprocessors; }
 
 Family tensorcore_family(int device) {
-  if (!backend_unavailable_reason(Backend::kTensorCore, device).empty()) return Family::kNone;
-  if (device_capability(device) == 90 && has_image(CUTLASSFA_SM90_ARCHITECTURES, 90)) return Family::kWgmma;
-  return Family::kMmaSync;
+  static std::array<std::atomic<int>, kMaxDevices> cached{};  // Family + 1; 0 = not yet known
+  if (device >= 0 && device < kMaxDevices) {
+    int const known = cached[device].load(std::memory_order_relaxed);
+    if (known != 0) return static_cast<Family>(known - 1);
+  }
+  Family family = Family::kMmaSync;
+  if (!backend_unavailable_reason(Backend::kTensorCore, device).empty()) {
+    family = Family::kNone;
+  } else if (device_capability(device) == 90 && has_image(CUTLASSFA_SM90_ARCHITECTURES, 90)) {
+    family = Family::kWgmma;
+  }
+  if (device >= 0 && device < kMaxDevices) cached[device].store(static_cast<int>(family) + 1, std::memory_order_relaxed);
+  return family;
 }
 
 bool head_dim_compiled(Backend backend, int head_dim) {
@@ -161,7 +171,8 @@ bool head_dim_compiled(Backend backend, int head_dim) {
   return false;
 }
 
-std::string backend_unavailable_reason(Backend backend, int device) {
+// Computed once per (backend, device): forward() asks on every call.
+std::string compute_unavailable_reason(Backend backend, int device) {
   int const count = devices().count;
   if (count == 0) return devices().reason;
   if (device < 0 || device >= count) {
@@ -180,6 +191,21 @@ std::string backend_unavailable_reason(Backend backend, int device) {
            (architectures[0] != '\0' ? architectures : "none") + ")";
   }
   return "";
+}
+
+std::string backend_unavailable_reason(Backend backend, int device) {
+  constexpr int kBackends = 5;
+  static std::mutex mutex;
+  static std::array<std::array<std::string, kBackends>, kMaxDevices> reasons;
+  static std::array<std::array<bool, kBackends>, kMaxDevices> known{};
+  int const b = static_cast<int>(backend);
+  if (device < 0 || device >= kMaxDevices || b < 0 || b >= kBackends) return compute_unavailable_reason(backend, device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!known[device][b]) {
+    reasons[device][b] = compute_unavailable_reason(backend, device);
+    known[device][b] = true;
+  }
+  return reasons[device][b];
 }
 
 }  // namespace cutlassfa
