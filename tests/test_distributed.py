@@ -4,7 +4,8 @@ chunks, both layouts, Nq != Nk, lse), ranks that disagree raise together instead
 step planner against brute-force masks, and shard / unshard.
 
 One set of 4 processes runs every case: world sizes 1-3 use subgroups (ranks [3], [1, 3], [0, 2, 3],
-so peers are translated from group to global ranks), 4 the whole world.
+so peers are translated from group to global ranks), 4 the whole world. With CUDA GPUs (marker `gpu`),
+the same cases run over NCCL, one process per GPU (up to 4), on the default backend.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ from cutlassfa.distributed import _FORWARD_TAKES_WINDOW, shard, unshard  # noqa:
 from cutlassfa.reference import attention_reference, rel_l2  # noqa: E402
 
 WORLD = 4
-GROUPS = {1: [3], 2: [1, 3], 3: [0, 2, 3], 4: [0, 1, 2, 3]}
+GROUPS = {1: [3], 2: [1, 3], 3: [0, 2, 3], 4: [0, 1, 2, 3]}  # world size -> the ranks of its group
 TIMEOUT_S = 300  # the whole run of 4 processes, all cases; ~15 s on 2 busy cores
+
+
+def _groups(processes: int) -> dict[int, list[int]]:
+    """The group of each world size for a run of `processes` processes (GPU runs have fewer)."""
+    return {1: {1: [0]}, 2: {1: [1], 2: [0, 1]}, 3: {1: [2], 2: [0, 2], 3: [0, 1, 2]}, 4: GROUPS}[processes]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -70,6 +76,8 @@ SPECS = {
 BAD_SPECS = {
     "ranks_disagree_on_causal": dict(heads=(2, 2), d=32, dtype="float32", causal="rank0", layout="contiguous",
                                      n=16, expect="ValueError"),
+    "rank0_passes_3d_q": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="contiguous", n=16,
+                              rank0_3d=True, expect="ValueError"),
     "zigzag_wrong_lengths": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="zigzag",
                                  lengths=lambda w: ([1] + [5] * (w - 1),) * 2, expect="ValueError"),
 }
@@ -91,11 +99,11 @@ def _cut(x: np.ndarray, lengths: list[int], rank: int, world: int, layout: str) 
     return np.ascontiguousarray(x[:, :, start:start + lengths[rank]])
 
 
-def _make_cases(seed: int) -> dict:
+def _make_cases(seed: int, groups: dict[int, list[int]]) -> dict:
     """(world, name) -> case dict with the full inputs and every rank's chunks."""
     rng = np.random.default_rng(seed)
     cases = {}
-    for world in GROUPS:
+    for world in groups:
         for name, spec in {**SPECS, **BAD_SPECS}.items():
             if name in BAD_SPECS and world == 1:
                 continue  # one rank cannot disagree with itself, and zigzag takes any one length
@@ -134,28 +142,33 @@ def _to_numpy(t: "torch.Tensor") -> np.ndarray:
     return t.numpy()
 
 
-def _worker(rank: int, workdir: str) -> None:
+def _worker(rank: int, workdir: str, processes: int, device: str) -> None:
+    """One rank: every case of every group it belongs to; results (or the exception's name) to a file."""
     from cutlassfa.distributed import ring_forward
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{workdir}/store", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{workdir}/store",
+                            rank=rank, world_size=processes, timeout=timedelta(seconds=120))
     with open(f"{workdir}/cases.pkl", "rb") as f:
-        cases = pickle.load(f)
-    groups = {w: (dist.new_group(ranks) if w < WORLD else None) for w, ranks in GROUPS.items()}
+        groups, cases = pickle.load(f)
+    handles = {w: (dist.new_group(ranks) if w < processes else None) for w, ranks in groups.items()}
     results = {}
     for (world, name), case in cases.items():
-        if rank not in GROUPS[world]:
+        if rank not in groups[world]:
             continue
-        group_rank = GROUPS[world].index(rank)
+        group_rank = groups[world].index(rank)
         spec = case["spec"]
-        q, k, v = (_to_torch(x, spec.get("strided", False)) for x in case["chunks"][group_rank])
+        q, k, v = (_to_torch(x, spec.get("strided", False)).to(device) for x in case["chunks"][group_rank])
         causal = (group_rank == 0) if spec["causal"] == "rank0" else spec["causal"]
+        if spec.get("rank0_3d") and group_rank == 0:
+            q = q[:, 0]
         try:
-            out, lse = ring_forward(q, k, v, group=groups[world], causal=causal, layout=spec["layout"],
+            out, lse = ring_forward(q, k, v, group=handles[world], causal=causal, layout=spec["layout"],
                                     softmax_scale=spec.get("scale"), window=spec.get("window"),
-                                    backend="cpu", return_lse=True)
-            results[(world, name)] = ("ok", _to_numpy(out), lse.numpy())
+                                    backend="cpu" if device == "cpu" else "auto", return_lse=True)
+            results[(world, name)] = ("ok", _to_numpy(out.cpu()), lse.cpu().numpy())
         except Exception as error:  # reported to the test, which checks every rank raised alike
             results[(world, name)] = (type(error).__name__, str(error))
     with open(f"{workdir}/results_{rank}.pkl", "wb") as f:
@@ -163,11 +176,12 @@ def _worker(rank: int, workdir: str) -> None:
     dist.destroy_process_group()
 
 
-def _run_workers(workdir: Path) -> None:
-    """Spawns the 4 workers, waits at most TIMEOUT_S, kills them on expiry; raises a worker's error."""
+def _run_workers(workdir: Path, processes: int, device: str) -> None:
+    """Spawns the workers, waits at most TIMEOUT_S, kills them on expiry; raises a worker's error."""
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(_worker, args=(str(workdir),), nprocs=WORLD, join=False, start_method="spawn")
+    context = mp.start_processes(_worker, args=(str(workdir), processes, device), nprocs=processes, join=False,
+                                 start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not context.join(timeout=5):
@@ -180,27 +194,45 @@ def _run_workers(workdir: Path) -> None:
                 process.join(5)
 
 
-@pytest.fixture(scope="module")
-def ring_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Runs every case once; returns the seed, the cases and each rank's results."""
+def _ring_run(workdir: Path, processes: int, device: str) -> dict:
+    """Runs every case once; returns the seed, the groups, the cases and each rank's results."""
     pinned = os.environ.get("CUTLASSFA_TEST_SEED")
     seed = int(pinned) if pinned else int(np.random.SeedSequence().entropy % (1 << 63))
-    workdir = tmp_path_factory.mktemp("ring")
-    cases = _make_cases(seed)
+    groups = _groups(processes)
+    cases = _make_cases(seed, groups)
     with open(workdir / "cases.pkl", "wb") as f:
-        pickle.dump(cases, f)
+        pickle.dump((groups, cases), f)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: no dependence on the host's name
-    _run_workers(workdir)
+    _run_workers(workdir, processes, device)
     results = {}
-    for rank in range(WORLD):
+    for rank in range(processes):
         with open(workdir / f"results_{rank}.pkl", "rb") as f:
             results[rank] = pickle.load(f)
-    return dict(seed=seed, cases=cases, results=results)
+    return dict(seed=seed, groups=groups, cases=cases, results=results, device=device)
 
 
-def _case_results(ring_run: dict, world: int, name: str) -> tuple[dict, list]:
-    case = ring_run["cases"][(world, name)]
-    per_rank = [ring_run["results"][rank][(world, name)] for rank in GROUPS[world]]
+@pytest.fixture(scope="module")
+def ring_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every case on CPU with gloo, 4 processes."""
+    return _ring_run(tmp_path_factory.mktemp("ring"), WORLD, "cpu")
+
+
+@pytest.fixture(scope="module")
+def nccl_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every case on CUDA with NCCL, one process per GPU (up to 4)."""
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        pytest.skip("no CUDA device (or no NCCL) for PyTorch")
+    status = cutlassfa.backends()["tensorcore"]
+    if not status.available:
+        pytest.skip(f"tensorcore: {status.reason}")
+    return _ring_run(tmp_path_factory.mktemp("ring_nccl"), min(WORLD, torch.cuda.device_count()), "cuda")
+
+
+def _case_results(run: dict, world: int, name: str) -> tuple[dict, list]:
+    if world not in run["groups"]:
+        pytest.skip(f"{world} ranks: only {len(run['results'])} GPUs")
+    case = run["cases"][(world, name)]
+    per_rank = [run["results"][rank][(world, name)] for rank in run["groups"][world]]
     return case, per_rank
 
 
@@ -228,11 +260,9 @@ def _windowed_reference(q, k, v, causal, window, scale=None):
         return out, (m + np.log(total))[..., 0]
 
 
-@pytest.mark.parametrize("world", sorted(GROUPS))
-@pytest.mark.parametrize("name", sorted(SPECS))
-def test_ring_matches_single_process_and_reference(ring_run, world, name):
-    case, per_rank = _case_results(ring_run, world, name)
-    spec, seed = case["spec"], ring_run["seed"]
+def _check_case(run: dict, world: int, name: str) -> None:
+    case, per_rank = _case_results(run, world, name)
+    spec, seed = case["spec"], run["seed"]
     expect = spec.get("expect", "ok")
     statuses = [result[0] for result in per_rank]
     assert statuses == [expect] * world, (seed, [result[1:] if result[0] != "ok" else "ok" for result in per_rank])
@@ -244,15 +274,17 @@ def test_ring_matches_single_process_and_reference(ring_run, world, name):
     q, k, v = case["full"]
     assert out.shape == q.shape and out.dtype == q.dtype and lse.dtype == np.float32
 
+    # The single-process run: the cpu backend, or on the GPU the default one (numpy in, GPU compute).
+    backend = "cpu" if run["device"] == "cpu" else "auto"
     window = spec.get("window")
     if window is None:
         ref, ref_lse = attention_reference(q, k, v, causal=spec["causal"], softmax_scale=spec.get("scale"))
         single, single_lse = cutlassfa.forward(q, k, v, causal=spec["causal"], softmax_scale=spec.get("scale"),
-                                               backend="cpu", return_lse=True)
+                                               backend=backend, return_lse=True)
     else:
         ref, ref_lse = _windowed_reference(q, k, v, spec["causal"], window, spec.get("scale"))
         single, single_lse = ref, ref_lse
-    bound = bound_for("cpu", spec["dtype"])
+    bound = bound_for("cpu" if run["device"] == "cpu" else "tensorcore", spec["dtype"])
     # Partial outputs come back in the input dtype before the fp32 merge: half precision rounds once
     # per partial, which stays within the backend's bound.
     assert rel_l2(out.astype(np.float64), ref) <= bound.rel_l2, (seed, rel_l2(out.astype(np.float64), ref))
@@ -263,10 +295,31 @@ def test_ring_matches_single_process_and_reference(ring_run, world, name):
     np.testing.assert_allclose(lse[seen], single_lse[seen], atol=bound.lse, rtol=0, err_msg=f"seed {seed}")
 
 
+@pytest.mark.parametrize("world", sorted(GROUPS))
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_ring_matches_single_process_and_reference(ring_run, world, name):
+    _check_case(ring_run, world, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", sorted(GROUPS))
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_ring_nccl_matches_single_gpu_and_reference(nccl_run, world, name):
+    _check_case(nccl_run, world, name)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("name", sorted(BAD_SPECS))
 def test_ranks_raise_together(ring_run, world, name):
     case, per_rank = _case_results(ring_run, world, name)
+    assert [result[0] for result in per_rank] == [case["spec"]["expect"]] * world, per_rank
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("name", sorted(BAD_SPECS))
+def test_ranks_raise_together_nccl(nccl_run, world, name):
+    case, per_rank = _case_results(nccl_run, world, name)
     assert [result[0] for result in per_rank] == [case["spec"]["expect"]] * world, per_rank
 
 
@@ -404,3 +457,28 @@ def test_layout_errors():
         shard(np.zeros((1, 1, 4, 32)), 2, 2)
     with pytest.raises(ValueError, match="zigzag"):
         unshard([np.zeros((1, 1, 1, 32)), np.zeros((1, 1, 5, 32))], "zigzag")
+
+
+def test_ring_bench_smoke_run_on_cpu(tmp_path):
+    """scripts/ring_bench.py with one process on the CPU (in this process: no second torch import):
+    it runs, and its own check finds the ring right."""
+    import importlib.util
+    import json
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ring_bench.py"
+    spec = importlib.util.spec_from_file_location("ring_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = tmp_path / "ring.json"
+    try:
+        assert bench.main(["--device", "cpu", "--seqlens", "96", "--heads", "2:1", "--head-dim", "32",
+                           "--dtype", "float32", "--iters", "1", "--warmup", "0", "--json", str(result)]) == 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    (row,) = json.loads(result.read_text())["rows"]
+    assert row["N"] == 96 and row["W"] == 1 and row["steps"] == 1
+    assert row["check_rel_l2"] <= 1e-5 and row["check_lse_max_abs"] <= 1e-5
+    assert row["ring_s"] > 0 and row["single_s"] > 0 and row["compute_s"] > 0

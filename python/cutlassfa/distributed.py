@@ -151,15 +151,13 @@ def _window_bounds(window: Any) -> tuple[int | None, int | None]:
     return bounds[0], bounds[1]
 
 
-def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: float | None, layout: str,
-           backend: str, window: Any) -> _Ring:
-    """Validates the local arguments, gathers every rank's sizes and settings (one all_gather, so that a
-    mismatch raises on every rank instead of hanging the ring) and plans the steps."""
-    import torch
-    import torch.distributed as dist
+# What each rank reports: its local lengths, then what all ranks must agree on.
+_FIELDS = ("Nq_local", "Nk_local", "B", "Hq", "Hkv", "d", "dtype", "causal", "layout", "window left",
+           "window right", "softmax_scale")
 
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("ring_forward needs an initialized torch.distributed process group")
+
+def _local_settings(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, layout: Any, window: Any) -> list[float]:
+    """This rank's row of _FIELDS (-1 for an unbounded window side); raises for invalid arguments."""
     _check_local(q, k, v)
     _ring_layout.check_layout(layout)
     if not isinstance(causal, bool):
@@ -167,22 +165,44 @@ def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: f
     left, right = _window_bounds(window)
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-
-    # Per rank: local lengths, then what must agree (-1 stands for an unbounded window side).
-    mine = [q.shape[2], k.shape[2], q.shape[0], q.shape[1], k.shape[1], d, _DTYPES.index(str(q.dtype)),
+    return [q.shape[2], k.shape[2], q.shape[0], q.shape[1], k.shape[1], d, _DTYPES.index(str(q.dtype)),
             int(causal), LAYOUTS.index(layout), -1 if left is None else left, -1 if right is None else right,
             scale]
+
+
+def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: float | None, layout: str,
+           backend: str, window: Any) -> _Ring:
+    """Validates the local arguments, gathers every rank's sizes and settings and plans the steps.
+
+    The one all_gather comes before any check can raise, so that a mistake on one rank (or ranks that
+    disagree) raises on every rank instead of leaving the others waiting in the ring."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("ring_forward needs an initialized torch.distributed process group")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    local = torch.tensor(mine, dtype=torch.float64, device=q.device)
+    try:
+        mine, error = _local_settings(q, k, v, causal, softmax_scale, layout, window), None
+    except (TypeError, ValueError) as invalid:
+        mine, error = [math.nan] * len(_FIELDS), invalid  # NaN marks a rank with invalid arguments
+    device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+    local = torch.tensor(mine, dtype=torch.float64, device=device)
     gathered = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(gathered, local, group=group)
     table = np.array([t.cpu().numpy() for t in gathered])  # (world, fields)
-    names = ["B", "Hq", "Hkv", "d", "dtype", "causal", "layout", "window left", "window right", "softmax_scale"]
-    for column, name in enumerate(names, start=2):
+    if error is not None:
+        raise error
+    invalid_ranks = np.flatnonzero(np.isnan(table).any(axis=1)).tolist()
+    if invalid_ranks:
+        raise ValueError(f"ranks {invalid_ranks} of the group passed invalid arguments (their error says which)")
+    for column, name in enumerate(_FIELDS[2:], start=2):
         if np.any(table[:, column] != table[0, column]):
             raise ValueError(f"every rank must pass the same {name}; got {table[:, column].tolist()} by rank")
-    q_lengths = [int(n) for n in table[:, 0]]
-    k_lengths = [int(n) for n in table[:, 1]]
+    agreed = dict(zip(_FIELDS, table[0].tolist()))
+    left, right = (None if agreed[side] < 0 else int(agreed[side]) for side in ("window left", "window right"))
+    scale = agreed["softmax_scale"]
+    q_lengths, k_lengths = table[:, 0].astype(int).tolist(), table[:, 1].astype(int).tolist()
     q_runs = _ring_layout.segments(layout, q_lengths)
     k_runs = _ring_layout.segments(layout, k_lengths)
     mask = Mask(sum(k_lengths) - sum(q_lengths), causal, left, right)
@@ -269,9 +289,9 @@ def _forward_piece(q: Any, k: Any, v: Any, piece: Piece, ring: _Ring) -> tuple[A
                **window)
 
 
-def _forward_torch_cpu(q: Any, k: Any, v: Any, **kwargs: Any) -> tuple[Any, Any]:
+def _forward_torch_cpu(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     """`forward` on torch CPU tensors through zero-copy numpy views (bfloat16 as int16 bits viewed as
-    ml_dtypes.bfloat16). Only needed until `forward` takes torch CPU tensors itself."""
+    ml_dtypes.bfloat16), results back as tensors. Only needed until `forward` takes torch CPU tensors."""
     import torch
 
     def to_numpy(t: Any) -> np.ndarray:
@@ -281,7 +301,10 @@ def _forward_torch_cpu(q: Any, k: Any, v: Any, **kwargs: Any) -> tuple[Any, Any]
             return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return t.detach().numpy()
 
-    out, lse = forward(to_numpy(q), to_numpy(k), to_numpy(v), **kwargs)
-    if out.dtype.name == "bfloat16":
-        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16), torch.from_numpy(lse)
-    return torch.from_numpy(out), torch.from_numpy(lse)
+    def to_torch(a: np.ndarray) -> Any:
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+    result = forward(to_numpy(q), to_numpy(k), to_numpy(v), **kwargs)
+    return tuple(map(to_torch, result)) if isinstance(result, tuple) else to_torch(result)
