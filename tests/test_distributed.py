@@ -149,6 +149,8 @@ def _worker(rank: int, workdir: str, processes: int, device: str) -> None:
     torch.set_num_threads(1)
     if device == "cuda":
         torch.cuda.set_device(rank)
+    else:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: no dependence on the host's name
     dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{workdir}/store",
                             rank=rank, world_size=processes, timeout=timedelta(seconds=120))
     with open(f"{workdir}/cases.pkl", "rb") as f:
@@ -202,7 +204,6 @@ def _ring_run(workdir: Path, processes: int, device: str) -> dict:
     cases = _make_cases(seed, groups)
     with open(workdir / "cases.pkl", "wb") as f:
         pickle.dump((groups, cases), f)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: no dependence on the host's name
     _run_workers(workdir, processes, device)
     results = {}
     for rank in range(processes):
