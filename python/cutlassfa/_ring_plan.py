@@ -6,19 +6,21 @@ The mask is that of the global sequence. Query at global position i sees key j i
     i + D - left <= j <= i + D + right,    D = Nk - Nq (bottom-right alignment, totals over all ranks)
 
 with right = 0 under `causal`, and left / right unbounded without a window. Local positions increase
-with the local index (`_ring_layout`), so the keys row r of the block sees are one local range
-[lo(r), hi(r)), and lo and hi never decrease from one row to the next. Cut the rows into runs where lo
-and hi each stay constant or grow by exactly one per row; each run is one `forward` call on the slice
-rows [r0, r1) x keys [lo(r0), hi(r1 - 1)):
+with the local index (`_ring_layout`), so the keys that local query row r sees in the block are one
+local range [lo(r), hi(r)), and lo and hi never decrease from one row to the next.
 
-    lo const, hi const      all of the slice visible            causal=False
-    lo const, hi grows      hi(r) = r - r0 + hi(r1-1) - (r1-1-r0): the slice's bottom-right causal
-                            mask (row r'' sees key j'' <= r'' + Nk'' - Nq'')  causal=True
-    lo grows, hi grows      a band: row r'' sees keys [r'', r'' + delta], delta = Nk'' - Nq''
-                            = width - 1: the slice's bottom-right window (delta, 0)
-    lo grows, hi const      row r'' sees keys [r'', end): window (delta, Nq'' - 1)
+Cut the rows into runs in which lo and hi each stay constant or grow by exactly one per row. A run of
+rows [r0, r1) is one `forward` call on the slice q[r0:r1] x k[lo(r0):hi(r1 - 1)]: Nq'' = r1 - r0 rows,
+Nk'' keys, r'' = r - r0 and j'' = j - lo(r0) the slice's own indices, delta = Nk'' - Nq''. The slice's
+bottom-right mask is exactly the run's:
 
-Rows that see no key are left out (their partial result is lse -inf, which the merge ignores). A causal
+    lo const, hi const   every key of the slice                                causal=False
+    lo const, hi grows   last key hi(r) - 1 = r + hi(r1 - 1) - r1, i.e.
+                         j'' <= r'' + Nk'' - Nq'': the slice's causal mask      causal=True
+    lo grows, hi grows   j'' in [r'', r'' + delta] (a band)                    window=(delta, 0)
+    lo grows, hi const   j'' in [r'', Nk'')                                    window=(delta, Nq'' - 1)
+
+Rows that see no key of the block are left out (nothing is merged into them at this step). A causal
 ring step thus becomes "everything", "nothing" or "the diagonal block with an offset", and the diagonal
 block is one bottom-right causal call on a slice whose Nk'' - Nq'' equals that offset.
 """
