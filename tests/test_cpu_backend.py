@@ -95,7 +95,6 @@ def test_small_batch_chunks(make_qkv, monkeypatch):
     from cutlassfa import cpu
 
     monkeypatch.setattr(cpu, "_STEP_ELEMS", 1)
-    monkeypatch.setattr(cpu, "_KV_ELEMS", 1)
     q, k, v = make_qkv(3, 4, 2, 20, 33, 32)
     check_against_reference(q, k, v, causal=True, block_n=8, block_m=8)
 
