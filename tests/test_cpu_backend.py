@@ -116,11 +116,12 @@ def test_every_head_dim(make_qkv, resolve_dtype, d):
 ])
 @pytest.mark.parametrize("block_m,block_n", [(64, 32), (37, 16), (128, 128)])
 def test_visits_exactly_the_trip_count_tiles(make_qkv, monkeypatch, nq, nk, window, causal, block_m, block_n):
-    from cutlassfa import cpu, masks
+    from cutlassfa import _kv_sources, cpu, masks
 
     loads, masked = [], []
-    load, mask = cpu._DenseKeys.tile, cpu._mask_tile
-    monkeypatch.setattr(cpu._DenseKeys, "tile", lambda self, j0, j1, dt: loads.append((j0, j1)) or load(self, j0, j1, dt))
+    load, mask = _kv_sources.DenseKeys.tile, cpu._mask_tile
+    monkeypatch.setattr(_kv_sources.DenseKeys, "tile",
+                        lambda self, j0, j1, dt: loads.append((j0, j1)) or load(self, j0, j1, dt))
     monkeypatch.setattr(cpu, "_mask_tile", lambda tS, lo, hi, g: masked.append(len(loads) - 1) or mask(tS, lo, hi, g))
     q, k, v = make_qkv(1, 2, 2, nq, nk, 16)
     check_against_reference(q, k, v, causal=causal, window=window, block_m=block_m, block_n=block_n)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from attention_oracle import assert_matches, dense_attention, gather_entry, visible
-from cutlassfa import cpu, masks
+from cutlassfa import _kv_sources, masks
 from cutlassfa.cpu import kvcache_forward_cpu
 from cutlassfa.reference import kvcache_reference
 
@@ -192,8 +192,9 @@ def test_writes_into_out(rng):
 
 def test_paged_tiles_follow_the_trip_counts(rng, monkeypatch):
     loads = []
-    tile = cpu._PagedKeys.tile
-    monkeypatch.setattr(cpu._PagedKeys, "tile", lambda self, j0, j1, dt: loads.append((j0, j1)) or tile(self, j0, j1, dt))
+    tile = _kv_sources.PagedKeys.tile
+    monkeypatch.setattr(_kv_sources.PagedKeys, "tile",
+                        lambda self, j0, j1, dt: loads.append((j0, j1)) or tile(self, j0, j1, dt))
     case = Case(rng, [500], nq=3, page_size=16)
     run_and_check(case, causal=True, window=(40, 0))
     w = masks.Window(40, 0)

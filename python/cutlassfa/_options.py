@@ -142,52 +142,26 @@ def check_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any = No
 
     Host index values are checked: L_b <= the cache length; leftpad in range; the block_table entries
     the attended and appended keys use (the first ceil(L_b / page_size) of row b; later ones are never
-    read) within [0, num_pages). For device index arrays these checks need a sync, so the kernels
-    clamp instead: L_b to the cache length, leftpad to [0, L_b], and a page index outside
-    [0, num_pages) reads no memory (its keys count as masked).
+    read) within [0, num_pages). For device index arrays these checks would need a sync, so the
+    kernels must stay bounds-safe on their own: clamp L_b to the cache length and leftpad to [0, L_b],
+    and read nothing through a page index outside [0, num_pages) (its keys count as masked).
     """
-    b, hq, nq, d = _shape(q, "q", 4, "(B, Hq, Nq, d)")
+    b, hq, _, d = _shape(q, "q", 4, "(B, Hq, Nq, d)")
     paged = block_table is not None
-    layout = "(num_pages, Hkv, page_size, d)" if paged else "(B, Hkv, Ncache, d)"
-    k_shape = _shape(k_cache, "k_cache", 4, layout)
-    if tuple(v_cache.shape) != k_shape:
-        raise ValueError(f"v_cache must have k_cache's shape {k_shape}, got {tuple(v_cache.shape)}")
-    slots, hkv, per_slot, dk = k_shape
-    if dk != d:
-        raise ValueError(f"k_cache's head dim {dk} differs from q's {d}")
-    if hkv == 0 and hq != 0 or hkv != 0 and hq % hkv:
-        raise ValueError(f"the heads of q ({hq}) must be a multiple of the heads of k_cache ({hkv})")
-    if not paged and slots != b:
-        raise ValueError(f"k_cache must have q's batch size {b} (or pass block_table for a paged cache), got {slots}")
-    if paged and per_slot < 1:
-        raise ValueError(f"k_cache's page size (dim 2) must be >= 1, got {per_slot}")
-
-    table = None
-    capacity = per_slot
+    slots, hkv, per_slot = _cache_shape(k_cache, v_cache, b, hq, d, paged)
+    table, capacity = None, per_slot
     if paged:
         table_shape = _index_shape(block_table, "block_table")
         if len(table_shape) != 2:
             raise ValueError(f"block_table must be 2-D (B, max_pages), got shape {table_shape}")
-        max_pages = table_shape[1]
-        table = host_index_array(block_table, "block_table", (b, max_pages))
-        capacity = max_pages * per_slot
+        table = host_index_array(block_table, "block_table", (b, table_shape[1]))
+        capacity = table_shape[1] * per_slot
         if cache_seqlens is None:
             raise ValueError("cache_seqlens is required with block_table (a paged cache)")
-
-    n_new = 0
-    if (k_new is None) != (v_new is None):
-        raise ValueError(f"{'v_new' if v_new is None else 'k_new'} is missing: k_new and v_new go together")
-    if k_new is not None:
-        n_new = _shape(k_new, "k_new", 4, "(B, Hkv, Nnew, d)")[2]
-        if tuple(k_new.shape) != (b, hkv, n_new, d):
-            raise ValueError(f"k_new must have shape (B, Hkv, Nnew, d) = {(b, hkv, n_new, d)}, got {tuple(k_new.shape)}")
-        if tuple(v_new.shape) != tuple(k_new.shape):
-            raise ValueError(f"v_new must have k_new's shape {tuple(k_new.shape)}, got {tuple(v_new.shape)}")
-        for array, name in ((k_new, "k_new"), (v_new, "v_new")):
-            if array.dtype != k_cache.dtype:
-                raise TypeError(f"{name} must have the cache's dtype {k_cache.dtype}, got {array.dtype}")
-        if cache_seqlens is None:
-            raise ValueError("cache_seqlens is required with k_new (it says where the new keys go)")
+    n_new = _new_keys(k_new, v_new, k_cache, b, hkv, d)
+    if n_new is not None and cache_seqlens is None:
+        raise ValueError("cache_seqlens is required with k_new (it says where the new keys go)")
+    n_new = n_new or 0
 
     if cache_seqlens is None:
         seqlens = np.full(b, capacity, dtype=np.int32)
@@ -201,7 +175,7 @@ def check_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any = No
             raise ValueError(f"cache_seqlens[{worst}] = {seqlens[worst]}" + (f" + {n_new} new keys" if n_new else "")
                              + f" exceeds the cache length {capacity}")
 
-    leftpad = np.zeros(b, dtype=np.int32) if cache_leftpad is None else host_index_array(cache_leftpad, "cache_leftpad", (b,))
+    leftpad = np.zeros(b, np.int32) if cache_leftpad is None else host_index_array(cache_leftpad, "cache_leftpad", (b,))
     if leftpad is not None and b:
         limit = seqlens if seqlens is not None else np.full(b, capacity)
         bad = np.flatnonzero((leftpad < 0) | (leftpad > limit))
@@ -213,8 +187,44 @@ def check_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any = No
         for i in range(b):
             used = table[i, : -(-(int(seqlens[i]) + n_new) // per_slot)]
             if used.size and (used.min() < 0 or used.max() >= slots):
-                raise ValueError(f"block_table[{i}] holds page indices outside [0, {slots}) (k_cache has {slots} pages)")
+                raise ValueError(f"block_table[{i}] holds page indices outside [0, {slots}) "
+                                 f"(k_cache has {slots} pages)")
     return KVCacheArgs(paged, capacity, per_slot, n_new, seqlens, leftpad, table)
+
+
+def _cache_shape(k_cache: Any, v_cache: Any, b: int, hq: int, d: int, paged: bool) -> tuple[int, int, int]:
+    """(batch or pages, Hkv, Ncache or page_size) of the caches, checked against q."""
+    layout = "(num_pages, Hkv, page_size, d)" if paged else "(B, Hkv, Ncache, d)"
+    shape = _shape(k_cache, "k_cache", 4, layout)
+    if tuple(v_cache.shape) != shape:
+        raise ValueError(f"v_cache must have k_cache's shape {shape}, got {tuple(v_cache.shape)}")
+    slots, hkv, per_slot, dk = shape
+    if dk != d:
+        raise ValueError(f"k_cache's head dim {dk} differs from q's {d}")
+    if hkv == 0 and hq != 0 or hkv != 0 and hq % hkv:
+        raise ValueError(f"the heads of q ({hq}) must be a multiple of the heads of k_cache ({hkv})")
+    if not paged and slots != b:
+        raise ValueError(f"k_cache must have q's batch size {b} (or pass block_table for a paged cache), got {slots}")
+    if paged and per_slot < 1:
+        raise ValueError(f"k_cache's page size (dim 2) must be >= 1, got {per_slot}")
+    return slots, hkv, per_slot
+
+
+def _new_keys(k_new: Any, v_new: Any, k_cache: Any, b: int, hkv: int, d: int) -> int | None:
+    """Nnew, the length of k_new and v_new (B, Hkv, Nnew, d); None when they are not given."""
+    if (k_new is None) != (v_new is None):
+        raise ValueError(f"{'v_new' if v_new is None else 'k_new'} is missing: k_new and v_new go together")
+    if k_new is None:
+        return None
+    n_new = _shape(k_new, "k_new", 4, "(B, Hkv, Nnew, d)")[2]
+    if tuple(k_new.shape) != (b, hkv, n_new, d):
+        raise ValueError(f"k_new must have shape (B, Hkv, Nnew, d) = {(b, hkv, n_new, d)}, got {tuple(k_new.shape)}")
+    if tuple(v_new.shape) != tuple(k_new.shape):
+        raise ValueError(f"v_new must have k_new's shape {tuple(k_new.shape)}, got {tuple(v_new.shape)}")
+    for array, name in ((k_new, "k_new"), (v_new, "v_new")):
+        if array.dtype != k_cache.dtype:
+            raise TypeError(f"{name} must have the cache's dtype {k_cache.dtype}, got {array.dtype}")
+    return n_new
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import masks
+from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
 from ._options import check_kvcache, check_softcap, check_varlen, check_window
 from .masks import Window
 
@@ -82,13 +83,13 @@ def forward_cpu(
         out[...] = 0
         return (out, lse) if return_lse else out
 
-    dtype = _compute_dtype(_max_abs(q), _max_abs(k), _max_abs(v), d, nk, scale, cap)
+    dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, nk, scale, cap)
     bm = min(block_m, nq)
     nb = max(1, min(_STEP_ELEMS // (hq * bm * min(block_n, nk)), b))
     with _quiet():
         for b0 in range(0, b, nb):
             b1 = min(b, b0 + nb)
-            keys = _DenseKeys(k[b0:b1], v[b0:b1])
+            keys = DenseKeys(k[b0:b1], v[b0:b1])
             for i0, i1, o_blk, lse_blk in _row_blocks(q[b0:b1], keys, nq, nk, win, scale, cap, bm, block_n, dtype):
                 out[b0:b1, :, i0:i1] = o_blk  # rounds to the input dtype
                 lse[b0:b1, :, i0:i1] = lse_blk
@@ -146,8 +147,8 @@ def kvcache_forward_cpu(
     out = _output(out, q.shape, q.dtype)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
     if k_new is not None:
-        _append(k_cache, k_new, args)
-        _append(v_cache, v_new, args)
+        append_keys(k_cache, k_new, args)
+        append_keys(v_cache, v_new, args)
     scale = _scale(d, softmax_scale)
     with _quiet():
         for i in range(b):
@@ -156,9 +157,9 @@ def kvcache_forward_cpu(
             # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the
             # same as starting the keys there, L_b - leftpad of them, as FlashAttention does.
             if args.paged:
-                keys = _PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length)
+                keys = PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length)
             else:
-                keys = _DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length])
+                keys = DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length])
             _attend_into(q[i : i + 1], keys, length - leftpad, win, scale, cap, block_m, block_n,
                          out[i : i + 1], lse[i : i + 1])
     return (out, lse) if return_lse else out
@@ -202,65 +203,10 @@ def varlen_forward_cpu(
             k0, k1 = int(args.cu_seqlens_k[i]), int(args.cu_seqlens_k[i + 1])
             # (n, H, d) rows seen as (1, H, n, d), without a copy.
             as_4d = lambda x: x.transpose(1, 0, 2)[None]  # noqa: E731
-            keys = _DenseKeys(as_4d(k[k0:k1]), as_4d(v[k0:k1]))
+            keys = DenseKeys(as_4d(k[k0:k1]), as_4d(v[k0:k1]))
             _attend_into(as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n,
                          as_4d(out[q0:q1]), lse[None, :, q0:q1])
     return (out, lse) if return_lse else out
-
-
-# --------------------------------------------------------------------------------------------------
-# Key sources: where the tiles of K and V come from
-# --------------------------------------------------------------------------------------------------
-
-class _DenseKeys:
-    """K and V of shape (nb, Hkv, N, d), any strides: tile j0:j1 is a slice."""
-
-    def __init__(self, k: np.ndarray, v: np.ndarray) -> None:
-        self.k, self.v = k, v
-        self.heads = k.shape[1]
-
-    def tile(self, j0: int, j1: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values [j0, j1) as (nb, Hkv, j1 - j0, d) arrays of `dtype`."""
-        return (self.k[:, :, j0:j1].astype(dtype, copy=False), self.v[:, :, j0:j1].astype(dtype, copy=False))
-
-    def max_abs(self) -> tuple[float, float]:
-        return _max_abs(self.k), _max_abs(self.v)
-
-
-class _PagedKeys:
-    """Keys [start, stop) of one entry of paged caches (num_pages, Hkv, page_size, d): key position p
-    is row p % page_size of page pages[p // page_size]. Tiles are gathered row by row, so a page size
-    that does not divide the tile is as correct as one that does."""
-
-    def __init__(self, k_pages: np.ndarray, v_pages: np.ndarray, pages: np.ndarray, page_size: int,
-                 start: int, stop: int) -> None:
-        self.k_pages, self.v_pages, self.pages, self.page_size = k_pages, v_pages, pages, page_size
-        self.start, self.stop = start, stop
-        self.heads = k_pages.shape[1]
-
-    def tile(self, j0: int, j1: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values [j0, j1) (counted from start) as (1, Hkv, j1 - j0, d) arrays of `dtype`."""
-        positions = self.start + np.arange(j0, j1)
-        pages, rows = self.pages[positions // self.page_size], positions % self.page_size
-        # Advanced indices around a slice put the gathered axis first: (j1 - j0, Hkv, d).
-        return tuple(x[pages, :, rows].transpose(1, 0, 2)[None].astype(dtype, copy=False)
-                     for x in (self.k_pages, self.v_pages))
-
-    def max_abs(self) -> tuple[float, float]:
-        used = self.pages[self.start // self.page_size : -(-self.stop // self.page_size)]
-        return _max_abs(self.k_pages[used]), _max_abs(self.v_pages[used])
-
-
-def _append(cache: np.ndarray, new: np.ndarray, args: Any) -> None:
-    """Write new (B, Hkv, Nnew, d) into the cache at positions [cache_seqlens[b], + Nnew) of entry b."""
-    for i in range(new.shape[0]):
-        start = int(args.cache_seqlens[i])
-        if not args.paged:
-            cache[i, :, start : start + args.n_new] = new[i]
-            continue
-        positions = start + np.arange(args.n_new)
-        pages = args.block_table[i, positions // args.page_size]
-        cache[pages, :, positions % args.page_size] = new[i].transpose(1, 0, 2)  # (Nnew, Hkv, d)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -273,7 +219,7 @@ def _attend_into(q4: np.ndarray, keys: Any, nk: int, window: Window, scale: floa
     nq = q4.shape[2]
     if out4.size == 0:
         return
-    dtype = _compute_dtype(_max_abs(q4), *keys.max_abs(), q4.shape[3], nk, scale, softcap)
+    dtype = _compute_dtype(max_abs(q4), *keys.max_abs(), q4.shape[3], nk, scale, softcap)
     for i0, i1, o_blk, lse_blk in _row_blocks(q4, keys, nq, nk, window, scale, softcap, min(block_m, nq),
                                               block_n, dtype):
         out4[:, :, i0:i1] = o_blk
@@ -379,10 +325,6 @@ def _compute_dtype(q_max: float, k_max: float, v_max: float, d: int, nk: int, sc
             raise ValueError(f"the scores overflow float64: |softmax_scale| * d * max|q| * max|k| = "
                              f"{raw * abs(scale):g}; use a smaller softmax_scale")
     return np.dtype(np.float64)
-
-
-def _max_abs(x: np.ndarray) -> float:
-    return float(np.abs(x).max()) if x.size else 0.0
 
 
 def _scale(d: int, softmax_scale: float | None) -> float:
