@@ -201,11 +201,9 @@ def varlen_forward_cpu(
         for i in range(args.batch):
             q0, q1 = int(args.cu_seqlens_q[i]), int(args.cu_seqlens_q[i + 1])
             k0, k1 = int(args.cu_seqlens_k[i]), int(args.cu_seqlens_k[i + 1])
-            # (n, H, d) rows seen as (1, H, n, d), without a copy.
-            as_4d = lambda x: x.transpose(1, 0, 2)[None]  # noqa: E731
-            keys = DenseKeys(as_4d(k[k0:k1]), as_4d(v[k0:k1]))
-            _attend_into(as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n,
-                         as_4d(out[q0:q1]), lse[None, :, q0:q1])
+            keys = DenseKeys(_rows_as_4d(k[k0:k1]), _rows_as_4d(v[k0:k1]))
+            _attend_into(_rows_as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n,
+                         _rows_as_4d(out[q0:q1]), lse[None, :, q0:q1])
     return (out, lse) if return_lse else out
 
 
@@ -325,6 +323,11 @@ def _compute_dtype(q_max: float, k_max: float, v_max: float, d: int, nk: int, sc
             raise ValueError(f"the scores overflow float64: |softmax_scale| * d * max|q| * max|k| = "
                              f"{raw * abs(scale):g}; use a smaller softmax_scale")
     return np.dtype(np.float64)
+
+
+def _rows_as_4d(x: np.ndarray) -> np.ndarray:
+    """(n, H, d) rows of one varlen sequence seen as (1, H, n, d), without a copy."""
+    return x.transpose(1, 0, 2)[None]
 
 
 def _scale(d: int, softmax_scale: float | None) -> float:
