@@ -213,6 +213,7 @@ def test_paged_tiles_follow_the_trip_counts(rng, monkeypatch):
     (dict(v_new="wrong_shape"), "v_new"),
     (dict(window=(-3, 0)), "window"),
     (dict(softcap=-1.0), "softcap"),
+    (dict(softmax_scale=1e300), "softmax_scale"),  # scores past float64: found before anything is written
 ])
 def test_bad_input_writes_nothing(rng, change, name):
     case = Case(rng, [5, 9], nq=2, n_new=2, page_size=4)

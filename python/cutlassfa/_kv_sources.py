@@ -63,5 +63,8 @@ def append_keys(cache: np.ndarray, new: np.ndarray, args: Any) -> None:
 
 
 def max_abs(x: np.ndarray) -> float:
-    """Largest magnitude in x (0 for an empty array; NaN when x holds one)."""
-    return float(np.abs(x).max()) if x.size else 0.0
+    """Largest magnitude in x (0 for an empty array; NaN when x holds one, without a warning)."""
+    if x.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        return float(np.abs(x).max())

@@ -146,22 +146,31 @@ def kvcache_forward_cpu(
     b, hq, nq, d = q.shape
     out = _output(out, q.shape, q.dtype)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
+    scale = _scale(d, softmax_scale)
+    entries = []
+    for i in range(b):
+        length = int(args.cache_seqlens[i]) + args.n_new
+        leftpad = int(args.cache_leftpad[i])
+        # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the
+        # same as starting the keys there, L_b - leftpad of them, as FlashAttention does.
+        if args.paged:
+            keys = PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length)
+        else:
+            keys = DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length])
+        # Picked before appending, so that a refusal (a scale overflowing float64) writes nothing: the
+        # slots k_new will fill are counted with their old contents and k_new's (a safe overestimate).
+        k_max, v_max = keys.max_abs()
+        if k_new is not None:
+            k_max, v_max = max(k_max, max_abs(k_new[i])), max(v_max, max_abs(v_new[i]))
+        dtype = _compute_dtype(max_abs(q[i]), k_max, v_max, d, length - leftpad, scale, cap)
+        entries.append((keys, length - leftpad, dtype))
     if k_new is not None:
         append_keys(k_cache, k_new, args)
         append_keys(v_cache, v_new, args)
-    scale = _scale(d, softmax_scale)
     with _quiet():
-        for i in range(b):
-            length = int(args.cache_seqlens[i]) + args.n_new
-            leftpad = int(args.cache_leftpad[i])
-            # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the
-            # same as starting the keys there, L_b - leftpad of them, as FlashAttention does.
-            if args.paged:
-                keys = PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length)
-            else:
-                keys = DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length])
-            _attend_into(q[i : i + 1], keys, length - leftpad, win, scale, cap, block_m, block_n,
-                         out[i : i + 1], lse[i : i + 1])
+        for i, (keys, nk, dtype) in enumerate(entries):
+            _attend_into(q[i : i + 1], keys, nk, win, scale, cap, block_m, block_n, dtype, out[i : i + 1],
+                         lse[i : i + 1])
     return (out, lse) if return_lse else out
 
 
@@ -197,12 +206,15 @@ def varlen_forward_cpu(
     out = _output(out, q.shape, q.dtype)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float32)
     scale = _scale(d, softmax_scale)
+    cu_q, cu_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
+    sequences = [(q0, q1, k0, k1) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
+    # One dtype for the batch, picked before anything is written (as the dense call does).
+    dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, max((k1 - k0 for *_, k0, k1 in sequences),
+                                                                    default=0), scale, cap)
     with _quiet():
-        for i in range(args.batch):
-            q0, q1 = int(args.cu_seqlens_q[i]), int(args.cu_seqlens_q[i + 1])
-            k0, k1 = int(args.cu_seqlens_k[i]), int(args.cu_seqlens_k[i + 1])
+        for q0, q1, k0, k1 in sequences:
             keys = DenseKeys(_rows_as_4d(k[k0:k1]), _rows_as_4d(v[k0:k1]))
-            _attend_into(_rows_as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n,
+            _attend_into(_rows_as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n, dtype,
                          _rows_as_4d(out[q0:q1]), lse[None, :, q0:q1])
     return (out, lse) if return_lse else out
 
@@ -212,12 +224,11 @@ def varlen_forward_cpu(
 # --------------------------------------------------------------------------------------------------
 
 def _attend_into(q4: np.ndarray, keys: Any, nk: int, window: Window, scale: float, softcap: float,
-                 block_m: int, block_n: int, out4: np.ndarray, lse3: np.ndarray) -> None:
+                 block_m: int, block_n: int, dtype: np.dtype, out4: np.ndarray, lse3: np.ndarray) -> None:
     """Attention of one sequence (q4 (1, Hq, Nq, d)) against nk keys, written into out4 / lse3."""
     nq = q4.shape[2]
     if out4.size == 0:
         return
-    dtype = _compute_dtype(max_abs(q4), *keys.max_abs(), q4.shape[3], nk, scale, softcap)
     for i0, i1, o_blk, lse_blk in _row_blocks(q4, keys, nq, nk, window, scale, softcap, min(block_m, nq),
                                               block_n, dtype):
         out4[:, :, i0:i1] = o_blk
