@@ -22,8 +22,9 @@ class DenseKeys:
         """Keys and values [j0, j1) as (nb, Hkv, j1 - j0, d) arrays of `dtype`."""
         return (self.k[:, :, j0:j1].astype(dtype, copy=False), self.v[:, :, j0:j1].astype(dtype, copy=False))
 
-    def max_abs(self) -> tuple[float, float]:
-        return max_abs(self.k), max_abs(self.v)
+    def max_abs(self, count: int | None = None) -> tuple[float, float]:
+        """Largest magnitudes of the first `count` keys and values (all by default)."""
+        return max_abs(self.k[:, :, :count]), max_abs(self.v[:, :, :count])
 
 
 class PagedKeys:
@@ -39,15 +40,19 @@ class PagedKeys:
 
     def tile(self, j0: int, j1: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values [j0, j1) (counted from start) as (1, Hkv, j1 - j0, d) arrays of `dtype`."""
+        return tuple(x.astype(dtype, copy=False) for x in self._gather(j0, j1))
+
+    def max_abs(self, count: int | None = None) -> tuple[float, float]:
+        """Largest magnitudes of the first `count` keys and values (all by default), gathered row by
+        row so that the unused rows of the pages are not read."""
+        count = self.stop - self.start if count is None else count
+        return tuple(max_abs(x) for x in self._gather(0, count))
+
+    def _gather(self, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
         positions = self.start + np.arange(j0, j1)
         pages, rows = self.pages[positions // self.page_size], positions % self.page_size
         # Advanced indices around a slice put the gathered axis first: (j1 - j0, Hkv, d).
-        return tuple(x[pages, :, rows].transpose(1, 0, 2)[None].astype(dtype, copy=False)
-                     for x in (self.k_pages, self.v_pages))
-
-    def max_abs(self) -> tuple[float, float]:
-        used = self.pages[self.start // self.page_size : -(-self.stop // self.page_size)]
-        return max_abs(self.k_pages[used]), max_abs(self.v_pages[used])
+        return tuple(x[pages, :, rows].transpose(1, 0, 2)[None] for x in (self.k_pages, self.v_pages))
 
 
 def append_keys(cache: np.ndarray, new: np.ndarray, args: Any) -> None:

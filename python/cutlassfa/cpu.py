@@ -157,9 +157,9 @@ def kvcache_forward_cpu(
             keys = PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length)
         else:
             keys = DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length])
-        # Picked before appending, so that a refusal (a scale overflowing float64) writes nothing: the
-        # slots k_new will fill are counted with their old contents and k_new's (a safe overestimate).
-        k_max, v_max = keys.max_abs()
+        # Picked before appending, so that a refusal (a scale overflowing float64) writes nothing: from
+        # the keys already in the cache and the new ones.
+        k_max, v_max = keys.max_abs(int(args.cache_seqlens[i]) - leftpad)
         if k_new is not None:
             k_max, v_max = max(k_max, max_abs(k_new[i])), max(v_max, max_abs(v_new[i]))
         dtype = _compute_dtype(max_abs(q[i]), k_max, v_max, d, length - leftpad, scale, cap)
