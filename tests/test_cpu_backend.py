@@ -32,14 +32,15 @@ def out_tolerance(dtype_name: str, naive_err: float, naive_factor: float = 2.0) 
     return naive_factor * naive_err + EPS[dtype_name] / 2
 
 
-def check_against_reference(q, k, v, *, causal, scale=None, naive_factor=2.0, **kw):
+def check_against_reference(q, k, v, *, causal, scale=None, naive_factor=2.0, window=None, softcap=0.0, **kw):
     """Run forward_cpu and assert out/lse agree with the reference; returns (out, lse)."""
     name = q.dtype.name
-    out, lse = forward_cpu(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, **kw)
-    ref, ref_lse = attention_reference(q, k, v, causal=causal, softmax_scale=scale)
+    mode = dict(causal=causal, softmax_scale=scale, window=window, softcap=softcap)
+    out, lse = forward_cpu(q, k, v, return_lse=True, **mode, **kw)
+    ref, ref_lse = attention_reference(q, k, v, **mode)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert lse.dtype == np.float32 and lse.shape == q.shape[:3]
-    naive_err = rel_l2(naive_same_precision(q, k, v, q.dtype, causal=causal, softmax_scale=scale), ref)
+    naive_err = rel_l2(naive_same_precision(q, k, v, q.dtype, **mode), ref)
     err, tol = rel_l2(out, ref), out_tolerance(name, naive_err, naive_factor)
     assert err <= tol, f"{name} out rel-L2 {err:.3e} > {tol:.3e} (naive {naive_err:.3e})"
     # Exactly the same rows are fully masked (-inf), and the rest is accurate.
@@ -62,6 +63,81 @@ HEADS = [(2, 2), (4, 2), (4, 1)]
 def test_matrix(make_qkv, resolve_dtype, dtype, d, causal, nq, nk, hq, hkv):
     q, k, v = make_qkv(2, hq, hkv, nq, nk, d, resolve_dtype(dtype))
     check_against_reference(q, k, v, causal=causal)
+
+
+# ---- windows, softcap, head dims ------------------------------------------------------------------
+
+# (window, causal): sizes 0, 1, small, larger than N, left-only, right-only, and combined with causal.
+WINDOWS = [((0, 0), False), ((1, 1), False), ((5, 3), False), ((1000, 1000), False), ((16, -1), False),
+           ((-1, 16), False), ((0, -1), True), ((16, 0), True), ((1, 0), True), ((40, 0), False)]
+WINDOW_SEQLENS = [(1, 1), (129, 129), (300, 300), (7, 300), (300, 7), (129, 257)]
+
+
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1)], ids=lambda h: str(h))
+@pytest.mark.parametrize("nq,nk", WINDOW_SEQLENS)
+@pytest.mark.parametrize("window,causal", WINDOWS, ids=lambda w: str(w))
+def test_window_matrix(make_qkv, window, causal, nq, nk, hq, hkv):
+    q, k, v = make_qkv(2, hq, hkv, nq, nk, 32)
+    check_against_reference(q, k, v, causal=causal, window=window, block_m=64, block_n=32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("window,causal", [((0, 0), False), ((7, 2), False), ((16, 0), True)], ids=str)
+def test_window_half_precision(make_qkv, resolve_dtype, dtype, window, causal):
+    q, k, v = make_qkv(2, 4, 2, 133, 200, 64, resolve_dtype(dtype))
+    check_against_reference(q, k, v, causal=causal, window=window, block_m=32, block_n=16)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("softcap", [0.5, 30.0])
+@pytest.mark.parametrize("window,causal", [(None, False), (None, True), ((8, 0), True), ((3, 5), False)], ids=str)
+def test_softcap(make_qkv, resolve_dtype, dtype, softcap, window, causal):
+    # Scores of std 2 so that a cap of 0.5 bends most of them and 30 only the tails.
+    q, k, v = make_qkv(2, 4, 2, 70, 150, 32, resolve_dtype(dtype), scale=2.0)
+    out, lse = check_against_reference(q, k, v, causal=causal, window=window, softcap=softcap, block_n=32)
+    # lse of capped scores: at most softcap + log(keys seen).
+    assert (lse[np.isfinite(lse)] <= softcap + np.log(150) + 1e-5).all()
+
+
+@pytest.mark.parametrize("d", range(8, 257, 8))
+def test_every_head_dim(make_qkv, resolve_dtype, d):
+    # Cycle the dtypes over the head dims to keep the test count small.
+    dtype = ("float32", "float16", "bfloat16")[(d // 8) % 3]
+    q, k, v = make_qkv(1, 2, 1, 33, 47, d, resolve_dtype(dtype))
+    check_against_reference(q, k, v, causal=d % 16 == 0, window=(9, -1) if d % 24 == 0 else None, block_n=16)
+
+
+# ---- the tiles the windowed loop visits ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nq,nk,window,causal", [
+    (300, 300, (20, 0), True), (300, 300, (0, 0), False), (100, 333, (10, 50), False), (333, 100, (-1, 5), False),
+    (256, 256, (-1, -1), True), (200, 200, (1000, 1000), False), (50, 80, (-1, -1), False),
+])
+@pytest.mark.parametrize("block_m,block_n", [(64, 32), (37, 16), (128, 128)])
+def test_visits_exactly_the_trip_count_tiles(make_qkv, monkeypatch, nq, nk, window, causal, block_m, block_n):
+    from cutlassfa import _kv_sources, cpu, masks
+
+    loads, masked = [], []
+    load, mask = _kv_sources.DenseKeys.tile, cpu._mask_tile
+    monkeypatch.setattr(_kv_sources.DenseKeys, "tile",
+                        lambda self, j0, j1, dt: loads.append((j0, j1)) or load(self, j0, j1, dt))
+    monkeypatch.setattr(cpu, "_mask_tile", lambda tS, lo, hi, g: masked.append(len(loads) - 1) or mask(tS, lo, hi, g))
+    q, k, v = make_qkv(1, 2, 2, nq, nk, 16)
+    check_against_reference(q, k, v, causal=causal, window=window, block_m=block_m, block_n=block_n)
+
+    w = masks.resolve_window(causal, window)
+    want_loads, want_masked = [], []
+    for m0 in range(0, nq, block_m):
+        trips = masks.tile_trips(m0, min(nq, m0 + block_m), nq, nk, w, block_n)
+        for n in range(trips.first, trips.last):
+            if trips.is_masked(n):
+                want_masked.append(len(want_loads))
+            want_loads.append((n * block_n, min(nk, (n + 1) * block_n)))
+    assert loads == want_loads and masked == want_masked
+    assert len(loads) == masks.tile_counts(nq, nk, w, block_m, block_n)[0]
+    if window == (20, 0):  # the window's work grows as N x window: 2 tiles of 32 keys per 64 rows
+        assert len(loads) <= 2 * (-(-nq // block_m)) * (-(-(20 + block_m) // block_n) + 1)
 
 
 # ---- block sizes ----------------------------------------------------------------------------------
@@ -95,7 +171,6 @@ def test_small_batch_chunks(make_qkv, monkeypatch):
     from cutlassfa import cpu
 
     monkeypatch.setattr(cpu, "_STEP_ELEMS", 1)
-    monkeypatch.setattr(cpu, "_KV_ELEMS", 1)
     q, k, v = make_qkv(3, 4, 2, 20, 33, 32)
     check_against_reference(q, k, v, causal=True, block_n=8, block_m=8)
 
@@ -161,6 +236,42 @@ def test_large_scores_are_stable(make_qkv):
     q, k, v = make_qkv(1, 1, 1, 64, 200, 64, scale=6.0)
     out, _ = check_against_reference(q, k, v, causal=False, block_n=32, naive_factor=3.0)
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("magnitude", [1e19, 1e30, 3e38])
+def test_huge_finite_inputs_do_not_overflow(rng, magnitude):
+    # q.k of fp32 inputs of 1e19 passes float32's 3.4e38; so do the weighted sums of values of 3e38.
+    # The loop then runs in float64 and the result is still the exact one.
+    q, k, v = (rng.uniform(-1, 1, (1, 2, 40, 32)) * magnitude for _ in range(3))
+    q, k, v = (x.astype(np.float32) for x in (q, k, v))
+    for causal, window, softcap in ((False, None, 0.0), (True, (5, 0), 0.0), (False, None, 20.0)):
+        out, lse = forward_cpu(q, k, v, causal=causal, softmax_scale=None, return_lse=True, window=window,
+                               softcap=softcap, block_n=16)
+        ref, ref_lse = attention_reference(q, k, v, causal=causal, window=window, softcap=softcap)
+        assert np.isfinite(out).all()
+        assert rel_l2(out, ref) <= FP32_OUT_TOL
+        finite = np.abs(ref_lse) < 3e38  # lse beyond float32's range is stored as +-inf
+        assert np.isfinite(lse[finite]).all() and rel_l2(lse[finite], ref_lse[finite]) <= LSE_TOL
+
+
+def test_huge_bfloat16_inputs(make_qkv, resolve_dtype):
+    # bfloat16 spans float32's range: q.k of 1e50 overflows float32 although the scaled scores (1e30)
+    # and lse do not. (naive_same_precision overflows here, so the bound is the output rounding.)
+    dt = resolve_dtype("bfloat16")
+    q, k, v = (x * np.float32(1e25) for x in make_qkv(1, 2, 1, 20, 30, 64))
+    q, k, v = q.astype(dt), k.astype(dt), (v * np.float32(1e12)).astype(dt)
+    out, lse = forward_cpu(q, k, v, causal=True, softmax_scale=1e-20, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=True, softmax_scale=1e-20)
+    assert np.isfinite(out.astype(np.float32)).all() and np.isfinite(lse).all()
+    assert rel_l2(out, ref) <= EPS["bfloat16"] / 2 and rel_l2(lse, ref_lse) <= LSE_TOL
+
+
+def test_scale_overflowing_float64_is_refused(make_qkv):
+    q, k, v = (x * np.float32(1e30) for x in make_qkv(1, 1, 1, 4, 4, 32))
+    with pytest.raises(ValueError, match="softmax_scale"):
+        forward_cpu(q, k, v, causal=False, softmax_scale=1e250, return_lse=False)
+    with pytest.raises(ValueError, match="softcap"):
+        forward_cpu(q, k, v, causal=False, softmax_scale=1e300, softcap=1e-20, return_lse=False)
 
 
 def test_output_is_convex_combination_of_values(make_qkv):

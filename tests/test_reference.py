@@ -14,22 +14,31 @@ from cutlassfa import reference
 from cutlassfa.reference import attention_reference, naive_same_precision, rel_l2
 
 
-def rowwise_attention(q, k, v, causal=False, scale=None):
+def rowwise_attention(q, k, v, causal=False, scale=None, left=-1, right=-1, softcap=0.0):
     """Straightforward per-row attention with Python loops; 4-D float64 only. Independent of the
-    module under test: it shares neither the mask nor the GQA mapping code."""
+    module under test: it shares neither the mask nor the GQA mapping code. Window (left, right) and
+    causal combine as the issue states: causal bounds the right side at 0."""
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     out = np.zeros((b, hq, nq, d))
     lse = np.full((b, hq, nq), -math.inf)
+
+    def sees(i, j):
+        pos = i + nk - nq  # the key position query i is aligned with
+        return ((not causal or j <= pos) and (left < 0 or j >= pos - left) and (right < 0 or j <= pos + right))
+
+    def cap(x):
+        return softcap * math.tanh(x / softcap) if softcap > 0 else x
+
     for bi in range(b):
         for h in range(hq):
             kv = h * hkv // hq  # same as h // (hq // hkv) for hq a multiple of hkv
             for i in range(nq):
-                keys = [j for j in range(nk) if not causal or j - i <= nk - nq]
+                keys = [j for j in range(nk) if sees(i, j)]
                 if not keys:
                     continue
-                s = [scale * float(np.dot(q[bi, h, i], k[bi, kv, j])) for j in keys]
+                s = [cap(scale * float(np.dot(q[bi, h, i], k[bi, kv, j]))) for j in keys]
                 top = max(s)
                 w = [math.exp(x - top) for x in s]
                 total = math.fsum(w)
@@ -69,6 +78,48 @@ def test_matches_rowwise_property(shape, causal, scale, seed):
     want_out, want_lse = rowwise_attention(q, k, v, causal, scale)
     np.testing.assert_allclose(out, want_out, rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-11, atol=1e-11)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.sampled_from([(1, 1), (4, 2), (3, 1)]), st.integers(1, 12), st.integers(1, 12)),
+    window=st.tuples(st.sampled_from([-1, 0, 1, 2, 5, 20]), st.sampled_from([-1, 0, 1, 3, 20])),
+    causal=st.booleans(),
+    softcap=st.sampled_from([0.0, 0.5, 2.0, 30.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_window_and_softcap_match_rowwise(shape, window, causal, softcap, seed):
+    (hq, hkv), nq, nk = shape
+    left, right = window
+    if causal and right > 0:
+        right = 0
+    g = np.random.default_rng(seed)
+    q, k, v = (g.uniform(-3, 3, (2, h, n, 8)) for h, n in ((hq, nq), (hkv, nk), (hkv, nk)))
+    out, lse = attention_reference(q, k, v, causal=causal, window=(left, right), softcap=softcap)
+    want_out, want_lse = rowwise_attention(q, k, v, causal, left=left, right=right, softcap=softcap)
+    np.testing.assert_allclose(out, want_out, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-11, atol=1e-11)
+
+
+def test_softcap_bounds_the_scores(rng):
+    # Capped scores lie in (-c, c): lse <= c + log(Nk), and a huge cap is no cap at all.
+    q, k, v = (rng.standard_normal((1, 2, 5, 16)) * 4 for _ in range(3))
+    _, lse = attention_reference(q, k, v, softcap=1.0)
+    assert (lse < 1.0 + math.log(5)).all() and (lse > -1.0 + math.log(5)).all()
+    out, lse = attention_reference(q, k, v, softcap=1e9)
+    want, want_lse = attention_reference(q, k, v)
+    np.testing.assert_allclose(out, want, rtol=1e-9)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-9)
+
+
+def test_window_rejects_bad_values():
+    q = np.zeros((1, 1, 2, 8))
+    with pytest.raises(ValueError, match="window"):
+        attention_reference(q, q, q, window=(-2, 0))
+    with pytest.raises(ValueError, match="window"):
+        attention_reference(q, q, q, causal=True, window=(3, 2))
+    with pytest.raises(ValueError, match="softcap"):
+        attention_reference(q, q, q, softcap=-1.0)
 
 
 def test_uniform_keys_give_mean_of_values(rng):
@@ -236,6 +287,16 @@ def test_naive_same_precision_error_is_of_its_dtype(rng, resolve_dtype, dtype):
     err = rel_l2(naive_same_precision(q, k, v, dt), ref)
     # Rounding S, P and O each cost about eps/2; the sum must be visible but bounded.
     assert eps / 20 < err < 4 * eps
+
+
+@pytest.mark.parametrize("window,softcap", [((4, 0), 0.0), ((-1, -1), 5.0), ((2, 3), 1.0)])
+def test_naive_same_precision_window_and_softcap(rng, window, softcap):
+    q, k, v = (rng.standard_normal((1, 2, 40, 32)).astype(np.float32) for _ in range(3))
+    ref, _ = attention_reference(q, k, v, window=window, softcap=softcap)
+    naive = naive_same_precision(q, k, v, np.float32, window=window, softcap=softcap)
+    assert rel_l2(naive, ref) < 2e-6
+    # The window changes the result: the bound above is not met by ignoring it.
+    assert window == (-1, -1) or rel_l2(naive_same_precision(q, k, v, np.float32, softcap=softcap), ref) > 1e-2
 
 
 def test_naive_same_precision_masks_like_the_reference(rng):

@@ -1,29 +1,41 @@
-"""The "cpu" backend: the GPU kernels' blockwise online softmax, written with numpy.
+"""The "cpu" backend: the kernels' blockwise online softmax, written with numpy.
 
-Same algorithm and loop order as the CUDA kernels (FlashAttention-2): for each block of query rows
-walk the key/value blocks left to right, keeping per row a running max ``m_i``, a running sum
-``l_i`` and an unnormalized accumulator ``acc`` (all float32); divide by ``l_i`` once at the end.
-Key blocks that the causal mask hides completely are never visited. Memory is
-O(rows-in-flight x block_n): the N x N score matrix never exists.
+Loop order: batch chunk (dense calls) or sequence (KV caches, varlen) -> block of ``block_m`` query
+rows -> the key tiles of ``block_n`` keys that :func:`masks.tile_trips` says the block sees, left to
+right as the CUDA-core kernels walk them (the tensor-core kernels walk right to left, masked tiles
+first; the order changes only the rounding). Per row the loop keeps a running max ``m_i``, a running
+sum ``l_i`` and an unnormalized accumulator ``acc``, and divides by ``l_i`` once at the end. Key
+tiles outside the window are never loaded, so the cost grows as N x window; only the boundary tiles
+are masked element by element. The query heads of a GQA group share K/V and are stacked as the rows
+of one GEMM. Memory: the scores of one step (rows x block_n per head), never the N x N matrix.
 
-Vectorized over batch, heads and the rows of a query block, so a (2, 16, 1024, 64) call takes a
-fraction of a second.
+Precision: float32 throughout, as in the GPU kernels, unless an intermediate could overflow float32
+(a bound from the inputs' largest magnitudes, e.g. fp32 inputs near 1e19 whose products pass 3.4e38):
+then the same loop runs in float64, so finite inputs never overflow. Only a softmax_scale (or
+softmax_scale / softcap) so large that the scores overflow float64 is refused, with a ValueError.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["forward_cpu"]
+from . import masks
+from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
+from ._options import check_kvcache, check_softcap, check_varlen, check_window
+from .masks import Window
+
+__all__ = ["forward_cpu", "kvcache_forward_cpu", "varlen_forward_cpu"]
 
 _LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
-# Scores held per (batch chunk x query block x key block) step, in float32 elements (16 MiB).
+# Scores held per (batch chunk x query block x key tile) step, in elements (16 MiB of float32).
 _STEP_ELEMS = 1 << 22
-# Float32 copies of K and V held per batch chunk, in elements (2 x 32 MiB).
-_KV_ELEMS = 1 << 23
+# Largest magnitude any intermediate may reach in float32 (max 2^128) / float64 (max 2^1024).
+_FLOAT32_LIMIT = 2.0**120
+_FLOAT64_LIMIT = 2.0**1000
 
 
 def forward_cpu(
@@ -35,114 +47,323 @@ def forward_cpu(
     softmax_scale: float | None,
     return_lse: bool,
     out: np.ndarray | None = None,
+    window: Window | tuple[int, int] | None = None,
+    softcap: float = 0.0,
     block_n: int = 128,
     block_m: int = 128,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Blockwise attention forward on the CPU.
 
     Args:
-        q: (B, Hq, Nq, d); k, v: (B, Hkv, Nk, d); one dtype among float32, float16, bfloat16
+        q: (B, Hq, Nq, d); k, v: (B, Hkv, Nk, d); one dtype among float32, float16, bfloat16, any d
             (validated by the caller; any strides).
-        causal: bottom-right aligned mask: query i sees key j iff j <= i + Nk - Nq.
+        causal: bottom-right aligned mask: query i sees key j iff j <= i + Nk - Nq (window (-1, 0)).
         softmax_scale: None means 1/sqrt(d).
         return_lse: also return the float32 (B, Hq, Nq) natural-log softmax denominator.
         out: optional (B, Hq, Nq, d) array of q's dtype to write into (any strides).
+        window: (left, right) of :mod:`cutlassfa.masks`; combines with causal as (left, 0).
+        softcap: > 0 caps the scores to softcap * tanh(s / softcap) before the softmax.
         block_n: keys per inner-loop step (the kernels' tile N). block_m: query rows per block.
 
     Returns:
         out, or (out, lse). Rows that see no key give 0 and lse -inf. NaN in an input
         propagates to the rows that read it, as on the GPU.
     """
-    if block_n < 1 or block_m < 1:
-        raise ValueError(f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}")
+    _check_blocks(block_m, block_n)
+    win, cap = check_window(window, causal), check_softcap(softcap)
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    scale = _scale(d, softmax_scale)
     if out is None:
         out = np.empty(q.shape, dtype=q.dtype)
-    lse = np.empty((b, hq, nq), dtype=np.float32)
+    lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
     if out.size == 0:
-        lse.fill(-np.inf)
         return (out, lse) if return_lse else out
     if nk == 0 or hkv == 0:
         out[...] = 0
-        lse.fill(-np.inf)
         return (out, lse) if return_lse else out
 
-    group = hq // hkv
+    dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, nk, scale, cap)
     bm = min(block_m, nq)
-    bn = min(block_n, nk)
-    nb = max(1, min(_STEP_ELEMS // (hq * bm * bn), _KV_ELEMS // (hkv * nk * d), b))
-    # Finite inputs never hit an invalid operation or an overflow (the guards below see to that);
-    # inf/NaN inputs do, and then NaN propagating to the affected rows is the intended result; rounding
-    # tiny outputs to float16/bfloat16 underflows to subnormals or zero, as it should.
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+    nb = max(1, min(_STEP_ELEMS // (hq * bm * min(block_n, nk)), b))
+    with _quiet():
         for b0 in range(0, b, nb):
             b1 = min(b, b0 + nb)
-            # float32 copies of this chunk's K/V (no copy when already float32).
-            kc = k[b0:b1].astype(np.float32, copy=False)  # (nb, Hkv, Nk, d)
-            vc = v[b0:b1].astype(np.float32, copy=False)  # (nb, Hkv, Nk, d)
-            for i0 in range(0, nq, bm):
-                i1 = min(nq, i0 + bm)
-                o_blk, lse_blk = _query_block(q[b0:b1, :, i0:i1], kc, vc, i0, nq, scale, causal, bn, group)
+            keys = DenseKeys(k[b0:b1], v[b0:b1])
+            for i0, i1, o_blk, lse_blk in _row_blocks(q[b0:b1], keys, nq, nk, win, scale, cap, bm, block_n, dtype):
                 out[b0:b1, :, i0:i1] = o_blk  # rounds to the input dtype
                 lse[b0:b1, :, i0:i1] = lse_blk
     return (out, lse) if return_lse else out
 
 
-def _query_block(
-    q_blk: np.ndarray,
-    kc: np.ndarray,
-    vc: np.ndarray,
-    i0: int,
-    nq: int,
-    scale: float,
-    causal: bool,
-    block_n: int,
-    group: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Online softmax of one block of query rows against all visible key blocks.
+def kvcache_forward_cpu(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    *,
+    cache_seqlens: Any = None,
+    cache_leftpad: Any = None,
+    block_table: Any = None,
+    k_new: np.ndarray | None = None,
+    v_new: np.ndarray | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window: Window | tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    out: np.ndarray | None = None,
+    block_n: int = 128,
+    block_m: int = 128,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Attention of q against a KV cache on the CPU, as FlashAttention's flash_attn_with_kvcache.
 
-    q_blk (nb, Hq, rows, d) in the input dtype; kc/vc (nb, Hkv, Nk, d) float32.
-    Returns out (nb, Hq, rows, d) float32 and lse (nb, Hq, rows) float32.
+    Args:
+        q: (B, Hq, Nq, d).
+        k_cache, v_cache: (B, Hkv, Ncache, d), or with block_table paged (num_pages, Hkv, page_size, d)
+            (any strides): key position p of entry b is row p % page_size of page
+            block_table[b, p // page_size].
+        cache_seqlens: (B,) ints, keys already in each entry (all Ncache when None; needed with
+            block_table and k_new). Not modified.
+        cache_leftpad: (B,) ints, keys of entry b before it are ignored.
+        block_table: (B, max_pages) int page indices.
+        k_new, v_new: (B, Hkv, Nnew, d): written INTO k_cache / v_cache at positions
+            [cache_seqlens[b], cache_seqlens[b] + Nnew) of entry b, then attended with the rest.
+        causal, softmax_scale, window, softcap, return_lse: as :func:`forward_cpu`, aligned
+            bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
+        out: optional (B, Hq, Nq, d) array of q's dtype to write into.
+
+    Every argument is validated (and the caches checked writable) before anything is written.
+    Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
+    """
+    _check_blocks(block_m, block_n)
+    args = check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
+                         block_table=block_table, k_new=k_new, v_new=v_new)
+    win, cap = check_window(window, causal), check_softcap(softcap)
+    if k_new is not None:
+        for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+            if not cache.flags.writeable:
+                raise ValueError(f"{name} is read-only, but k_new / v_new are appended into it")
+    b, hq, nq, d = q.shape
+    out = _output(out, q.shape, q.dtype)
+    lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
+    scale = _scale(d, softmax_scale)
+    entries = []
+    for i in range(b):
+        length = int(args.cache_seqlens[i]) + args.n_new
+        leftpad = int(args.cache_leftpad[i])
+        # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the
+        # same as starting the keys there, L_b - leftpad of them, as FlashAttention does.
+        if args.paged:
+            keys = PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length)
+        else:
+            keys = DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length])
+        # Picked before appending, so that a refusal (a scale overflowing float64) writes nothing: from
+        # the keys already in the cache and the new ones.
+        k_max, v_max = keys.max_abs(int(args.cache_seqlens[i]) - leftpad)
+        if k_new is not None:
+            k_max, v_max = max(k_max, max_abs(k_new[i])), max(v_max, max_abs(v_new[i]))
+        dtype = _compute_dtype(max_abs(q[i]), k_max, v_max, d, length - leftpad, scale, cap)
+        entries.append((keys, length - leftpad, dtype))
+    if k_new is not None:
+        append_keys(k_cache, k_new, args)
+        append_keys(v_cache, v_new, args)
+    with _quiet():
+        for i, (keys, nk, dtype) in enumerate(entries):
+            _attend_into(q[i : i + 1], keys, nk, win, scale, cap, block_m, block_n, dtype, out[i : i + 1],
+                         lse[i : i + 1])
+    return (out, lse) if return_lse else out
+
+
+def varlen_forward_cpu(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window: Window | tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    out: np.ndarray | None = None,
+    block_n: int = 128,
+    block_m: int = 128,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Attention of a packed batch of sequences of different lengths on the CPU.
+
+    q (total_q, Hq, d), k and v (total_k, Hkv, d), any strides; cu_seqlens_q / cu_seqlens_k (B+1,)
+    prefix sums: sequence b is rows [cu[b], cu[b+1]). Masks are aligned bottom-right within each
+    sequence; empty sequences are allowed. max_seqlen_q / max_seqlen_k are validated only (they size
+    the GPU grids). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
+    """
+    _check_blocks(block_m, block_n)
+    args = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    win, cap = check_window(window, causal), check_softcap(softcap)
+    total_q, hq, d = q.shape
+    out = _output(out, q.shape, q.dtype)
+    lse = np.full((hq, total_q), -np.inf, dtype=np.float32)
+    scale = _scale(d, softmax_scale)
+    cu_q, cu_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
+    sequences = [(q0, q1, k0, k1) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
+    # One dtype for the batch, picked before anything is written (as the dense call does).
+    dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, max((k1 - k0 for *_, k0, k1 in sequences),
+                                                                    default=0), scale, cap)
+    with _quiet():
+        for q0, q1, k0, k1 in sequences:
+            keys = DenseKeys(_rows_as_4d(k[k0:k1]), _rows_as_4d(v[k0:k1]))
+            _attend_into(_rows_as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n, dtype,
+                         _rows_as_4d(out[q0:q1]), lse[None, :, q0:q1])
+    return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------------------------------
+# The online softmax
+# --------------------------------------------------------------------------------------------------
+
+def _attend_into(q4: np.ndarray, keys: Any, nk: int, window: Window, scale: float, softcap: float,
+                 block_m: int, block_n: int, dtype: np.dtype, out4: np.ndarray, lse3: np.ndarray) -> None:
+    """Attention of one sequence (q4 (1, Hq, Nq, d)) against nk keys, written into out4 / lse3."""
+    nq = q4.shape[2]
+    if out4.size == 0:
+        return
+    for i0, i1, o_blk, lse_blk in _row_blocks(q4, keys, nq, nk, window, scale, softcap, min(block_m, nq),
+                                              block_n, dtype):
+        out4[:, :, i0:i1] = o_blk
+        lse3[:, :, i0:i1] = lse_blk
+
+
+def _row_blocks(q4: np.ndarray, keys: Any, nq: int, nk: int, window: Window, scale: float, softcap: float,
+                block_m: int, block_n: int, dtype: np.dtype) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(i0, i1, out, lse) of each block of query rows [i0, i1)."""
+    for i0 in range(0, nq, block_m):
+        i1 = min(nq, i0 + block_m)
+        yield (i0, i1, *_query_block(q4[:, :, i0:i1], keys, i0, nq, nk, window, scale, softcap, block_n, dtype))
+
+
+def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window: Window, scale: float,
+                 softcap: float, block_n: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Online softmax of one block of query rows against the key tiles it sees.
+
+    q_blk (nb, Hq, rows, d) in the input dtype; rows [i0, i0 + rows) of nq; keys of nk.
+    Returns out (nb, Hq, rows, d) and lse (nb, Hq, rows), of `dtype`.
     """
     nb, hq, rows, d = q_blk.shape
-    hkv, nk = kc.shape[1], kc.shape[2]
-    offset = nk - nq  # bottom-right alignment: row i sees keys j <= i + offset
+    hkv = keys.heads
+    group = hq // hkv
     # The query heads of one GQA group share K/V, so stack them as rows of one bigger GEMM.
-    tQ = q_blk.astype(np.float32).reshape(nb, hkv, group * rows, d)  # (nb, Hkv, group*rows, d)
-    # Scores are kept in log2 units: scale * log2(e) is folded in once, so each step is one exp2.
-    scale_log2 = np.float32(scale * _LOG2E)
+    tQ = q_blk.astype(dtype).reshape(nb, hkv, group * rows, d)  # (nb, Hkv, group*rows, d)
+    m_i = np.full((nb, hkv, group * rows), -np.inf, dtype=dtype)  # running max (log2 units)
+    l_i = np.zeros((nb, hkv, group * rows), dtype=dtype)  # running sum of exp2(s - m_i)
+    acc = np.zeros((nb, hkv, group * rows, d), dtype=dtype)  # unnormalized output
 
-    m_i = np.full((nb, hkv, group * rows), -np.inf, dtype=np.float32)  # running max (log2 units)
-    l_i = np.zeros((nb, hkv, group * rows), dtype=np.float32)  # running sum of exp2(s - m_i)
-    acc = np.zeros((nb, hkv, group * rows, d), dtype=np.float32)  # unnormalized output
-
-    rows_idx = np.arange(i0, i0 + rows)
-    # Causal: the last row of the block sees keys < i0 + rows + offset; later key blocks are skipped.
-    n_end = min(nk, i0 + rows + offset) if causal else nk
-    for j0 in range(0, max(n_end, 0), block_n):
-        j1 = min(nk, j0 + block_n)
-        tS = np.matmul(tQ, np.swapaxes(kc[:, :, j0:j1], -1, -2))  # (nb, Hkv, group*rows, bn)
-        tS *= scale_log2
-        # Only blocks crossing the diagonal need the mask (the kernels' "masked steps").
-        if causal and j1 - 1 > i0 + offset:
-            visible = np.arange(j0, j1)[None, :] <= rows_idx[:, None] + offset  # (rows, bn)
-            np.copyto(tS.reshape(nb, hkv, group, rows, j1 - j0), -np.inf, where=~visible)
+    trips = masks.tile_trips(i0, i0 + rows, nq, nk, window, block_n)
+    lo, hi = masks.row_ranges(np.arange(i0, i0 + rows), nq, nk, window)  # keys [lo, hi) of each row
+    for n in range(trips.first, trips.last):
+        j0, j1 = n * block_n, min(nk, (n + 1) * block_n)
+        tK, tV = keys.tile(j0, j1, dtype)  # (nb, Hkv, j1 - j0, d)
+        tS = _log2_scores(tQ, tK, scale, softcap)  # (nb, Hkv, group*rows, j1 - j0)
+        if trips.is_masked(n):  # boundary tiles only (window edges, diagonal, ragged end)
+            _mask_tile(tS, lo - j0, hi - j0, group)
         m_new = np.maximum(m_i, tS.max(axis=-1))
         # A row that has seen only masked keys keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
-        m_safe = np.where(m_new == -np.inf, np.float32(0), m_new)
+        m_safe = np.where(m_new == -np.inf, dtype.type(0), m_new)
         alpha = np.exp2(m_i - m_safe)  # rescales what was accumulated under the old max
-        tP = np.exp2(tS - m_safe[..., None])  # (nb, Hkv, group*rows, bn)
+        tP = np.exp2(tS - m_safe[..., None])  # (nb, Hkv, group*rows, j1 - j0)
         l_i = l_i * alpha + tP.sum(axis=-1)
         acc *= alpha[..., None]
-        acc += np.matmul(tP, vc[:, :, j0:j1])
+        acc += np.matmul(tP, tV)
         m_i = m_new
 
-    # Rows with no visible key (causal with Nq > Nk) are decided by position, not by l_i, so a
-    # NaN input still shows up as NaN in the rows that read it.
-    row_sees_key = np.tile(rows_idx + offset >= 0 if causal else np.ones(rows, dtype=bool), group)
-    l_safe = np.where(row_sees_key, l_i, np.float32(1))
-    o = np.where(row_sees_key[:, None], acc / l_safe[..., None], np.float32(0))
-    lse = np.where(row_sees_key, (m_i + np.log2(l_safe)) * np.float32(_LN2), np.float32(-np.inf))
+    # Rows that see no key are decided by position, not by l_i, so a NaN input still shows up as NaN
+    # in the rows that read it.
+    row_sees_key = np.tile(hi > lo, group)
+    l_safe = np.where(row_sees_key, l_i, dtype.type(1))
+    o = np.where(row_sees_key[:, None], acc / l_safe[..., None], dtype.type(0))
+    lse = np.where(row_sees_key, (m_i + np.log2(l_safe)) * dtype.type(_LN2), dtype.type(-np.inf))
     return o.reshape(nb, hq, rows, d), lse.reshape(nb, hq, rows)
+
+
+def _log2_scores(tQ: np.ndarray, tK: np.ndarray, scale: float, softcap: float) -> np.ndarray:
+    """Scores in log2 units: log2(e) is folded into the scale once so each softmax step is one exp2.
+    With softcap c: c * log2(e) * tanh(scale * q.k / c), FlashAttention's order of operations."""
+    dt = tQ.dtype.type
+    tS = np.matmul(tQ, np.swapaxes(tK, -1, -2))
+    if softcap > 0:
+        tS *= dt(scale / softcap)
+        np.tanh(tS, out=tS)
+        tS *= dt(softcap * _LOG2E)
+    else:
+        tS *= dt(scale * _LOG2E)
+    return tS
+
+
+def _mask_tile(tS: np.ndarray, lo: np.ndarray, hi: np.ndarray, group: int) -> None:
+    """Set the scores of keys outside each row's [lo, hi) (tile-relative) to -inf, in place."""
+    nb, hkv, gr, n = tS.shape
+    cols = np.arange(n)[None, :]
+    hidden = (cols < lo[:, None]) | (cols >= hi[:, None])  # (rows, n)
+    np.copyto(tS.reshape(nb, hkv, group, gr // group, n), -np.inf, where=hidden)
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------
+
+def _compute_dtype(q_max: float, k_max: float, v_max: float, d: int, nk: int, scale: float,
+                   softcap: float) -> np.dtype:
+    """float32 when no intermediate of the loop can pass _FLOAT32_LIMIT, else float64.
+
+    Bounds: every partial sum of q.k is at most d * max|q| * max|k|; the log2 scores add the scale
+    (or, capped, at most softcap * log2(e)); acc is at most Nk * max|v| since each weight is <= 1.
+    Non-finite inputs (NaN compares false) take float64 too and propagate as NaN there.
+    """
+    raw = d * q_max * k_max
+    if softcap > 0:
+        fits32 = raw <= _FLOAT32_LIMIT and scale / softcap <= _FLOAT32_LIMIT and softcap * _LOG2E <= _FLOAT32_LIMIT
+    else:
+        fits32 = raw * abs(scale) * _LOG2E <= _FLOAT32_LIMIT
+    if fits32 and nk * v_max <= _FLOAT32_LIMIT:
+        return np.dtype(np.float32)
+    if math.isfinite(raw):
+        if softcap > 0 and not (scale / softcap <= _FLOAT64_LIMIT and softcap <= _FLOAT64_LIMIT):
+            raise ValueError(f"softmax_scale / softcap = {scale / softcap:g} overflows float64")
+        if softcap == 0 and not raw * abs(scale) <= _FLOAT64_LIMIT:
+            raise ValueError(f"the scores overflow float64: |softmax_scale| * d * max|q| * max|k| = "
+                             f"{raw * abs(scale):g}; use a smaller softmax_scale")
+    return np.dtype(np.float64)
+
+
+def _rows_as_4d(x: np.ndarray) -> np.ndarray:
+    """(n, H, d) rows of one varlen sequence seen as (1, H, n, d), without a copy."""
+    return x.transpose(1, 0, 2)[None]
+
+
+def _scale(d: int, softmax_scale: float | None) -> float:
+    return 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+
+
+def _check_blocks(block_m: int, block_n: int) -> None:
+    if block_n < 1 or block_m < 1:
+        raise ValueError(f"block sizes must be >= 1, got block_m={block_m}, block_n={block_n}")
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The array results go to: `out` after checking it, or a new one. Every row gets written."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"out must have shape {shape} and dtype {dtype}, got {out.shape} {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    return out
+
+
+def _quiet() -> Any:
+    """inf/NaN inputs make invalid operations whose NaN propagating to the rows that read them is the
+    intended result; a capped score's tanh argument may overflow to inf (tanh saturates, as it
+    should); rounding tiny outputs to float16/bfloat16 underflows; lse beyond float32's range is
+    stored as inf."""
+    return np.errstate(invalid="ignore", over="ignore", under="ignore")

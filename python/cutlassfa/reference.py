@@ -4,12 +4,16 @@ Conventions (shared with :func:`cutlassfa.forward`):
 
 * shapes (B, H, N, d) or (B, N, d) (3-D means one head; results keep the input's rank);
 * GQA: query head ``h`` reads key/value head ``h // (Hq // Hkv)``;
-* causal is bottom-right aligned as in FlashAttention-2: query ``i`` sees key ``j`` iff
-  ``j <= i + Nk - Nq``; a row that sees no key has output 0 and lse ``-inf`` (never NaN);
-* lse is the natural log of the softmax denominator, ``log(sum_j exp(scale * q_i . k_j))``.
+* which keys a query sees is :mod:`cutlassfa.masks`: bottom-right aligned (offset Nk - Nq), causal
+  = window (-1, 0); a row that sees no key has output 0 and lse ``-inf`` (never NaN);
+* scores are ``s = scale * q_i . k_j``, capped to ``softcap * tanh(s / softcap)`` when softcap > 0;
+* lse is the natural log of the softmax denominator, ``log(sum_j exp(s_ij))`` of the capped scores.
 
 The score matrix is materialized in float64, but in chunks of query rows (and batches) so
 that a long sequence never needs the whole Nq x Nk matrix at once.
+
+The inference modes (KV caches, paged caches, appended keys, varlen batches) are expressed through the
+dense reference: each sequence's keys are gathered into a contiguous float64 copy and attended densely.
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["attention_reference", "rel_l2", "naive_same_precision", "causal_mask"]
+from . import masks
+from ._options import check_kvcache, check_softcap, check_varlen, check_window
+from .masks import Window
+
+__all__ = ["attention_reference", "kvcache_reference", "varlen_reference", "rel_l2", "naive_same_precision",
+           "causal_mask"]
 
 # Upper bound on the float64 score elements held at once (32 MiB); tests lower it to exercise
 # the chunking.
@@ -28,10 +37,7 @@ _CHUNK_ELEMS = 1 << 22
 
 def causal_mask(nq: int, nk: int, row_start: int = 0, row_stop: int | None = None) -> np.ndarray:
     """Boolean (rows, nk) mask, True where query row i may see key j (bottom-right aligned)."""
-    row_stop = nq if row_stop is None else row_stop
-    rows = np.arange(row_start, row_stop)[:, None]
-    cols = np.arange(nk)[None, :]
-    return cols <= rows + (nk - nq)
+    return masks.dense_mask(nq, nk, masks.CAUSAL, row_start=row_start, row_stop=row_stop)
 
 
 def _as_4d(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -63,14 +69,18 @@ def attention_reference(
     *,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: Window | tuple[int, int] | None = None,
+    softcap: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention in float64.
 
     Args:
         q: (B, Hq, Nq, d) or (B, Nq, d), any numpy float dtype (ml_dtypes.bfloat16 included).
         k, v: (B, Hkv, Nk, d) or (B, Nk, d); Hq must be a multiple of Hkv.
-        causal: bottom-right aligned causal mask (FlashAttention-2 convention).
+        causal: bottom-right aligned causal mask (FlashAttention-2 convention), window (-1, 0).
         softmax_scale: defaults to 1/sqrt(d).
+        window: (left, right) keys around each query's aligned position, -1 unbounded (masks.py).
+        softcap: > 0 caps the scores to softcap * tanh(s / softcap); 0 disables.
 
     Returns:
         (out, lse): out float64 with q's shape; lse float64 (B, Hq, Nq) or (B, Nq) for 3-D input.
@@ -78,13 +88,20 @@ def attention_reference(
         read it.
     """
     q4, k4, v4, was_3d = _as_4d(np.asarray(q), np.asarray(k), np.asarray(v))
+    out, lse = _dense(q4, k4, v4, _default_scale(q4.shape[3], softmax_scale), check_window(window, causal),
+                      check_softcap(softcap))
+    return (out[:, 0], lse[:, 0]) if was_3d else (out, lse)
+
+
+def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window: Window,
+           softcap: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact attention of 4-D q (B, Hq, Nq, d) against k, v (B, Hkv, Nk, d): (out, lse) float64."""
     b, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
-    scale = _default_scale(d, softmax_scale)
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
     if out.size == 0 or nk == 0 or hkv == 0:
-        return (out[:, 0], lse[:, 0]) if was_3d else (out, lse)
+        return out, lse
 
     group = hq // hkv
     # Work unit: nb batches x all heads x `rows` query rows, bounded by _CHUNK_ELEMS scores.
@@ -101,17 +118,20 @@ def attention_reference(
         for i0 in range(0, nq, rows):
             i1 = min(nq, i0 + rows)
             qb = q4[b0:b1, :, i0:i1].astype(np.float64).reshape(b1 - b0, hkv, group, i1 - i0, d)
-            o, l_ = _exact_block(qb, kb, vb, scale, causal_mask(nq, nk, i0, i1) if causal else None)
+            mask = None if window.is_full else masks.dense_mask(nq, nk, window, row_start=i0, row_stop=i1)
+            o, l_ = _exact_block(qb, kb, vb, scale, softcap, mask)
             out[b0:b1, :, i0:i1] = o.reshape(b1 - b0, hq, i1 - i0, d)
             lse[b0:b1, :, i0:i1] = l_.reshape(b1 - b0, hq, i1 - i0)
-    return (out[:, 0], lse[:, 0]) if was_3d else (out, lse)
+    return out, lse
 
 
 def _exact_block(
-    qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, scale: float, mask: np.ndarray | None
+    qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, scale: float, softcap: float, mask: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Softmax attention of one chunk; qb (..., rows, d), kb/vb (..., Nk, d), mask (rows, Nk)."""
     s = np.matmul(qb, np.swapaxes(kb, -1, -2)) * scale  # (..., rows, Nk)
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
     visible = np.ones(s.shape[-2], dtype=bool) if mask is None else mask.any(axis=-1)
     if mask is not None:
         s = np.where(mask, s, -np.inf)
@@ -125,6 +145,110 @@ def _exact_block(
         l_safe = np.where(visible[:, None], l_, 1.0)
         out = np.matmul(p, vb) / l_safe
         lse = np.where(visible[:, None], m + np.log(l_safe), -np.inf)[..., 0]
+    return out, lse
+
+
+# ---- inference modes, through the dense reference -------------------------------------------------
+
+def kvcache_reference(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    *,
+    cache_seqlens: Any = None,
+    cache_leftpad: Any = None,
+    block_table: Any = None,
+    k_new: np.ndarray | None = None,
+    v_new: np.ndarray | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window: Window | tuple[int, int] | None = None,
+    softcap: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact attention of q against a KV cache, in float64. Never modifies k_cache / v_cache.
+
+    Args:
+        q: (B, Hq, Nq, d).
+        k_cache, v_cache: (B, Hkv, Ncache, d), or with block_table paged (num_pages, Hkv, page_size, d):
+            key position p of entry b is row p % page_size of page block_table[b, p // page_size].
+        cache_seqlens: (B,) keys already in each entry (all Ncache when None).
+        cache_leftpad: (B,) keys of entry b before it are ignored.
+        block_table: (B, max_pages) int page indices (paged caches).
+        k_new, v_new: (B, Hkv, Nnew, d) keys/values that follow the cache's, as if appended at
+            cache_seqlens[b]; attended from a copy, the caches are left as they are.
+        causal, softmax_scale, window, softcap: as :func:`attention_reference`; the alignment is
+            bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
+
+    Returns:
+        (out float64 (B, Hq, Nq, d), lse float64 (B, Hq, Nq)).
+    """
+    q = np.asarray(q)
+    args = check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
+                         block_table=block_table, k_new=k_new, v_new=v_new)
+    win, cap = check_window(window, causal), check_softcap(softcap)
+    b, hq, nq, d = q.shape
+    scale = _default_scale(d, softmax_scale)
+    out = np.zeros((b, hq, nq, d), dtype=np.float64)
+    lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
+    for i in range(b):
+        keys, values = (_cache_entry(c, i, args) for c in (k_cache, v_cache))
+        if k_new is not None:
+            keys = np.concatenate([keys, np.asarray(k_new[i], dtype=np.float64)], axis=1)
+            values = np.concatenate([values, np.asarray(v_new[i], dtype=np.float64)], axis=1)
+        # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the same
+        # as dropping them, which leaves (L_b - leftpad) - Nq counted from the first kept key.
+        lp = int(args.cache_leftpad[i])
+        o, l_ = _dense(q[i : i + 1], keys[None, :, lp:], values[None, :, lp:], scale, win, cap)
+        out[i], lse[i] = o[0], l_[0]
+    return out, lse
+
+
+def _cache_entry(cache: np.ndarray, i: int, args: Any) -> np.ndarray:
+    """Keys [0, cache_seqlens[i]) of entry i as a float64 (Hkv, L, d) copy."""
+    length = int(args.cache_seqlens[i])
+    if not args.paged:
+        return np.asarray(cache[i, :, :length], dtype=np.float64)
+    positions = np.arange(length)
+    pages = args.block_table[i, positions // args.page_size]
+    rows = cache[pages, :, positions % args.page_size]  # (L, Hkv, d)
+    return np.asarray(rows, dtype=np.float64).transpose(1, 0, 2)
+
+
+def varlen_reference(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    window: Window | tuple[int, int] | None = None,
+    softcap: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact attention of a batch of sequences of different lengths, packed, in float64.
+
+    q (total_q, Hq, d), k and v (total_k, Hkv, d); sequence b is rows [cu_seqlens_q[b],
+    cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v (prefix sums, int).
+    The mask (causal, window) is aligned bottom-right within each sequence; empty sequences are allowed.
+
+    Returns:
+        (out float64 (total_q, Hq, d), lse float64 (Hq, total_q)).
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    args = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    win, cap = check_window(window, causal), check_softcap(softcap)
+    total_q, hq, d = q.shape
+    scale = _default_scale(d, softmax_scale)
+    out = np.zeros((total_q, hq, d), dtype=np.float64)
+    lse = np.full((hq, total_q), -np.inf, dtype=np.float64)
+    for i in range(args.batch):
+        q0, q1 = int(args.cu_seqlens_q[i]), int(args.cu_seqlens_q[i + 1])
+        k0, k1 = int(args.cu_seqlens_k[i]), int(args.cu_seqlens_k[i + 1])
+        # rows (n, H, d) -> (1, H, n, d)
+        o, l_ = _dense(*(x[None].transpose(0, 2, 1, 3) for x in (q[q0:q1], k[k0:k1], v[k0:k1])), scale, win, cap)
+        out[q0:q1] = o[0].transpose(1, 0, 2)
+        lse[:, q0:q1] = l_[0]
     return out, lse
 
 
@@ -163,11 +287,14 @@ def naive_same_precision(
     *,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: Window | tuple[int, int] | None = None,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """Naive attention whose intermediates are rounded to `dtype`, returned as float64.
 
     Mirrors FlashAttention's test yardstick (a PyTorch computation in the input dtype): q is
-    scaled and rounded, S = qK^T accumulates in float32 and is rounded to `dtype`, the softmax is
+    scaled and rounded, S = qK^T accumulates in float32 and is rounded to `dtype` (and rounded again
+    after softcap * tanh(S / softcap) when softcap > 0), the softmax is
     evaluated in float32 and rounded, and O = PV accumulates in float32 and is rounded. The error of
     this against :func:`attention_reference` is what a same-precision implementation "costs";
     FlashAttention asserts its own error stays within 2x of it.
@@ -177,13 +304,16 @@ def naive_same_precision(
     b, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
     scale = _default_scale(d, softmax_scale)
+    win, cap = check_window(window, causal), check_softcap(softcap)
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     if out.size and nk and hkv:
         group = hq // hkv
         qs = rnd(rnd(q4) * np.float32(scale)).reshape(b, hkv, group, nq, d)
         kr, vr = rnd(k4)[:, :, None], rnd(v4)[:, :, None]
         s = rnd(np.matmul(qs, np.swapaxes(kr, -1, -2)))  # (B, Hkv, group, Nq, Nk)
-        mask = causal_mask(nq, nk) if causal else np.ones((nq, nk), dtype=bool)
+        if cap > 0:
+            s = rnd(np.float32(cap) * np.tanh(s / np.float32(cap)))
+        mask = masks.dense_mask(nq, nk, win)
         visible = mask.any(axis=-1)[:, None]
         s = np.where(mask, s, -np.inf)
         m = np.where(visible, s.max(axis=-1, keepdims=True), 0.0)

@@ -1,0 +1,75 @@
+"""Where the cpu backend's K/V tiles come from: dense arrays or paged caches; and appending new keys
+into a cache. A key source hands out tiles [j0, j1) of its keys, converted to the compute dtype, and
+the largest magnitudes of the keys it holds (which pick that dtype)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DenseKeys", "PagedKeys", "append_keys", "max_abs"]
+
+
+class DenseKeys:
+    """K and V of shape (nb, Hkv, N, d), any strides: tile j0:j1 is a slice."""
+
+    def __init__(self, k: np.ndarray, v: np.ndarray) -> None:
+        self.k, self.v = k, v
+        self.heads = k.shape[1]
+
+    def tile(self, j0: int, j1: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values [j0, j1) as (nb, Hkv, j1 - j0, d) arrays of `dtype`."""
+        return (self.k[:, :, j0:j1].astype(dtype, copy=False), self.v[:, :, j0:j1].astype(dtype, copy=False))
+
+    def max_abs(self, count: int | None = None) -> tuple[float, float]:
+        """Largest magnitudes of the first `count` keys and values (all by default)."""
+        return max_abs(self.k[:, :, :count]), max_abs(self.v[:, :, :count])
+
+
+class PagedKeys:
+    """Keys [start, stop) of one entry of paged caches (num_pages, Hkv, page_size, d): key position p
+    is row p % page_size of page pages[p // page_size]. Tiles are gathered row by row, so a page size
+    that does not divide the tile is as correct as one that does."""
+
+    def __init__(self, k_pages: np.ndarray, v_pages: np.ndarray, pages: np.ndarray, page_size: int,
+                 start: int, stop: int) -> None:
+        self.k_pages, self.v_pages, self.pages, self.page_size = k_pages, v_pages, pages, page_size
+        self.start, self.stop = start, stop
+        self.heads = k_pages.shape[1]
+
+    def tile(self, j0: int, j1: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values [j0, j1) (counted from start) as (1, Hkv, j1 - j0, d) arrays of `dtype`."""
+        return tuple(x.astype(dtype, copy=False) for x in self._gather(j0, j1))
+
+    def max_abs(self, count: int | None = None) -> tuple[float, float]:
+        """Largest magnitudes of the first `count` keys and values (all by default), gathered row by
+        row so that the unused rows of the pages are not read."""
+        count = self.stop - self.start if count is None else count
+        return tuple(max_abs(x) for x in self._gather(0, count))
+
+    def _gather(self, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
+        positions = self.start + np.arange(j0, j1)
+        pages, rows = self.pages[positions // self.page_size], positions % self.page_size
+        # Advanced indices around a slice put the gathered axis first: (j1 - j0, Hkv, d).
+        return tuple(x[pages, :, rows].transpose(1, 0, 2)[None] for x in (self.k_pages, self.v_pages))
+
+
+def append_keys(cache: np.ndarray, new: np.ndarray, args: Any) -> None:
+    """Write new (B, Hkv, Nnew, d) into the cache at positions [cache_seqlens[b], + Nnew) of entry b."""
+    for i in range(new.shape[0]):
+        start = int(args.cache_seqlens[i])
+        if not args.paged:
+            cache[i, :, start : start + args.n_new] = new[i]
+            continue
+        positions = start + np.arange(args.n_new)
+        pages = args.block_table[i, positions // args.page_size]
+        cache[pages, :, positions % args.page_size] = new[i].transpose(1, 0, 2)  # (Nnew, Hkv, d)
+
+
+def max_abs(x: np.ndarray) -> float:
+    """Largest magnitude in x (0 for an empty array; NaN when x holds one, without a warning)."""
+    if x.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        return float(np.abs(x).max())
