@@ -14,6 +14,18 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _DLPACK_CODES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16)}
 
 
+def framework_of(array: Any) -> str | None:
+    """"numpy", "torch", "cupy" or "jax" for an array of that framework, else None."""
+    if isinstance(array, np.ndarray):
+        return "numpy"
+    module = type(array).__module__.split(".")[0]
+    if module in ("torch", "cupy"):
+        return module
+    if module in ("jax", "jaxlib"):
+        return "jax"
+    return None
+
+
 def numpy_dtype(dtype: str) -> np.dtype:
     if dtype == "bfloat16":
         try:
