@@ -181,9 +181,6 @@ def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]]
         with runner.context():
             call = runner.prepare(case)
             first_ms = timer.time([lambda i: first.append(call(*inputs[0]))], 1)[0][0]
-    except ContenderFailed as failed:
-        _fail_row(row, failed.error)
-        return None
     except Exception as error:  # noqa: BLE001 - a refusing or failing backend is one row, not the run
         _fail_row(row, error)
         return None
@@ -209,14 +206,18 @@ def _time_interleaved(members: list[tuple[Runner, Callable]], rows: list[Row],
     next input copy (one counter for all members, so no call reads the copy the previous call read)."""
     counter = itertools.count(1)
 
-    def timed(runner: Runner, call: Callable, copies: Sequence[tuple[Any, Any, Any]]) -> Callable[[int], Any]:
+    def timed(index: int, runner: Runner, call: Callable,
+              copies: Sequence[tuple[Any, Any, Any]]) -> Callable[[int], Any]:
         def one(_: int) -> Any:
-            with runner.context():
-                return call(*copies[next(counter) % len(copies)])
+            try:
+                with runner.context():
+                    return call(*copies[next(counter) % len(copies)])
+            except Exception as error:  # noqa: BLE001 - which contender failed is what the caller needs
+                raise ContenderFailed(index, error) from error
         return one
 
     while members:
-        calls = [timed(r, call, copies) for (r, call), copies in zip(members, inputs)]
+        calls = [timed(i, r, call, copies) for i, ((r, call), copies) in enumerate(zip(members, inputs))]
         try:
             if settings.warmup > 1:
                 timer.time(calls, settings.warmup - 1)

@@ -16,7 +16,8 @@ Call = Callable[[int], Any]
 
 
 class ContenderFailed(Exception):
-    """A contender raised during interleaved timing; `index` says which one."""
+    """A contender raised during interleaved timing (raised by the contender's own wrapper, so any
+    timer passes it on); `index` says which one."""
 
     def __init__(self, index: int, error: BaseException) -> None:
         super().__init__(str(error))
@@ -32,13 +33,6 @@ def median(values: Sequence[float]) -> float:
 def round_robin(contenders: int, rounds: int) -> list[tuple[int, int]]:
     """(round, contender) in calling order: every contender once per round, the first one rotating."""
     return [(r, (r + j) % contenders) for r in range(rounds) for j in range(contenders)]
-
-
-def _guarded(calls: Sequence[Call], index: int, i: int) -> None:
-    try:
-        calls[index](i)
-    except Exception as error:  # noqa: BLE001 - which contender failed is what the caller needs
-        raise ContenderFailed(index, error) from error
 
 
 class Timer(Protocol):
@@ -61,7 +55,7 @@ class TorchEventTimer:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in order]
         for (r, c), (start, end) in zip(order, events):
             start.record()
-            _guarded(calls, c, r)
+            calls[c](r)
             end.record()
         torch.cuda.synchronize()
         out: list[list[float]] = [[] for _ in calls]
@@ -96,7 +90,7 @@ class CudaPythonEventTimer:
         try:
             for (r, c), (start, end) in zip(order, events):
                 self._ok(rt.cudaEventRecord(start, stream))
-                _guarded(calls, c, r)
+                calls[c](r)
                 self._ok(rt.cudaEventRecord(end, stream))
             self._ok(rt.cudaEventSynchronize(events[-1][1]))
             out: list[list[float]] = [[] for _ in calls]
@@ -118,6 +112,6 @@ class WallTimer:
         out: list[list[float]] = [[] for _ in calls]
         for r, c in round_robin(len(calls), rounds):
             t0 = time.perf_counter()
-            _guarded(calls, c, r)
+            calls[c](r)
             out[c].append((time.perf_counter() - t0) * 1e3)
         return out
