@@ -65,9 +65,18 @@ def session_seed() -> int:
     return _SESSION_SEED
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def _seed_line() -> str:
     required = f"; {REQUIRE_GPU_VARIABLE}=1: GPU skips fail" if gpu_required() else ""
     return f"cutlassfa: seed {session_seed()} (replay with --seed {session_seed()}){required}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _seed_line()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The seed again at the end, where -q output shows it too."""
+    terminalreporter.write_line(_seed_line())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

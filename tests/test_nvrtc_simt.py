@@ -1,10 +1,11 @@
-"""sm_61 build check of the CUDA-core kernels, CPU only.
+"""sm_61 and sm_70 build check of the CUDA-core kernels, CPU only.
 
-CUDA 13's nvcc no longer targets sm_61 (GTX 10xx), so the kernel headers under cpp/simt/ are compiled
-to sm_61 machine code (a cubin) by NVRTC 12 from PyPI, driven through cuda-python's bindings. Every
-template instantiation the launchers use is requested by name expression: small_tile for each dtype
-and head dim (causal is a run-time flag of the same kernel, so each instantiation covers causal and
-not), and the three naive kernels per dtype.
+CUDA 13's nvcc no longer targets sm_61 (GTX 10xx) or sm_70 (V100), so the kernel headers under cpp/simt/
+are compiled to machine code (a cubin) for each by NVRTC 12 from PyPI, driven through cuda-python's
+bindings. Every template instantiation the launchers use is requested by name expression: small_tile
+for each dtype and head dim (causal is a run-time flag of the same kernel, so each instantiation covers
+causal and not), and the three naive kernels per dtype. The architecture the cubin records in its ELF
+header must be the one asked for.
 
 Needs: nvidia-cuda-nvrtc-cu12 (libnvrtc.so.12), cuda-bindings 12.x (cuda.bindings.nvrtc) and
 nvidia-cuda-runtime-cu12 (whose include/ holds cuda_fp16.h and cuda_bf16.h: NVRTC 12 has no builtin copy).
@@ -13,6 +14,7 @@ nvidia-cuda-runtime-cu12 (whose include/ holds cuda_fp16.h and cuda_bf16.h: NVRT
 from __future__ import annotations
 
 import pathlib
+import struct
 
 import pytest
 
@@ -41,9 +43,22 @@ NAIVE_KERNELS = [
 ] + ["&cutlassfa::simt::naive_softmax_kernel"]
 
 SOURCE = '#include "flash_simt.cuh"\n#include "naive.cuh"\n'
+ARCHITECTURES = [61, 70]  # what CUDA 13 dropped and small_tile / naive still promise
 
 # NVRTC 12 warns that pre-sm_75 targets are deprecated; that one warning is expected.
 EXPECTED_WARNING = "are deprecated"
+EM_CUDA = 190  # ELF e_machine of a CUDA cubin
+
+
+def cubin_architecture(cubin: bytes) -> int:
+    """The SM a cubin was compiled for, from its ELF header (64-bit, little-endian). e_flags holds it in
+    bits 0-7 up to ELF ABI version 7 (with the virtual architecture in bits 16-23), in bits 8-15 from
+    ABI version 8 on (as LLVM's ELF.h reads EF_CUDA_SM)."""
+    assert cubin[:4] == b"\x7fELF" and cubin[4] == 2 and cubin[5] == 1, "not a 64-bit little-endian ELF"
+    (machine,) = struct.unpack_from("<H", cubin, 18)
+    assert machine == EM_CUDA, f"e_machine {machine} is not EM_CUDA"
+    (flags,) = struct.unpack_from("<I", cubin, 48)
+    return (flags & 0xFF) if cubin[8] <= 7 else (flags >> 8) & 0xFF
 
 
 def _check(result) -> None:
@@ -64,15 +79,15 @@ def _cuda_runtime_include() -> pathlib.Path:
     pytest.skip("nvidia-cuda-runtime-cu12 has no include/cuda_fp16.h")
 
 
-def _compile_sm61(source: str, name_expressions: list[str]) -> tuple[bytes, str, list[str]]:
-    """Compiles `source` for sm_61; returns (cubin, log, lowered names). Fails the test on error."""
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"simt_sm61.cu", 0, [], [])
+def _compile(source: str, name_expressions: list[str], arch: int = 61) -> tuple[bytes, str, list[str]]:
+    """Compiles `source` for sm_`arch`; returns (cubin, log, lowered names). Fails the test on error."""
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"simt_sm{arch}.cu".encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     try:
         for expr in name_expressions:
             _check(nvrtc.nvrtcAddNameExpression(prog, expr.encode()))
         opts = [
-            b"--gpu-architecture=sm_61",
+            f"--gpu-architecture=sm_{arch}".encode(),
             b"--std=c++17",
             b"-I" + str(SIMT_DIR).encode(),
             b"-I" + str(INCLUDE_DIR).encode(),
@@ -83,7 +98,7 @@ def _compile_sm61(source: str, name_expressions: list[str]) -> tuple[bytes, str,
         log = b" " * log_size
         _check(nvrtc.nvrtcGetProgramLog(prog, log))
         log_text = log.decode(errors="replace").rstrip("\x00 \n")
-        assert compile_err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"sm_61 compile failed:\n{log_text}"
+        assert compile_err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"sm_{arch} compile failed:\n{log_text}"
 
         lowered = []
         for expr in name_expressions:
@@ -104,16 +119,18 @@ def test_nvrtc_version_is_12():
     err, major, minor = nvrtc.nvrtcVersion()
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
     if major != 12:  # the test extras pin NVRTC 12; a machine with another one cannot run this check
-        pytest.skip(f"NVRTC {major}.{minor} found: the sm_61 check needs NVRTC 12 (13 dropped sm_61)")
+        pytest.skip(f"optional package: NVRTC {major}.{minor} found, the sm_61/sm_70 check needs NVRTC 12 "
+                    "(13 dropped them)")
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize(
     "family,kernels", [("small_tile", SMALL_TILE_KERNELS), ("naive", NAIVE_KERNELS)], ids=["small_tile", "naive"]
 )
-def test_simt_kernels_compile_for_sm61(family, kernels):
-    cubin, log, lowered = _compile_sm61(SOURCE, kernels)
+def test_simt_kernels_compile_for_old_architectures(family, kernels, arch):
+    cubin, log, lowered = _compile(SOURCE, kernels, arch)
     assert len(cubin) > 0, "empty cubin"
-    assert cubin[:4] == b"\x7fELF", "cubin is not an ELF image"
+    assert cubin_architecture(cubin) == arch, f"the cubin records sm_{cubin_architecture(cubin)}"
     problems = [
         line for line in log.splitlines() if ("warning" in line or "error" in line) and EXPECTED_WARNING not in line
     ]
@@ -125,5 +142,11 @@ def test_simt_kernels_compile_for_sm61(family, kernels):
 
 def test_broken_source_fails():
     """The check is real: a kernel that does not compile makes NVRTC fail."""
-    with pytest.raises(AssertionError, match="sm_61 compile failed"):
-        _compile_sm61(SOURCE + "__global__ void broken() { undeclared_symbol(); }\n", [])
+    with pytest.raises(AssertionError, match="sm_70 compile failed"):
+        _compile(SOURCE + "__global__ void broken() { undeclared_symbol(); }\n", [], 70)
+
+
+def test_architecture_is_read_from_the_cubin():
+    """The ELF reader tells architectures apart (a cubin of one small kernel per architecture)."""
+    source = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
+    assert [cubin_architecture(_compile(source, [], arch)[0]) for arch in (61, 70, 75, 80)] == [61, 70, 75, 80]
