@@ -342,3 +342,20 @@ def test_lse_bound_catches_single_fp16_scores(seed):
     assert max(r.lse_err for r in results) >= 10 * bound.lse
     code, results = _gate(split_fp16_scores, cases, seed=seed, name="tensorcore")
     assert code == 0, [(r.case.label, r.reasons) for r in results if r.reasons]
+
+
+# ---------------------------------------------------------------------------------------------------
+# On a GPU: every available backend through the real gate.
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_quick_gate_on_gpu(capsys, tmp_path, seed):
+    gpu = [n for n, s in cutlassfa.backends().items() if n != "cpu" and s.available]
+    if not gpu:
+        pytest.skip("no GPU backend available: " + cutlassfa.backends()["small_tile"].reason)
+    path = tmp_path / "check.json"
+    code = check.main(["--quick", "--no-progress", "--seed", str(seed), "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    doc = json.loads(path.read_text())
+    assert all(doc["checked"][name] > 0 for name in gpu), doc["checked"]
+    assert doc["gpu"]["name"] and doc["gpu"]["driver_version"]

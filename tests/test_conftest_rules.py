@@ -59,5 +59,11 @@ def test_seed_is_printed_and_replays(tmp_path):
     draw = first.stdout.split("FIRST-DRAW ")[1].split()[0]
     again = _pytest(tmp_path, "--seed", seed)
     assert f"cutlassfa: seed {seed}" in again.stdout and f"FIRST-DRAW {draw}" in again.stdout
-    other = _pytest(tmp_path, "--seed", str(int(seed) + 1))
-    assert f"FIRST-DRAW {draw}" not in other.stdout
+
+
+def test_each_test_draws_from_its_own_seed():
+    from conftest import derive_seed, session_seed
+
+    assert derive_seed("tests/a.py::test_x") == derive_seed("tests/a.py::test_x")
+    assert derive_seed("tests/a.py::test_x") != derive_seed("tests/a.py::test_y")
+    assert isinstance(session_seed(), int)

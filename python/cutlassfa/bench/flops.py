@@ -10,7 +10,10 @@ from typing import Iterable
 import numpy as np
 
 
-def visible_pairs(nq: int, nk: int, *, causal: bool = False, window: tuple[int | None, int | None] | None = None) -> int:
+Window = tuple[int | None, int | None]  # (left, right) keys around the diagonal; None: unbounded
+
+
+def visible_pairs(nq: int, nk: int, *, causal: bool = False, window: Window | None = None) -> int:
     """Query-key pairs (i, j) that are seen, with bottom-right alignment: query i sits at key position
     i + Nk - Nq. `causal`: j <= that position. `window=(left, right)`: j within [pos - left, pos + right]
     (None for unbounded on that side). Exact, in O(Nq)."""
@@ -30,13 +33,12 @@ def visible_pairs(nq: int, nk: int, *, causal: bool = False, window: tuple[int |
     return int(np.maximum(hi - lo + 1, 0).sum())
 
 
-def attention_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool,
-                    window: tuple[int | None, int | None] | None = None) -> float:
+def attention_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool, window: Window | None = None) -> float:
     """4 * B * H * d * (visible query-key pairs): two GEMMs of 2 FLOP per multiply-add."""
     return 4.0 * B * H * d * visible_pairs(Nq, Nk, causal=causal, window=window)
 
 
 def varlen_flops(H: int, d: int, lengths: Iterable[tuple[int, int]], causal: bool,
-                 window: tuple[int | None, int | None] | None = None) -> float:
+                 window: Window | None = None) -> float:
     """The same for a batch of sequences of their own (Nq, Nk) lengths."""
     return 4.0 * H * d * sum(visible_pairs(nq, nk, causal=causal, window=window) for nq, nk in lengths)

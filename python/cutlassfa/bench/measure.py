@@ -243,7 +243,8 @@ def measure_peaks(frame: Frame, dtypes: Iterable[str], timer: Timer, n: int = GE
     for name, (dtype, tf32) in PEAKS.items():
         if dtype not in wanted:
             continue
-        how = f"{frame.name} matmul {n}x{n}x{n} {dtype}{' TF32' if tf32 else (' TF32 off' if dtype == 'float32' else '')}"
+        tf32_note = " TF32" if tf32 else (" TF32 off" if dtype == "float32" else "")
+        how = f"{frame.name} matmul {n}x{n}x{n} {dtype}{tf32_note}"
         try:
             call = frame.gemm(n, dtype, tf32)
             timer.time([call], warmup)

@@ -30,7 +30,8 @@ def counts(results: Iterable[Result]) -> dict[str, dict[str, int]]:
         table.setdefault(r.backend, Counter())[r.status] += 1
     out = {}
     for backend, c in table.items():
-        out[backend] = {"checked": sum(c[s] for s in CHECKED), **{s: c[s] for s in (*CHECKED, "unchecked", NOT_ADVERTISED)}}
+        out[backend] = {"checked": sum(c[s] for s in CHECKED),
+                        **{s: c[s] for s in (*CHECKED, "unchecked", NOT_ADVERTISED)}}
     return out
 
 
