@@ -390,7 +390,7 @@ def test_plot(tmp_path, capsys):
 @pytest.mark.gpu
 def test_tiny_real_bench_on_gpu(tmp_path):
     if not any(s.available for n, s in cutlassfa.backends().items() if n != "cpu"):
-        pytest.skip("no GPU backend available")
+        pytest.skip("no GPU backend available: " + cutlassfa.backends()["small_tile"].reason)
     path = tmp_path / "bench.json"
     code = bench.main(["--shape", "2,4,256,64", "--shape", "1,4:2,100,300,64", "--dtypes", "float16,float32",
                        "--causal", "both", "--repeats", "3", "--warmup", "1", "--no-peaks", "--no-progress",
@@ -427,7 +427,7 @@ def test_overhead_on_gpu(tmp_path):
 def test_peaks_on_gpu():
     frame = bench.pick_frame(gpu=True)
     if not frame.on_gpu:
-        pytest.skip("needs PyTorch or CuPy with a GPU")
+        pytest.skip("optional package: PyTorch or CuPy with CUDA is needed for the GEMM peaks")
     peaks = bench.measure_peaks(frame, ["float16"], frame.timer(), n=2048, repeats=3, warmup=1)
     assert peaks["fp16_gemm"]["tflops"] > 1 and "2048" in peaks["fp16_gemm"]["how"]
     assert math.isfinite(peaks["fp16_gemm"]["tflops"])

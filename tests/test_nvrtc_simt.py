@@ -84,7 +84,7 @@ def _cuda_runtime_include() -> pathlib.Path:
     try:
         import nvidia.cuda_runtime as cuda_runtime  # namespace package from nvidia-cuda-runtime-cu12
     except ImportError:
-        pytest.skip("nvidia-cuda-runtime-cu12 not installed (needed for cuda_fp16.h / cuda_bf16.h)")
+        pytest.skip("optional package: nvidia-cuda-runtime-cu12 (cuda_fp16.h / cuda_bf16.h) is not installed")
     for base in cuda_runtime.__path__:
         include = pathlib.Path(base) / "include"
         if (include / "cuda_fp16.h").is_file() and (include / "cuda_bf16.h").is_file():
