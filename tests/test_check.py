@@ -75,6 +75,28 @@ def test_matrix_covers_the_axes(quick):
         assert {c.d for c in cases} == {32, 64, 128}
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_matrix_covers_every_advertised_configuration(quick):
+    cases = check.build_cases(quick)
+    assert {(c.dtype, c.d, c.causal) for c in cases} == {
+        (dt, d, causal) for dt in check.DTYPES for d in cutlassfa.HEAD_DIMS for causal in (False, True)}
+    assert check.coverage_gaps("cpu", lambda case: Advertised(True), cases, check.DTYPES) == []
+
+
+def test_advertised_configuration_outside_the_matrix_fails(monkeypatch, capsys):
+    """A head dim advertised but missing from the matrix (here: added after the cases were built) is a
+    failure, not a silent pass."""
+    cases = [c for c in check.build_cases(quick=True, dtypes=["float32"]) if not c.hw4][:2]
+    monkeypatch.setattr(cutlassfa, "HEAD_DIMS", tuple(cutlassfa.HEAD_DIMS) + (256,))
+    gaps = check.coverage_gaps("cpu", lambda case: Advertised(case.d != 64), cases, ["float32"])
+    assert {(c.d, c.causal) for c in cases} == {(32, False)}
+    assert len(gaps) == 3 * 2 - 1  # d 32, 128, 256 advertised, x causal, but for the one covered
+    assert any("d=256" in gap for gap in gaps) and not any("d=64" in gap for gap in gaps)
+    results = check.run_check([Backend("cpu", _cpu)], cases, seed=0)
+    assert check.report(results, seed=0, gaps=gaps) == 1
+    assert "which no case of the matrix covers" in capsys.readouterr().out
+
+
 def test_round_to_bfloat16_matches_ml_dtypes(bf16, rng):
     x = rng.standard_normal(10_000).astype(np.float32) * 100
     np.testing.assert_array_equal(round_to(x, "bfloat16"), x.astype(bf16).astype(np.float32))

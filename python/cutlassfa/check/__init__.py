@@ -12,7 +12,7 @@ Modules: bounds (the limits), cases (the matrix), support (what a backend advert
 
 from .backends import BACKEND_ORDER, Backend, Plan, UsageError, plan, public_backend
 from .bounds import BOUNDS, FA_RULE_FACTOR, FA_RULE_FLOOR, GATE_REL_L2, HW4_MAX_ABS, Bound, bound_for, rel_l2_limit
-from .cases import HW4_FULL, HW4_QUICK, MATRIX_FULL, MATRIX_QUICK, build_cases
+from .cases import HW4_FULL, HW4_QUICK, build_cases, coverage_gaps
 from .cli import add_arguments, main, run
 from .evaluate import CaseInputs, Result, evaluate, make_inputs, run_check
 from .report import counts, report
@@ -20,7 +20,8 @@ from .support import Advertised, supports
 from .._inputs import DTYPES, Case
 
 __all__ = ["BACKEND_ORDER", "BOUNDS", "DTYPES", "FA_RULE_FACTOR", "FA_RULE_FLOOR", "GATE_REL_L2", "HW4_FULL",
-           "HW4_MAX_ABS", "HW4_QUICK", "MATRIX_FULL", "MATRIX_QUICK", "Advertised", "Backend", "Bound", "Case",
+           "HW4_MAX_ABS", "HW4_QUICK", "Advertised", "Backend", "Bound", "Case",
            "CaseInputs", "Plan", "Result", "UsageError", "add_arguments", "bound_for", "build_cases", "counts",
+           "coverage_gaps",
            "evaluate", "main", "make_inputs", "plan", "public_backend", "rel_l2_limit", "report", "run",
            "run_check", "supports"]

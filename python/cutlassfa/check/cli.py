@@ -13,7 +13,7 @@ from typing import Sequence
 from .. import hw4
 from .._inputs import DTYPES
 from .backends import UsageError, plan
-from .cases import build_cases
+from .cases import build_cases, coverage_gaps
 from .evaluate import run_check
 from .report import progress_printer, report
 
@@ -66,11 +66,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  not available: {name}: {why}")
     for name, why in gated.required.items():
         print(f"  REQUIRED BUT NOT AVAILABLE (CUTLASSFA_REQUIRE_GPU=1): {name}: {why}")
+    gaps = [gap for b in gated.backends for gap in coverage_gaps(b.name, b.advertises, cases, args.dtypes)]
     start = time.perf_counter()
     results = run_check(gated.backends, cases, seed, None if args.no_progress else progress_printer(sys.stderr))
     return report(results, seed=seed, elapsed=time.perf_counter() - start, json_path=args.json,
                   backends=[b.name for b in gated.backends], unavailable=gated.unavailable,
-                  required=gated.required)
+                  required=gated.required, gaps=gaps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

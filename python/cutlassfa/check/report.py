@@ -35,9 +35,11 @@ def counts(results: Iterable[Result]) -> dict[str, dict[str, int]]:
     return out
 
 
-def problems(results: Sequence[Result], backends: Sequence[str], required: Mapping[str, str]) -> list[str]:
+def problems(results: Sequence[Result], backends: Sequence[str], required: Mapping[str, str],
+             gaps: Sequence[str] = ()) -> list[str]:
     """Why the gate fails, one line each, beyond the offending cases (which offenders_table lists)."""
     lines = [f"{name}: cannot run, and CUTLASSFA_REQUIRE_GPU=1 requires it: {why}" for name, why in required.items()]
+    lines += list(gaps)
     unchecked = Counter((r.backend, r.reasons[0] if r.reasons else "") for r in results if r.status == "unchecked")
     for (backend, why), n in unchecked.items():
         lines.append(f"{backend}: {n} advertised cases not checked: {why} (--dtypes leaves a dtype out)")
@@ -92,13 +94,14 @@ def document(results: Sequence[Result], *, seed: int, passed: bool, problem_line
 
 def report(results: Sequence[Result], *, seed: int, elapsed: float = 0.0, json_path: str | None = None,
            backends: Sequence[str] | None = None, unavailable: Mapping[str, str] | None = None,
-           required: Mapping[str, str] | None = None) -> int:
+           required: Mapping[str, str] | None = None, gaps: Sequence[str] = ()) -> int:
     """Prints the summary, the per-backend counts and, on failure, every problem; writes the JSON;
     returns the exit status (0 passed, 1 failed). `backends` are the names that were gated (default:
-    every backend in `results`): each must have checked at least one case."""
+    every backend in `results`): each must have checked at least one case. `gaps`: advertised
+    configurations the matrix does not cover (cases.coverage_gaps)."""
     unavailable, required = dict(unavailable or {}), dict(required or {})
     names = list(backends) if backends is not None else list(dict.fromkeys(r.backend for r in results))
-    problem_lines = problems(results, names, required)
+    problem_lines = problems(results, names, required, gaps)
     passed = not problem_lines
     print()
     print(summary_table(results))
