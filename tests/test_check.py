@@ -381,3 +381,13 @@ def test_quick_gate_on_gpu(capsys, tmp_path, seed):
     doc = json.loads(path.read_text())
     assert all(doc["checked"][name] > 0 for name in gpu), doc["checked"]
     assert doc["gpu"]["name"] and doc["gpu"]["driver_version"]
+
+
+def test_device_inputs_that_cannot_be_made_are_a_usage_error(monkeypatch, capsys):
+    """--inputs cupy (or torch) where that framework cannot make CUDA arrays stops at once, before any
+    case, instead of crashing or reporting every case of the GPU backends as unchecked."""
+    table = dict(cutlassfa.backends(), small_tile=cutlassfa.BackendStatus("small_tile", True))
+    monkeypatch.setattr(cutlassfa, "backends", lambda device=0: table)
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert check.main(["--quick", "--backends", "small_tile", "--inputs", "cupy", "--no-progress"]) == 2
+    assert "--inputs cupy: cupy is not installed" in capsys.readouterr().err

@@ -60,6 +60,24 @@ class UsageError(Exception):
     """A request the gate cannot make sense of (exit status 2)."""
 
 
+def _framework_problem(framework: str) -> str:
+    """Why CUDA arrays of `framework` cannot be made here ("" when they can)."""
+    try:
+        if framework == "torch":
+            import torch
+
+            return "" if torch.cuda.is_available() else "this PyTorch has no usable CUDA device"
+        if framework == "cupy":
+            import cupy
+
+            return "" if cupy.cuda.runtime.getDeviceCount() > 0 else "CuPy sees no CUDA device"
+    except ImportError as error:
+        return f"{framework} is not installed ({error})"
+    except Exception as error:  # noqa: BLE001 - e.g. CuPy without a driver
+        return f"{framework} cannot reach a GPU ({error})"
+    return ""
+
+
 def plan(names: Sequence[str] | None, inputs: str = "auto") -> Plan:
     """The named backends (each must be available, unless CUTLASSFA_REQUIRE_GPU makes its absence a
     failure) or every available one. With CUTLASSFA_REQUIRE_GPU=1 every unavailable GPU backend is
@@ -81,5 +99,10 @@ def plan(names: Sequence[str] | None, inputs: str = "auto") -> Plan:
         if missing:
             raise UsageError("backend not available (" + "; ".join(f"{n}: {unavailable[n]}" for n in missing) + ")")
     gpu = gpu_framework() if inputs == "auto" else inputs
-    backends = [public_backend(n, "numpy" if n == "cpu" else gpu) for n in wanted if n not in unavailable]
+    runnable = [n for n in wanted if n not in unavailable]
+    if gpu != "numpy" and any(n != "cpu" for n in runnable):
+        why = _framework_problem(gpu)
+        if why:
+            raise UsageError(f"--inputs {gpu}: {why}")
+    backends = [public_backend(n, "numpy" if n == "cpu" else gpu) for n in runnable]
     return Plan(backends, {n: why for n, why in unavailable.items() if n not in required}, required)
