@@ -2,8 +2,13 @@
 # One call on the lent GPU machine: install the package (no network there; the CUTLASS wheel travels in
 # .whl/), then run whatever steps are named, logging each under $OUT.
 #   bash scripts/gpu_session.sh [--arch 90a] STEP...
-# CUTLASSFA_COMMIT=$(git rev-parse HEAD) in front of the call records the commit in bench results.
-# Steps: build | tests | gpu-tests | check | bench-quick | bench | sanitize | cmd:'<shell command>'
+# The copy there has no .git: put the commit and dirty flag of the checkout in front of the call, so
+# bench and check results record them:
+#   CUTLASSFA_COMMIT=$(git rev-parse HEAD) \
+#   CUTLASSFA_DIRTY=$(git status --porcelain --untracked-files=no | grep -q . && echo 1 || echo 0) bash ...
+# Tests, the gate and the sanitizer run with CUTLASSFA_REQUIRE_GPU=1: a GPU test that skips, or a GPU
+# backend that cannot run, is a failure (a missing optional package excepted).
+# Steps: build | tests | gpu-tests | check | bench-quick | bench | overhead | sanitize | cmd:'<shell command>'
 set -uo pipefail
 arch=90a
 defines=()
@@ -17,6 +22,7 @@ done
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export CUTLASSFA_REQUIRE_GPU=1
 
 install() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
@@ -38,10 +44,11 @@ for step in "$@"; do
   case "$step" in
     build) ;;
     tests) python3 -m pytest -q -rs --maxfail=30 -p no:cacheprovider tests 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
-    gpu-tests) python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 ;;
+    gpu-tests) python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 ;;
     check) python3 -m cutlassfa.cli check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | tail -40 ;;
     bench-quick) python3 -m cutlassfa.cli bench --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" | tail -40 ;;
     bench) python3 -m cutlassfa.cli bench --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+    overhead) python3 -m cutlassfa.cli bench --overhead --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" | tail -20 ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -30 ;;
     cmd:*) bash -c "${step#cmd:}" 2>&1 | tee -a "$OUT/cmd.log" | tail -60 ;;
     *) echo "unknown step $step"; status=2 ;;

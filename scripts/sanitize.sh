@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # compute-sanitizer's memcheck, racecheck, synccheck and initcheck over every GPU backend on the small
-# test matrix of scripts/sanitize_cases.py. Prints each tool's error summary; fails on any error.
-#   bash scripts/sanitize.sh [backend...]
+# test matrix of scripts/sanitize_cases.py: host arrays, and CUDA tensors in strided layouts with a
+# strided out= (PyTorch with CUDA needed; pass --no-strided to leave them out). Prints each tool's
+# error summary; fails on any error.
+#   bash scripts/sanitize.sh [--no-strided] [backend...]
 set -uo pipefail
+# Every tensor its own cudaMalloc: with PyTorch's caching allocator a read past a view's end can land
+# in the same cached block and go unseen by memcheck.
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 status=0
 for tool in memcheck racecheck synccheck initcheck; do
   extra=""

@@ -1,11 +1,21 @@
-"""Shared fixtures.
+"""Shared fixtures and the suite's rules.
 
-`rng` is a numpy Generator with a fresh seed on every test, so repeated runs cover new inputs; the
-seed is printed in the report of a failing test and can be pinned with CUTLASSFA_TEST_SEED=<int>.
+Seeds: one session seed, fresh on every run (so repeated runs cover new inputs), printed in the header
+and in the report of every failing test; `--seed S` or CUTLASSFA_TEST_SEED=S replays a run. Each test's
+`rng` / `seed` derives from the session seed and the test's id, so a replayed test sees the same
+inputs whatever else runs. Hypothesis is seeded from it too.
+
+CUTLASSFA_REQUIRE_GPU=1 (the GPU machine runs with it): a `gpu` test that skips fails instead, with the
+skip's reason, unless the reason names a missing optional package (pytest.importorskip's "could not
+import ...", or a reason starting with "optional package"). A broken driver or extension then cannot
+read as "no GPU, everything green".
+
+`slow` tests run only with --run-slow (or CUTLASSFA_RUN_SLOW=1).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -24,29 +34,96 @@ try:
 except ImportError:  # a plain checkout: test the sources in python/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-_SEED_KEY = pytest.StashKey[int]()
+from cutlassfa._diagnostics import REQUIRE_GPU_VARIABLE, gpu_required  # noqa: E402
+
+SEED_VARIABLE = "CUTLASSFA_TEST_SEED"
+OPTIONAL_SKIP_PREFIXES = ("could not import", "optional package")
+_SESSION_SEED: int | None = None
 
 
-def _fresh_seed() -> int:
-    pinned = os.environ.get("CUTLASSFA_TEST_SEED")
-    return int(pinned) if pinned else int(np.random.SeedSequence().entropy % (1 << 63))
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--seed", type=int, default=None,
+                     help=f"session seed of the random inputs (default: ${SEED_VARIABLE}, else fresh)")
+    parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    global _SESSION_SEED
+    config.addinivalue_line("markers", "slow: minutes on a CPU; runs with --run-slow or CUTLASSFA_RUN_SLOW=1")
+    seed = config.getoption("--seed")
+    if seed is None and os.environ.get(SEED_VARIABLE):
+        seed = int(os.environ[SEED_VARIABLE])
+    _SESSION_SEED = seed if seed is not None else int(np.random.SeedSequence().entropy % (1 << 31))
+    # Hypothesis draws from the same seed, so --seed replays its examples too (its own option wins).
+    if hasattr(config.option, "hypothesis_seed") and config.option.hypothesis_seed is None:
+        config.option.hypothesis_seed = _SESSION_SEED
+
+
+def session_seed() -> int:
+    assert _SESSION_SEED is not None
+    return _SESSION_SEED
+
+
+def _seed_line() -> str:
+    required = f"; {REQUIRE_GPU_VARIABLE}=1: GPU skips fail" if gpu_required() else ""
+    return f"cutlassfa: seed {session_seed()} (replay with --seed {session_seed()}){required}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _seed_line()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The seed again at the end, where -q output shows it too."""
+    terminalreporter.write_line(_seed_line())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow") or os.environ.get("CUTLASSFA_RUN_SLOW", "") not in ("", "0"):
+        return
+    skip = pytest.mark.skip(reason="slow: runs with --run-slow or CUTLASSFA_RUN_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def derive_seed(nodeid: str) -> int:
+    """The seed of one test: the session seed mixed with the test's id."""
+    digest = hashlib.sha256(f"{session_seed()}:{nodeid}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 @pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    """A numpy Generator seeded afresh for each test (seed shown if the test fails)."""
-    seed = _fresh_seed()
-    request.node.stash[_SEED_KEY] = seed
+def seed(request: pytest.FixtureRequest) -> int:
+    """This test's seed (see the module docstring)."""
+    return derive_seed(request.node.nodeid)
+
+
+@pytest.fixture
+def rng(seed: int) -> np.random.Generator:
+    """A numpy Generator seeded for this test."""
     return np.random.default_rng(seed)
+
+
+def is_optional_skip(reason: str) -> bool:
+    """A skip for want of an optional package, allowed even under CUTLASSFA_REQUIRE_GPU=1."""
+    text = reason.split("Skipped: ", 1)[-1].strip().lower()
+    return text.startswith(OPTIONAL_SKIP_PREFIXES)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
-    seed = item.stash.get(_SEED_KEY, None)
-    if seed is not None and report.failed:
-        report.sections.append(("rng seed", f"reproduce with CUTLASSFA_TEST_SEED={seed}"))
+    if report.failed:
+        report.sections.append(("seed", f"replay with --seed {session_seed()} "
+                                         f"(or {SEED_VARIABLE}={session_seed()})"))
+    if report.skipped and gpu_required() and item.get_closest_marker("gpu") is not None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not is_optional_skip(reason):
+            report.outcome = "failed"
+            report.longrepr = f"{REQUIRE_GPU_VARIABLE}=1 but this GPU test was skipped: {reason}"
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""`cutlassfa bench`: the FLOP formula, median, skip rules and JSON schema on the CPU (cpu backend on
-tiny shapes, a fake timer where the numbers must be exact); a tiny real run on a GPU."""
+"""`cutlassfa bench`: the exact FLOP count, interleaved timing, median, skip rules, accuracy marking and
+JSON schema on the CPU (cpu backend on tiny shapes, a fake timer where the numbers must be exact); the
+per-call overhead benchmark; a tiny real run on a GPU."""
 
 from __future__ import annotations
 
@@ -13,25 +14,28 @@ import pytest
 
 import cutlassfa
 from cutlassfa import bench
-from cutlassfa.check import Case
+from cutlassfa._inputs import Case
 
 ROW_KEYS = {"backend", "dtype", "B", "H", "Nq", "Nk", "d", "causal", "ms", "tflops", "rel_err", "note"}
 
 
 class FakeTimer:
-    """Runs every call (so outputs exist) but reports the given durations, cycled."""
+    """Runs every call in round-robin order (so outputs exist) but reports the given durations, cycled
+    per contender; records the order of the calls."""
 
     name = "fake"
 
     def __init__(self, ms):
-        self.ms, self.calls = list(ms), 0
+        self.ms, self.calls, self.order = list(ms), {}, []
 
-    def time(self, fn, calls):
-        out = []
-        for i in range(calls):
-            fn(i)
-            out.append(self.ms[self.calls % len(self.ms)])
-            self.calls += 1
+    def time(self, calls, rounds):
+        out = [[] for _ in calls]
+        for r, c in bench.round_robin(len(calls), rounds):
+            calls[c](r)
+            self.order.append(c)
+            n = self.calls.get(c, 0)
+            out[c].append(self.ms[n % len(self.ms)])
+            self.calls[c] = n + 1
         return out
 
 
@@ -49,12 +53,51 @@ def _run(argv, timer=None):
 # ---------------------------------------------------------------------------------------------------
 # Pure pieces.
 # ---------------------------------------------------------------------------------------------------
+def _pairs_by_brute_force(nq, nk, causal, window=None):
+    i = np.arange(nq)[:, None] + (nk - nq)
+    j = np.arange(nk)[None, :]
+    seen = np.ones((nq, nk), bool)
+    if causal:
+        seen &= j <= i
+    if window is not None:
+        left, right = window
+        if left is not None:
+            seen &= j >= i - left
+        if right is not None:
+            seen &= j <= i + right
+    return int(seen.sum())
+
+
 def test_flop_formula():
     assert bench.attention_flops(2, 16, 1024, 1024, 64, False) == 4 * 2 * 16 * 1024 * 1024 * 64
-    assert bench.attention_flops(2, 16, 1024, 1024, 64, True) == 2 * 2 * 16 * 1024 * 1024 * 64
     assert bench.attention_flops(1, 1, 3, 5, 32, False) == 4 * 3 * 5 * 32
+    # Causal with Nq = Nk: the lower triangle with its diagonal, N (N + 1) / 2 pairs (not N^2 / 2).
+    assert bench.attention_flops(2, 16, 1024, 1024, 64, True) == 4 * 2 * 16 * 64 * (1024 * 1025 // 2)
+    # Bottom-right causal, Nq < Nk: 100 x 300 sees 0.835 of the dense pairs, not 0.5.
+    assert bench.visible_pairs(100, 300, causal=True) == 25050
+    assert bench.visible_pairs(300, 100, causal=True) == 5050  # the first 200 queries see no key
     # TARGETS.md: cudnn fp16 (32, 16, 1024, 64) non-causal, 0.371 ms -> 370 TFLOP/s.
     assert bench.tflops(Case("float16", 32, 16, 16, 1024, 1024, 64, False), 0.371) == pytest.approx(370.4, abs=0.1)
+
+
+@pytest.mark.parametrize("nq,nk", [(1, 1), (7, 7), (5, 13), (13, 5), (64, 200), (200, 64)])
+@pytest.mark.parametrize("window", [None, (3, 0), (0, 2), (4, 4), (None, 1)])
+def test_visible_pairs_match_the_mask(nq, nk, window):
+    for causal in (False, True):
+        assert bench.visible_pairs(nq, nk, causal=causal, window=window) == \
+            _pairs_by_brute_force(nq, nk, causal, window)
+
+
+def test_varlen_flops_sum_the_sequences():
+    lengths = [(5, 13), (100, 100), (1, 40)]
+    expected = sum(bench.attention_flops(1, 8, nq, nk, 64, True) for nq, nk in lengths)
+    assert bench.varlen_flops(8, 64, lengths, causal=True) == expected
+
+
+def test_round_robin_rotates_the_first_contender():
+    assert bench.round_robin(3, 3) == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (1, 0), (2, 2), (2, 0), (2, 1)]
+    times = bench.WallTimer().time([lambda i: None, lambda i: None], 4)
+    assert [len(t) for t in times] == [4, 4] and all(x >= 0 for t in times for x in t)
 
 
 def test_median():
@@ -129,17 +172,18 @@ def test_json_schema_with_fake_timer(tmp_path, capsys):
     assert "| cpu" in table and "TFLOP/s" in table
 
     doc = json.loads(path.read_text())
-    assert {"gpu", "commit", "created", "peaks", "rows"} <= set(doc)
+    assert {"gpu", "commit", "dirty", "commit_source", "created", "software", "peaks", "rows"} <= set(doc)
     assert doc["gpu"] is None or {"name", "compute_capability", "multiprocessors"} <= set(doc["gpu"])
     assert isinstance(doc["commit"], str) and doc["commit"]
     assert doc["created"][:2] == "20" and "T" in doc["created"]
+    assert doc["settings"]["interleaved"] is True and doc["passed"] is True
     assert len(doc["rows"]) == 4
     for row in doc["rows"]:
         assert ROW_KEYS <= set(row)
         assert row["backend"] == "cpu" and row["dtype"] == "float32" and row["status"] == "ok"
         assert row["ms"] == 2.0 and row["repeats"] == 21  # median of 2, 1, 3 cycled
         flops = bench.attention_flops(row["B"], row["H"], row["Nq"], row["Nk"], row["d"], row["causal"])
-        assert row["tflops"] == pytest.approx(flops / 2e-3 / 1e12)
+        assert row["flops"] == flops and row["tflops"] == pytest.approx(flops / 2e-3 / 1e12)
         assert row["rel_err"] < 1e-5
         assert row["pct_peak"] is None and row["peak"] is None
     assert {(r["Nq"], r["Nk"], r["H"], r["Hk"]) for r in doc["rows"]} == {(64, 64, 2, 2), (33, 70, 4, 2)}
@@ -216,6 +260,108 @@ def test_measured_rate_predicts_the_next_skip():
     assert row.status == "skipped" and "predicted" in row.note and len(calls) == n
 
 
+def _cpu_runner(name, noise=0.0, seen=None):
+    """A runner over the cpu backend that adds `noise` (relative) to its output and logs its calls."""
+    def prepare(case):
+        def call(q, k, v):
+            if seen is not None:
+                seen.append(name)
+            out = cutlassfa.forward(q, k, v, causal=case.causal, backend="cpu")
+            return (out.astype(np.float64) * (1 + noise)).astype(out.dtype)
+        return call
+    return bench.Runner(name, prepare, on_gpu=False)
+
+
+def test_contenders_are_timed_interleaved():
+    """Round robin per repetition: every contender once per round, not one contender's block then the
+    next; each row is the median of its own rounds."""
+    seen: list = []
+    timer = FakeTimer([1.0, 5.0, 3.0])
+    case = Case("float32", 1, 2, 2, 40, 40, 32, False)
+    runners = [_cpu_runner("a", seen=seen), _cpu_runner("b", seen=seen), _cpu_runner("c", seen=seen)]
+    rows = bench.bench_case(case, runners, bench.Frame(), bench.Settings(repeats=6, warmup=2), rates={},
+                            timer_for=lambda r: timer)
+    assert [r.status for r in rows] == ["ok"] * 3 and all(r.repeats == 6 for r in rows)
+    timed = seen[3:]  # after the three first calls: one warm-up round, then six timed rounds
+    assert len(timed) == 7 * 3
+    for r in range(7):
+        assert sorted(timed[3 * r:3 * r + 3]) == ["a", "b", "c"]
+    assert timed[3:6] != timed[6:9]  # the starting contender rotates from round to round
+    assert all(row.ms == 3.0 for row in rows)  # median of 1, 5, 3 cycled over each contender's own calls
+
+
+def test_a_failing_contender_drops_out_and_the_others_are_timed():
+    def flaky(case):
+        calls = []
+        def call(q, k, v):
+            calls.append(1)
+            if len(calls) > 2:
+                raise RuntimeError("illegal memory access")
+            return cutlassfa.forward(q, k, v, backend="cpu")
+        return call
+
+    case = Case("float32", 1, 1, 1, 32, 32, 32, False)
+    runners = [_cpu_runner("good"), bench.Runner("flaky", flaky, on_gpu=False)]
+    timer = FakeTimer([1.0])
+    rows = bench.bench_case(case, runners, bench.Frame(), bench.Settings(repeats=3, warmup=2), rates={},
+                            timer_for=lambda r: timer)
+    assert [r.status for r in rows] == ["ok", "error"] and "illegal memory access" in rows[1].note
+
+
+def test_inaccurate_row_is_marked_and_fails_the_run(tmp_path, monkeypatch, capsys):
+    """An output 1 % off (far beyond the cpu backend's 1e-5 fp32 bound) is timed, marked INACCURATE and
+    makes the command exit 1."""
+    real = cutlassfa.forward
+    monkeypatch.setattr(cutlassfa, "forward", lambda *a, **kw: real(*a, **kw) * np.float32(1.01))
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "1,2,64,32", "--dtypes", "float32", "--backends", "cpu", "--repeats", "2",
+                 "--no-progress", "--json", str(path)], FakeTimer([1.0]))
+    assert code == 1
+    captured = capsys.readouterr()
+    assert "INACCURATE" in captured.out and "FAILED" in captured.err
+    doc = json.loads(path.read_text())
+    (row,) = doc["rows"]
+    assert doc["passed"] is False and row["status"] == "inaccurate" and row["ms"] == 1.0
+    assert row["rel_err"] > row["rel_bound"] == pytest.approx(1e-5)
+
+
+def test_json_or_plot_into_a_missing_folder_fails_at_once(tmp_path, capsys):
+    for option in ("--json", "--plot"):
+        if option == "--plot" and importlib.util.find_spec("matplotlib") is None:
+            continue
+        code = _run(["--shape", "1,1,64,32", "--backends", "cpu", "--no-progress", option,
+                     str(tmp_path / "missing" / "out")], FakeTimer([1.0]))
+        captured = capsys.readouterr()
+        assert code == 2 and str(tmp_path / "missing") in captured.err and "| cpu" not in captured.out
+
+
+def test_overhead_on_the_cpu(tmp_path, capsys):
+    """Without a GPU only the numpy path runs; the device paths and the HW4 synchronization rows say why
+    not. The JSON carries the provenance like the bench's."""
+    path = tmp_path / "overhead.json"
+    assert _run(["--overhead", "--overhead-calls", "30", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "µs per call" in out and "ms synchronized" in out
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "cutlassfa-bench-overhead/1" and doc["commit"] and doc["settings"]["calls"] == 30
+    (numpy_row,) = [r for r in doc["tiny"] if r["path"] == "numpy"]
+    assert numpy_row["status"] == "ok" and numpy_row["calls"] == 30 and numpy_row["us_per_call"] > 0
+    assert numpy_row["shape"] == [1, 1, 16, 64] and numpy_row["dtype"] == "float16"
+    assert {tuple(r["shape"]) for r in doc["synchronized"]} == set(bench.HW4_SHAPES)
+    if not cutlassfa.backends()["small_tile"].available:
+        assert all(r["status"] == "unavailable" and r["note"] for r in doc["synchronized"])
+
+
+def test_wall_per_call_counts_every_call():
+    from cutlassfa.bench.overhead import wall_per_call
+
+    calls, syncs = [], []
+    seconds = wall_per_call(lambda: calls.append(1), 50, lambda: syncs.append(1))
+    assert len(calls) == 50 and len(syncs) == 1 and seconds > 0
+    wall_per_call(lambda: calls.append(1), 10, lambda: syncs.append(1), sync_each=True)
+    assert len(calls) == 60 and len(syncs) == 1 + 11
+
+
 def test_no_backend_or_bad_options_exit_2(capsys):
     assert _run(["--quick", "--backends", "nope", "--no-progress"]) == 2
     assert _run(["--quick", "--dtypes", "float8", "--no-progress"]) == 2
@@ -244,16 +390,18 @@ def test_plot(tmp_path, capsys):
 @pytest.mark.gpu
 def test_tiny_real_bench_on_gpu(tmp_path):
     if not any(s.available for n, s in cutlassfa.backends().items() if n != "cpu"):
-        pytest.skip("no GPU backend available")
+        pytest.skip("no GPU backend available: " + cutlassfa.backends()["small_tile"].reason)
     path = tmp_path / "bench.json"
     code = bench.main(["--shape", "2,4,256,64", "--shape", "1,4:2,100,300,64", "--dtypes", "float16,float32",
                        "--causal", "both", "--repeats", "3", "--warmup", "1", "--no-peaks", "--no-progress",
                        "--json", str(path)])
     assert code == 0
     doc = json.loads(path.read_text())
-    assert doc["gpu"] and doc["gpu"]["multiprocessors"] > 0
+    assert doc["gpu"] and doc["gpu"]["multiprocessors"] > 0 and doc["gpu"]["driver_version"]
+    assert doc["gpu"]["nvidia_smi"] is None or doc["gpu"]["nvidia_smi"]["clocks_max_sm"]
+    assert "cudnn" in doc["software"] and doc["passed"] is True
     ours = [r for r in doc["rows"] if r["backend"] in ("tensorcore", "large_tile", "small_tile", "naive")]
-    assert ours and all(r["status"] in ("ok", "unsupported") for r in ours), ours
+    assert ours and all(r["status"] == "ok" for r in ours), ours
     for r in ours:
         if r["status"] == "ok":
             assert r["ms"] > 0 and r["tflops"] > 0 and r["rel_err"] < 2e-2
@@ -262,10 +410,24 @@ def test_tiny_real_bench_on_gpu(tmp_path):
 
 
 @pytest.mark.gpu
+def test_overhead_on_gpu(tmp_path):
+    if not cutlassfa.backends()["small_tile"].available:
+        pytest.skip(cutlassfa.backends()["small_tile"].reason)
+    pytest.importorskip("torch")
+    path = tmp_path / "overhead.json"
+    assert bench.main(["--overhead", "--overhead-calls", "300", "--sync-calls", "3", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    paths = {r["what"]: r for r in doc["tiny"]}
+    assert any(r["path"] == "torch" and r["status"] == "ok" and r["us_per_call"] > 0 for r in doc["tiny"])
+    assert paths["torch sdpa_flash"]["status"] in ("ok", "unavailable")
+    assert all(r["status"] == "ok" and r["ms_synchronized"] > 0 for r in doc["synchronized"]), doc["synchronized"]
+
+
+@pytest.mark.gpu
 def test_peaks_on_gpu():
     frame = bench.pick_frame(gpu=True)
     if not frame.on_gpu:
-        pytest.skip("needs PyTorch or CuPy with a GPU")
+        pytest.skip("optional package: PyTorch or CuPy with CUDA is needed for the GEMM peaks")
     peaks = bench.measure_peaks(frame, ["float16"], frame.timer(), n=2048, repeats=3, warmup=1)
     assert peaks["fp16_gemm"]["tflops"] > 1 and "2048" in peaks["fp16_gemm"]["how"]
     assert math.isfinite(peaks["fp16_gemm"]["tflops"])

@@ -152,10 +152,75 @@ def test_run_malformed_input(tmp_path, capsys, content):
     assert os.listdir(tmp_path) == ["bad.in"]
 
 
-def test_run_missing_output_directory(tmp_path, capsys):
+def _no_compute(monkeypatch):
+    """Makes any computation fail the test: errors must be found before it."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("computed before reporting the error")
+
+    monkeypatch.setattr(cutlassfa, "forward", forbidden)
+
+
+def test_run_missing_output_directory(tmp_path, capsys, monkeypatch):
     prefix = gen_case(tmp_path, b=1, n=8, d=32)
+    _no_compute(monkeypatch)
     status = cli.main(["run", prefix + ".in", str(tmp_path / "no" / "o"), "--backend", "cpu"])
-    assert_clean_error(capsys, status, match="does not exist")
+    err = assert_clean_error(capsys, status, match=str(tmp_path / "no"))
+    assert ".tmp" not in err
+
+
+@pytest.mark.parametrize("trailing_slash", [True, False])
+def test_run_into_a_directory_fails_before_computing(tmp_path, capsys, monkeypatch, trailing_slash):
+    prefix = gen_case(tmp_path, b=1, n=8, d=32)
+    (tmp_path / "adir").mkdir()
+    target = str(tmp_path / "adir") + (os.sep if trailing_slash else "")
+    _no_compute(monkeypatch)
+    err = assert_clean_error(capsys, cli.main(["run", prefix + ".in", target, "--backend", "cpu"]),
+                             match="adir")
+    assert "directory" in err.lower() and ".tmp" not in err
+    assert os.listdir(tmp_path / "adir") == []
+
+
+def test_run_expect_missing_reference_leaves_no_output(tmp_path, capsys, monkeypatch):
+    prefix = gen_case(tmp_path, b=1, n=8, d=32)
+    _no_compute(monkeypatch)
+    status = cli.main(["run", prefix + ".in", str(tmp_path / "o"), "--backend", "cpu",
+                       "--expect", str(tmp_path / "missing.out")])
+    assert_clean_error(capsys, status, match="missing.out")
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_expect_of_the_wrong_size_leaves_no_output(tmp_path, capsys, monkeypatch):
+    prefix = gen_case(tmp_path, b=1, n=8, d=32)
+    (tmp_path / "short.out").write_bytes(b"\0" * 12)
+    _no_compute(monkeypatch)
+    status = cli.main(["run", prefix + ".in", str(tmp_path / "o"), "--backend", "cpu",
+                       "--expect", str(tmp_path / "short.out")])
+    assert_clean_error(capsys, status, match="1024 bytes")
+    assert not (tmp_path / "o").exists()
+
+
+@needs_api
+def test_run_expect_reports_the_hw4_verdict(tmp_path, capsys):
+    prefix = gen_case(tmp_path, b=1, n=16, d=32)
+    capsys.readouterr()
+    assert cli.main(["run", prefix + ".in", str(tmp_path / "o"), "--backend", "cpu", "--expect", prefix + ".out"]) == 0
+    assert "ok" in capsys.readouterr().out
+    wrong = read_hw4_output(prefix + ".out", (1, 16, 32)) + np.float32(0.01)
+    hw4.write_hw4_output(tmp_path / "wrong.out", wrong)
+    assert cli.main(["run", prefix + ".in", str(tmp_path / "o"), "--backend", "cpu",
+                     "--expect", str(tmp_path / "wrong.out")]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_gen_into_a_missing_directory_names_it(capsys):
+    err = assert_clean_error(capsys, cli.main(["gen", "/nonexistent/dir/x", "--B", "1", "--N", "8", "--d", "32"]),
+                             match="/nonexistent/dir")
+    assert ".tmp" not in err and "x.in" in err
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"cutlassfa {cutlassfa.__version__}"
 
 
 def test_run_unknown_backend(tmp_path, capsys):
@@ -185,8 +250,7 @@ def test_run_unavailable_gpu_backend(tmp_path, capsys):
         pytest.skip("tensorcore is available here")
     prefix = gen_case(tmp_path, b=1, n=8, d=32)
     code = cli.main(["run", prefix + ".in", str(tmp_path / "o"), "--backend", "tensorcore"])
-    assert code in (1, 2)
-    assert_clean_error(capsys, code, expected_status=code, match="tensorcore")
+    assert_clean_error(capsys, code, expected_status=2, match="tensorcore")  # 1 is for compute failures
     assert not (tmp_path / "o").exists()
 
 
@@ -194,7 +258,10 @@ def test_run_unavailable_gpu_backend(tmp_path, capsys):
 
 
 @needs_api
-def test_info_lists_every_backend(capsys):
+def test_info_lists_every_backend(capsys, monkeypatch):
+    from cutlassfa import _diagnostics
+
+    monkeypatch.setattr(_diagnostics, "build_problem", lambda: "")
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     for name, status in cutlassfa.backends().items():
@@ -208,6 +275,21 @@ def test_info_lists_every_backend(capsys):
         assert str(info["reason"]) in out
     if "name" in info:
         assert str(info["name"]) in out
+
+
+@needs_api
+def test_info_says_loudly_when_the_build_is_broken(capsys, monkeypatch):
+    """nvcc found at build time, extension unusable: `info` says so first, on stdout and stderr, and
+    exits 1 (a broken build must not read as "no GPU")."""
+    from cutlassfa import _diagnostics
+
+    config = types.SimpleNamespace(CUDA_COMPILER="/usr/local/cuda/bin/nvcc", EXTENSION=True)
+    monkeypatch.setattr(_diagnostics, "build_config", lambda: config)
+    monkeypatch.setattr(_diagnostics, "extension_error", lambda: "undefined symbol: cudaLaunchKernelExC")
+    assert cli.main(["info"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("BUILD ERROR:") and "undefined symbol" in captured.out
+    assert "/usr/local/cuda/bin/nvcc" in captured.err
 
 
 def test_help_lists_subcommands(capsys):

@@ -1,6 +1,8 @@
 """Every GPU backend against the fp64 reference over the test matrix (dtype x head dim x causal x ragged
-N x Nq != Nk x GQA), through numpy (host in/out) and through PyTorch / CuPy / JAX device arrays.
-Skipped, with the reason, where no GPU backend can run."""
+N x Nq != Nk x GQA), through numpy (host in/out) and through PyTorch / CuPy / JAX device arrays, in
+three memory layouts with strided `out=`; the four full HW4 shapes under the HW4 rule. Bounds (rel-L2
+and lse) are the gate's table. Skipped, with the reason, where no GPU backend can run (a failure under
+CUTLASSFA_REQUIRE_GPU=1)."""
 
 import math
 
@@ -8,8 +10,11 @@ import numpy as np
 import pytest
 
 import cutlassfa
+from cutlassfa import hw4
 from cutlassfa.check import bound_for
+from cutlassfa.check.hw4_rule import max_abs_error
 from cutlassfa.reference import attention_reference, rel_l2
+from strided_matrix import layout_failures
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 _status = cutlassfa.backends()
@@ -22,8 +27,16 @@ def _need(backend):
 
 
 def _bound(backend, dtype):
-    """The accuracy gate's per-(backend, dtype) rel-L2 bound: one table, in cutlassfa/check.py."""
+    """The accuracy gate's per-(backend, dtype) rel-L2 bound: one table, cutlassfa.check.bounds."""
     return bound_for(backend, dtype).rel_l2
+
+
+def _assert_lse(lse, ref_lse, backend, dtype):
+    """lse within the gate's bound on rows that see a key; -inf on the others."""
+    lse = np.asarray(lse, dtype=np.float64)
+    seen = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[seen], ref_lse[seen], rtol=0, atol=bound_for(backend, dtype).lse)
+    assert np.all(lse[~seen] == -np.inf)
 
 
 def _np_dtype(dtype):
@@ -67,8 +80,7 @@ def test_matrix_host_arrays(rng, backend, dtype, d, causal):
         assert err <= _bound(backend, dtype), (backend, dtype, d, causal, (b, hq, hk, nq, nk), err)
         seen = np.isfinite(ref_lse)
         assert np.all(out.astype(np.float64)[~seen] == 0), "rows that see no key must be 0"
-        assert np.all(lse[~seen] == -np.inf)
-        np.testing.assert_allclose(lse[seen], ref_lse[seen], rtol=2e-3, atol=2e-3)
+        _assert_lse(lse, ref_lse, backend, dtype)
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
@@ -79,7 +91,23 @@ def test_hw4_criterion(rng, backend, d):
     q, k, v = (rng.uniform(-3, 3, (4, 1, 1024, d)).astype(np.float32) for _ in range(3))
     out = cutlassfa.forward(q[:, 0], k[:, 0], v[:, 0], backend=backend)
     ref, _ = attention_reference(q[:, 0], k[:, 0], v[:, 0])
-    assert np.max(np.abs(out - ref)) <= 5e-3
+    assert np.max(np.abs(out - ref)) <= hw4.MAX_ABS_ERROR
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("shape", hw4.FULL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_hw4_rule_on_the_full_shapes(backend, shape, seed):
+    """The four full HW4 shapes, every output within 5e-3 (a single fp16 rounding of q and k in the fp32
+    tensor-core path gives 5-6e-3 on the first two: see test_fp32_regression.py). The float64 reference
+    of up to 66 M outputs is computed on the GPU with PyTorch."""
+    _need(backend)
+    torch = _torch()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.rand(shape, generator=gen, device="cuda") * 6 - 3 for _ in range(3))
+    out = cutlassfa.forward(q, k, v, backend=backend)
+    error = max_abs_error(q, k, v, out)
+    print(f"{backend} {shape}: max abs error {error:.3e}")
+    assert error <= hw4.MAX_ABS_ERROR, (backend, shape, error)
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
@@ -143,7 +171,7 @@ def test_tensorcore_families_agree_on_long_ragged_sequences(rng, dtype, d, causa
         out, lse = cutlassfa.forward(q, k, v, causal=causal, backend=backend, return_lse=True)
         out = out.astype(np.float64)
         assert rel_l2(out, ref) <= _bound(backend, dtype), backend
-        np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=bound_for(backend, dtype).lse)
+        _assert_lse(lse, ref_lse, backend, dtype)
         outs[backend] = out
     assert rel_l2(outs["tensorcore"], outs["tensorcore_sm80"]) <= 2 * _bound("tensorcore", dtype)
 
@@ -161,8 +189,34 @@ def test_device_info_names_the_tensorcore_kernel_family():
 def _torch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+        pytest.skip("optional package: this torch has no CUDA")
     return torch
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_layout_matrix_on_device_arrays(rng, backend, dtype):
+    """q, k, v and out as CUDA tensors in three layouts (compact BHND, BNHD transposed view, padded
+    window with NaN around it) x head dim x causal x ragged N x GQA: the kernels read and write through
+    the strides (host arrays are compacted before launch, so only device arrays test this)."""
+    _need(backend)
+    _torch()
+
+    def forward(q, k, v, **kwargs):
+        return cutlassfa.forward(q, k, v, backend=backend, **kwargs)
+
+    runs, failures = layout_failures(forward, "torch", backend, rng, dtypes=[dtype], head_dims=[32, 64, 128])
+    assert runs == 3 * 2 * 4 * 3
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_layout_matrix_on_cupy_arrays(rng, backend):
+    _need(backend)
+    pytest.importorskip("cupy")
+    runs, failures = layout_failures(lambda q, k, v, **kw: cutlassfa.forward(q, k, v, backend=backend, **kw),
+                                     "cupy", backend, rng, dtypes=["float32", "float16"], head_dims=[64])
+    assert runs and not failures, failures
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
@@ -182,7 +236,7 @@ def test_torch_bnhd_view_zero_copy(rng, backend, dtype):
     assert isinstance(out, torch.Tensor) and out.device == q.device and out.dtype == q.dtype
     ref, ref_lse = attention_reference(*(t.float().cpu().numpy() for t in (q, k, v)), causal=True)
     assert rel_l2(out.float().cpu().numpy(), ref) <= _bound(backend, dtype)
-    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=2e-3, atol=2e-3)
+    _assert_lse(lse.cpu().numpy(), ref_lse, backend, dtype)
 
 
 def test_torch_out_and_misaligned_view_fall_back(rng):
@@ -195,31 +249,37 @@ def test_torch_out_and_misaligned_view_fall_back(rng):
     result = cutlassfa.forward(q, q, q, out=out)
     assert result is out
     ref, _ = attention_reference(*(q.float().cpu().numpy(),) * 3)
-    assert rel_l2(out.float().cpu().numpy(), ref) <= 2e-3
+    assert rel_l2(out.float().cpu().numpy(), ref) <= _bound(cutlassfa.select_backend(q, q, q), "float16")
 
 
 def test_cupy_arrays(rng):
     _need("small_tile")
     cupy = pytest.importorskip("cupy")
     q, k, v = _inputs(rng, 2, 2, 2, 99, 99, 64, "float16")
-    out = cutlassfa.forward(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True)
+    cq, ck, cv = cupy.asarray(q), cupy.asarray(k), cupy.asarray(v)
+    out = cutlassfa.forward(cq, ck, cv, causal=True)
     assert isinstance(out, cupy.ndarray)
     ref, _ = attention_reference(q, k, v, causal=True)
-    assert rel_l2(cupy.asnumpy(out).astype(np.float64), ref) <= 3e-3
+    assert rel_l2(cupy.asnumpy(out).astype(np.float64), ref) <= _bound(cutlassfa.select_backend(cq, ck, cv), "float16")
 
 
 def test_jax_arrays(rng):
     _need("small_tile")
     jax = pytest.importorskip("jax")
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip("jax without a GPU")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        pytest.skip("optional package: this jax has no GPU support")
     q, k, v = _inputs(rng, 2, 2, 2, 99, 99, 64, "float32")
-    jq, jk, jv = (jax.device_put(a, jax.devices("gpu")[0]) for a in (q, k, v))
+    jq, jk, jv = (jax.device_put(a, gpus[0]) for a in (q, k, v))
+    backend = cutlassfa.select_backend(jq, jk, jv)
     out, lse = cutlassfa.forward(jq, jk, jv, return_lse=True)
     assert isinstance(out, jax.Array)
     ref, ref_lse = attention_reference(q, k, v)
-    assert rel_l2(np.asarray(out), ref) <= 2e-3
-    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=2e-3, atol=2e-3)
+    assert rel_l2(np.asarray(out), ref) <= _bound(backend, "float32")
+    _assert_lse(np.asarray(lse), ref_lse, backend, "float32")
 
 
 def test_memory_error_is_an_exception_and_gpu_stays_usable(rng):
@@ -231,7 +291,7 @@ def test_memory_error_is_an_exception_and_gpu_stays_usable(rng):
         _C.DeviceBuffer(total * 4, 0)
     q, k, v = _inputs(rng, 1, 1, 1, 64, 64, 64, "float32")
     ref, _ = attention_reference(q, k, v)
-    assert rel_l2(cutlassfa.forward(q, k, v), ref) < 2e-3
+    assert rel_l2(cutlassfa.forward(q, k, v), ref) <= _bound(cutlassfa.select_backend(q, k, v), "float32")
 
 
 def test_naive_workspace_beyond_memory_is_a_memory_error(rng):
@@ -245,7 +305,7 @@ def test_naive_workspace_beyond_memory_is_a_memory_error(rng):
     small = q[:, :2, :100]
     ref, _ = attention_reference(*(small.float().cpu().numpy(),) * 3)
     out = cutlassfa.forward(small, small, small, backend="naive")
-    assert rel_l2(out.float().cpu().numpy(), ref) <= 2e-3
+    assert rel_l2(out.float().cpu().numpy(), ref) <= _bound("naive", "float16")
 
 
 def test_mixed_host_and_device_inputs_are_refused(rng):

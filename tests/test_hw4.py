@@ -246,5 +246,34 @@ def test_output_permissions_follow_umask(tmp_path):
 
 
 def test_missing_directory(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError) as info:
         write_hw4_output(tmp_path / "no" / "o.out", np.zeros((1, 1, 32), dtype=np.float32))
+    assert info.value.filename == str(tmp_path / "no") and ".tmp" not in str(info.value)
+
+
+def test_writing_over_a_directory_names_it(tmp_path):
+    (tmp_path / "adir").mkdir()
+    for target in (str(tmp_path / "adir"), str(tmp_path / "adir") + os.sep):
+        with pytest.raises(IsADirectoryError) as info:
+            write_hw4_output(target, np.zeros((1, 1, 32), dtype=np.float32))
+        assert info.value.filename == target
+    assert os.listdir(tmp_path / "adir") == [] and leftovers(tmp_path, ["adir"]) == []
+
+
+def test_temporary_that_cannot_be_created_is_reported_under_the_users_name(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith(".tmp"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(hw4.os, "open", refuse)
+    with pytest.raises(PermissionError) as info:
+        write_hw4_output(tmp_path / "o.out", np.zeros((1, 1, 32), dtype=np.float32))
+    assert info.value.filename == os.fspath(tmp_path / "o.out")
+
+
+def test_hw4_rule_constants():
+    assert hw4.MAX_ABS_ERROR == 5e-3 and hw4.INPUT_RANGE == 3.0
+    assert hw4.FULL_SHAPES == ((13600, 128, 32), (500, 2048, 64), (4, 32768, 32), (2, 32768, 64))

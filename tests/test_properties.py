@@ -1,5 +1,7 @@
-"""Property tests (hypothesis): random shapes, strides (transposed and sliced views), dtypes, causal,
-GQA and scales. The `cpu` backend runs in CI; the GPU backends where a GPU is present."""
+"""Property tests (hypothesis): random shapes, memory layouts (compact, transposed view, padded window),
+dtypes, causal, GQA and scales. The `cpu` backend runs in CI on numpy arrays; the GPU backends where a
+GPU is present, on CUDA tensors when PyTorch is there (numpy inputs are compacted before launch, so only
+device arrays put the layouts in front of the kernels), else on numpy arrays."""
 
 import numpy as np
 import pytest
@@ -7,11 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutlassfa
+from cutlassfa._inputs import LAYOUTS, as_layout, gpu_framework, round_to, to_numpy64
 from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, rel_l2
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
-DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 @st.composite
@@ -22,35 +25,26 @@ def problems(draw):
     nq = draw(st.integers(1, 150))
     nk = draw(st.integers(1, 150))
     d = draw(st.sampled_from([32, 64, 128]))
-    dtype = draw(st.sampled_from(sorted(DTYPES)))
-    layout = draw(st.sampled_from(["bhnd", "bnhd", "sliced"]))
+    dtype = draw(st.sampled_from(DTYPES))
+    layout = draw(st.sampled_from(LAYOUTS))
     causal = draw(st.booleans())
     scale = draw(st.sampled_from([None, 0.01, 0.5, 2.0]))
     seed = draw(st.integers(0, 2**32 - 1))
     return b, hq, hk, nq, nk, d, dtype, layout, causal, scale, seed
 
 
-def _make(rng, b, h, n, d, dtype, layout):
-    """A (b, h, n, d) array in one of three memory layouts, all with a contiguous last dim."""
-    t = DTYPES[dtype]
-    if layout == "bnhd":
-        return rng.standard_normal((b, n, h, d)).astype(t).transpose(0, 2, 1, 3)
-    if layout == "sliced":  # every other row of a longer sequence, inside a wider head
-        return rng.standard_normal((b, h, 2 * n, d + 32)).astype(t)[:, :, ::2, 16:16 + d]
-    return rng.standard_normal((b, h, n, d)).astype(t)
-
-
-def _check(backend, problem):
+def _check(backend, problem, framework="numpy"):
     b, hq, hk, nq, nk, d, dtype, layout, causal, scale, seed = problem
     rng = np.random.default_rng(seed)
-    q = _make(rng, b, hq, nq, d, dtype, layout)
-    k = _make(rng, b, hk, nk, d, dtype, layout)
-    v = _make(rng, b, hk, nk, d, dtype, layout)
+    values = [round_to(rng.standard_normal(shape), dtype)
+              for shape in ((b, hq, nq, d), (b, hk, nk, d), (b, hk, nk, d))]
+    q, k, v = (as_layout(x, dtype, framework, layout)[0] for x in values)
     out = cutlassfa.forward(q, k, v, causal=causal, softmax_scale=scale, backend=backend)
-    ref, lse = attention_reference(q, k, v, causal=causal, softmax_scale=scale)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    assert rel_l2(out.astype(np.float64), ref) <= bound_for(backend, dtype).rel_l2
-    assert np.all(out.astype(np.float64)[~np.isfinite(lse)] == 0)
+    ref, lse = attention_reference(*values, causal=causal, softmax_scale=scale)
+    assert tuple(out.shape) == tuple(q.shape) and out.dtype == q.dtype
+    got = to_numpy64(out)
+    assert rel_l2(got, ref) <= bound_for(backend, dtype).rel_l2
+    assert np.all(got[~np.isfinite(lse)] == 0)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -66,9 +60,11 @@ def test_gpu_backend_properties(backend):
     if not status.available:
         pytest.skip(f"{backend}: {status.reason}")
 
+    framework = gpu_framework()  # torch CUDA tensors when PyTorch is there
+
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(problems())
     def run(problem):
-        _check(backend, problem)
+        _check(backend, problem, framework)
 
     run()

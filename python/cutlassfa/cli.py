@@ -5,9 +5,14 @@
     cutlassfa info                                GPU, compiled architectures, available backends
     cutlassfa check ... / cutlassfa bench ...     (cutlassfa.check / cutlassfa.bench)
 
-Exit status: 0 on success, 2 for a usage or input error (bad arguments, missing or malformed
-file, unsupported head dim), 1 when the computation itself fails. Errors are one line on stderr,
-never a traceback, and never leave an output file behind.
+HW4 is the FlashAttention assignment (Homework 4) of the CS542200 Parallel Programming course; its
+binary files and its correctness rule (every output within 5e-3) are described in `cutlassfa.hw4`.
+
+Exit status: 0 on success; 2 when the command cannot run as asked (bad arguments, a missing or malformed
+file, an unsupported head dim, an output path that cannot be written, a backend that is not available
+on this machine), checked before any computation; 1 when the computation itself fails, or `run
+--expect` finds an error above the HW4 limit. Errors are one line on stderr, never a traceback, and
+never leave an output file behind.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import hw4
+from . import __version__, hw4
 
 __all__ = ["main", "build_parser"]
 
@@ -37,9 +42,7 @@ _EXTERNAL = {
     "bench": ("cutlassfa.bench", "benchmark the backends (TFLOP/s)"),
 }
 
-
-# The HW4 correctness rule: every output within 5e-3 of the reference.
-HW4_MAX_ABS_ERROR = 5e-3
+HW4_MAX_ABS_ERROR = hw4.MAX_ABS_ERROR  # the HW4 correctness rule: every output within 5e-3
 
 
 class CliError(Exception):
@@ -55,21 +58,34 @@ class CliError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
+def _writable(path: str) -> None:
+    """Fails (status 2, naming `path`) unless `path` can be written; before any computation."""
+    try:
+        hw4.check_writable(path)
+    except OSError as error:
+        raise CliError(f"cannot write {path}: {error.strerror}: {error.filename}") from None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import cutlassfa  # lazily: `gen` and `--help` must work without the extension
 
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):  # fail before a long computation, not after
-        raise CliError(f"output directory does not exist: {out_dir}")
-
+    _writable(args.output)  # fail before a long computation, not after
     t0 = time.perf_counter()
     q, k, v = hw4.read_hw4(args.input)  # memory-mapped; pages are read during compute
     b, n, d = q.shape
+    if args.expect is not None:  # a reference that cannot be read must not cost the computation
+        expected_bytes = b * n * d * 4
+        size = os.path.getsize(args.expect)
+        if size != expected_bytes:
+            raise CliError(f"{args.expect}: an HW4 output for B={b}, N={n}, d={d} has {expected_bytes} bytes, "
+                           f"this file has {size}")
     o = np.empty((b, n, d), dtype=np.float32)
     t1 = time.perf_counter()
 
-    select = getattr(cutlassfa, "select_backend", None)
-    used = select(q, k, v, backend=args.backend) if select else args.backend
+    try:
+        used = cutlassfa.select_backend(q, k, v, backend=args.backend)
+    except RuntimeError as error:  # the backend cannot run on this machine: not a compute failure
+        raise CliError(str(error), 2) from None
     step = max(1, _RUN_CHUNK_ELEMS // (n * d))
     for b0 in range(0, b, step):
         b1 = min(b, b0 + step)
@@ -103,6 +119,8 @@ def _cmd_gen(args: argparse.Namespace) -> int:
         raise CliError(f"--d must be one of {hw4.SUPPORTED_HEAD_DIMS}, got {args.d}")
     if not args.range > 0:
         raise CliError(f"--range must be > 0, got {args.range}")
+    for path in (f"{args.prefix}.in", f"{args.prefix}.out"):
+        _writable(path)
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
     rng = np.random.default_rng(seed)
     shape = (args.B, args.N, args.d)
@@ -126,6 +144,12 @@ def _cmd_gen(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     import cutlassfa
 
+    from ._diagnostics import build_problem
+
+    problem = build_problem()
+    if problem:  # loud, first and on stderr too: a broken build must not read as "no GPU"
+        print(f"ERROR: {problem}", file=sys.stderr)
+        print(f"BUILD ERROR: {problem}")
     info: dict[str, Any] = dict(cutlassfa.device_info())
     print("device:")
     for key in ("name", "compute_capability", "multiprocessors", "compiled_architectures"):
@@ -137,7 +161,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for name, backend in cutlassfa.backends().items():
         state = "available" if backend.available else f"unavailable: {backend.reason}"
         print(f"  {name:<15} {state}")
-    return 0
+    return 1 if problem else 0
 
 
 def _fmt(value: Any) -> str:
@@ -155,8 +179,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The argument parser. `check`/`bench` get their own arguments only when `argv` names them,
     so other subcommands never import those modules."""
     parser = argparse.ArgumentParser(
-        prog="cutlassfa", description="FlashAttention forward: HW4 files, test cases, device info."
+        prog="cutlassfa",
+        description="FlashAttention forward: HW4 files (the input/output format of the CS542200 FlashAttention "
+        "assignment), test cases, device info, the accuracy gate and the bench.",
     )
+    parser.add_argument("--version", action="version", version=f"cutlassfa {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("run", help="attention of an HW4 input file, written as an HW4 output file")

@@ -1,4 +1,5 @@
-"""The binary file format of the CS542200 HW4 (FlashAttention) test cases.
+"""HW4: the FlashAttention assignment (Homework 4) of the CS542200 Parallel Programming course, whose
+test cases this package runs: its binary file format, its input range and its correctness rule.
 
 Input file: three little-endian int32 ``B, N, d``, then for each batch ``Q``, ``K``, ``V``, each
 ``N x d`` float32 in row-major order (so the payload is a (B, 3, N, d) float32 array).
@@ -9,6 +10,10 @@ Inputs are read as zero-copy views of a read-only memory map, so even the larges
 a temporary file in the target's directory, fsync, then ``os.replace``; a failure leaves no
 partial file and an existing file untouched.
 
+The rule of HW4: inputs uniform in [-3, 3] (INPUT_RANGE), every output within 5e-3 of the exact answer
+(MAX_ABS_ERROR). FULL_SHAPES are four HW4 test cases (t11, t22, t29, t30) of 4 to 66 million outputs
+each: the maximum over that many outputs is where an imprecise kernel shows.
+
 NaN in a payload is not rejected: it is read as is and, like every backend, attention propagates
 it to the output rows that read it (all rows for a NaN in K or V at a visible key; the one row for
 a NaN in Q).
@@ -17,6 +22,7 @@ a NaN in Q).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Iterator
@@ -25,7 +31,10 @@ from typing import BinaryIO
 import numpy as np
 
 __all__ = [
+    "FULL_SHAPES",
     "HW4FormatError",
+    "INPUT_RANGE",
+    "MAX_ABS_ERROR",
     "SUPPORTED_HEAD_DIMS",
     "read_hw4_header",
     "read_hw4",
@@ -33,7 +42,14 @@ __all__ = [
     "write_hw4_input",
     "write_hw4_output",
     "atomic_write",
+    "check_writable",
 ]
+
+# The HW4 rule: float32 inputs uniform in [-INPUT_RANGE, INPUT_RANGE], max |out - exact| <= MAX_ABS_ERROR.
+INPUT_RANGE = 3.0
+MAX_ABS_ERROR = 5e-3
+# (B, N, d) of the HW4 test cases t11, t22, t29, t30.
+FULL_SHAPES = ((13600, 128, 32), (500, 2048, 64), (4, 32768, 32), (2, 32768, 64))
 
 HEADER_BYTES = 12
 SUPPORTED_HEAD_DIMS = (32, 64, 128)  # cutlassfa's head dims; HW4 itself uses only 32 and 64
@@ -110,13 +126,17 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
 
     The data go to a hidden temporary in the same directory (so ``os.replace`` is an atomic rename
     on one filesystem), are fsync'ed, then renamed over `path`. On any exception the temporary is
-    removed and `path` is left as it was.
+    removed and `path` is left as it was. Errors name `path`, never the temporary.
     """
     path = os.fspath(path)
+    check_writable(path)
     directory = os.path.dirname(path) or "."
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     # 0o666 filtered by the umask: the file gets the same permissions a plain open() would give.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as error:
+        raise type(error)(error.errno, error.strerror, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -128,6 +148,20 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise the OSError that writing `path` would meet, naming `path`, without writing anything: its
+    directory missing (FileNotFoundError), `path` a directory (IsADirectoryError), or no permission to
+    create files beside it (PermissionError). Lets a command fail before a long computation."""
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    if path.endswith(os.sep) or os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, "No such directory", directory)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "Permission denied (cannot create files in this directory)", path)
 
 
 def _fsync_dir(directory: str) -> None:

@@ -1,0 +1,202 @@
+"""Inputs for the accuracy gate, the bench and the tests: one attention case, its random values, the
+dtypes (rounding without ml_dtypes), the array frameworks they are fed as, and the memory layouts
+(compact, transposed, padded views) that exercise the kernels' strides.
+
+Nothing here imports torch, CuPy or JAX until an array of that framework is asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DTYPES = ("float32", "float16", "bfloat16")
+SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# Memory layouts of a (B, H, N, d) array, each with a contiguous last dim (what forward requires):
+#   bhnd:   compact;
+#   bnhd:   a (B, N, H, d) array viewed as (B, H, N, d), the layout most models keep;
+#   padded: a window into a larger array: an extra head, 3 extra rows and 8 extra columns around it,
+#           so heads, rows and the base pointer all sit at an offset (kept at multiples of 8 elements,
+#           the 16-byte alignment the tensor-core kernels need). The padding holds NaN: a kernel
+#           that reads it returns NaN.
+LAYOUTS = ("bhnd", "bnhd", "padded")
+_PAD_HEADS, _PAD_ROWS, _PAD_COLS = 1, 3, 8
+
+
+class Unsupported(Exception):
+    """The harness cannot build this configuration here (a missing optional package, a framework
+    without the dtype). Distinct from a backend refusing a case."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention configuration: q is (B, H, Nq, d), k and v (B, Hk, Nk, d). `hw4` cases use 3-D
+    (B, N, d) arrays with float32 values uniform in [-3, 3], as the HW4 test files do."""
+
+    dtype: str
+    B: int
+    H: int
+    Hk: int
+    Nq: int
+    Nk: int
+    d: int
+    causal: bool
+    hw4: bool = False
+
+    @property
+    def mode(self) -> dict[str, Any]:
+        """The keyword arguments of `cutlassfa.supports` that describe this case's masking."""
+        return {"causal": self.causal}
+
+    @property
+    def label(self) -> str:
+        heads = f"H{self.H}" if self.H == self.Hk else f"H{self.H}/{self.Hk}"
+        tag = " hw4" if self.hw4 else ""
+        return f"{self.dtype} B{self.B} {heads} {self.Nq}x{self.Nk} d{self.d}{' causal' if self.causal else ''}{tag}"
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of q, k, v."""
+        if self.hw4:
+            return [(self.B, self.Nq, self.d), (self.B, self.Nk, self.d), (self.B, self.Nk, self.d)]
+        return [(self.B, self.H, self.Nq, self.d)] + [(self.B, self.Hk, self.Nk, self.d)] * 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# dtypes
+# ---------------------------------------------------------------------------------------------------
+def numpy_dtype(dtype: str) -> np.dtype:
+    """numpy dtype for a dtype name; bfloat16 needs ml_dtypes (raises Unsupported without it)."""
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise Unsupported("bfloat16 numpy arrays need the ml_dtypes package (pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def torch_dtype(dtype: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x rounded (nearest even) to `dtype`, returned as float32. bf16 by bit arithmetic, so the
+    reference values never depend on ml_dtypes being installed."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if dtype == "float32":
+        return x
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def case_values(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 q, k, v for `case`, already rounded to its dtype: standard normal, or uniform in
+    [-3, 3] for HW4 cases."""
+    from .hw4 import INPUT_RANGE
+
+    if case.hw4:
+        return tuple(round_to(rng.uniform(-INPUT_RANGE, INPUT_RANGE, s), case.dtype) for s in case.shapes())
+    return tuple(round_to(rng.standard_normal(s), case.dtype) for s in case.shapes())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Frameworks
+# ---------------------------------------------------------------------------------------------------
+def gpu_framework() -> str:
+    """Framework for GPU inputs: torch (CUDA) when importable, else numpy host arrays."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "torch"
+    except ImportError:
+        pass
+    return "numpy"
+
+
+def to_framework(x32: np.ndarray, dtype: str, framework: str) -> Any:
+    """Host float32 values (already rounded to `dtype`) as a compact `framework` array of `dtype`."""
+    if framework == "numpy":
+        return x32.astype(numpy_dtype(dtype))
+    if framework == "torch":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(x32)).to(device="cuda", dtype=torch_dtype(dtype))
+    if framework == "cupy":
+        if dtype == "bfloat16":
+            raise Unsupported("CuPy has no bfloat16 arrays")
+        import cupy
+
+        return cupy.asarray(x32.astype(dtype))
+    raise ValueError(f"unknown array framework {framework!r}")
+
+
+def to_numpy64(x: Any) -> np.ndarray:
+    """Any supported array (numpy, torch, cupy, jax; any of the three dtypes) as float64 numpy."""
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return x.detach().to(torch.float32).cpu().numpy().astype(np.float64)
+    if module == "cupy":
+        return x.get().astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+def _full(like: Any, shape: tuple[int, ...], value: float) -> Any:
+    """An array of `like`'s framework, dtype and device, filled with `value`."""
+    module = type(like).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return torch.full(shape, value, dtype=like.dtype, device=like.device)
+    if module == "cupy":
+        import cupy
+
+        return cupy.full(shape, value, dtype=like.dtype)
+    return np.full(shape, value, dtype=like.dtype)
+
+
+def strided(x: Any, layout: str, fill: float = float("nan")) -> tuple[Any, Any]:
+    """A view with the values of the 4-D array `x` in `layout` (see LAYOUTS), of the same framework,
+    dtype and device. Returns (view, storage): the storage holds the view and, for `padded`, the
+    `fill` values around it."""
+    b, h, n, d = x.shape
+    if layout == "bhnd":
+        storage = _full(x, (b, h, n, d), fill)
+        view = storage
+    elif layout == "bnhd":
+        storage = _full(x, (b, n, h, d), fill)
+        view = storage.swapaxes(1, 2)
+    elif layout == "padded":
+        storage = _full(x, (b, h + _PAD_HEADS, n + _PAD_ROWS, d + _PAD_COLS), fill)
+        view = storage[:, _PAD_HEADS:, 2:2 + n, _PAD_COLS:]
+    else:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    view[...] = x
+    return view, storage
+
+
+def classify_error(error: BaseException, *, anchor: bool = False) -> str:
+    """'unsupported' for a refusal of a configuration, else 'error'. A refusal is `Unsupported` or
+    `NotImplementedError`; an anchor (PyTorch SDPA) may also refuse with an error saying so."""
+    if isinstance(error, (Unsupported, NotImplementedError)):
+        return "unsupported"
+    message = str(error).lower()
+    if anchor and isinstance(error, (ValueError, TypeError, RuntimeError)) and (
+        "not supported" in message or "no available kernel" in message
+    ):
+        return "unsupported"
+    return "error"
+
+
+def as_layout(x32: np.ndarray, dtype: str, framework: str, layout: str) -> tuple[Any, Any]:
+    """Host float32 values (rounded to `dtype`) as a `framework` array in `layout`: (view, storage)."""
+    return strided(to_framework(x32, dtype, framework), layout)

@@ -1,0 +1,181 @@
+"""`cutlassfa bench` on the command line. Exit status: 0; 1 when a row of ours failed (its output
+outside the accuracy bound, or an error other than a refusal or out of memory); 2 for a usage error
+(unknown dtype or backend, bad counts, nothing can run, --plot without matplotlib, a --json or --plot
+path that cannot be written)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .. import hw4
+from .._inputs import DTYPES
+from .._provenance import gpu as gpu_info
+from .frames import Frame, pick_frame
+from .grid import parse_shape, select_cases
+from .measure import Row, Settings, apply_peaks, bench_case, measure_peaks
+from .overhead import (DEFAULT_CALLS, DEFAULT_SYNC_CALLS, overhead_document, overhead_table, sync_rows,
+                       tiny_call_rows)
+from .plot import write_plot
+from .report import Progress, json_default, peaks_text, results_table, to_document
+from .rules import DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP
+from .runners import ALL_BACKENDS, OUR_BACKENDS, Runner, make_runners, select_backends
+from .timing import Timer, WallTimer
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `cutlassfa bench`."""
+    parser.add_argument("--quick", action="store_true", help="a small grid (well under a minute on an H100)")
+    parser.add_argument("--shape", action="append", type=parse_shape, metavar="B,H,N,d",
+                        help="a shape to run instead of the default grid; repeatable. B,H,N,d or B,H,Nq,Nk,d; "
+                             "H may be Hq:Hkv (GQA)")
+    parser.add_argument("--dtypes", type=_csv, help="comma-separated dtypes: filters the grid, or the dtypes of "
+                        "--shape (default for --shape: float16)")
+    parser.add_argument("--causal", choices=("no", "yes", "both"),
+                        help="filter the grid (default: as listed) / causal for --shape (default: no)")
+    parser.add_argument("--backends", type=_csv, help="comma-separated rows to run (default: all): "
+                        + ", ".join(ALL_BACKENDS) + "; 'sdpa' means all four sdpa_*")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                        help="timed rounds per case, every backend once per round (median)")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls first (>= 1)")
+    parser.add_argument("--max-call-s", type=float, default=DEFAULT_MAX_CALL_S,
+                        help="skip a backend on a shape when one call would take longer (seconds)")
+    parser.add_argument("--seed", type=int, default=0, help="input seed")
+    parser.add_argument("--no-accuracy", action="store_true", help="do not compute rel-L2 vs the fp64 reference")
+    parser.add_argument("--no-peaks", action="store_true", help="do not measure the dense GEMM peaks")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON (schema in README)")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of TFLOP/s per backend per shape "
+                        "(needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--overhead", action="store_true",
+                        help="instead of the grid: per-call overhead of a (1, 1, 16, 64) fp16 call (PyTorch, "
+                             "SDPA flash, numpy) and the fp32 HW4 shapes synchronized after every call vs back "
+                             "to back")
+    parser.add_argument("--overhead-calls", type=int, default=DEFAULT_CALLS,
+                        help=f"back-to-back calls per measurement of --overhead (default {DEFAULT_CALLS})")
+    parser.add_argument("--sync-calls", type=int, default=DEFAULT_SYNC_CALLS,
+                        help=f"calls per HW4 shape of --overhead (default {DEFAULT_SYNC_CALLS})")
+
+
+def _usage(message: str) -> int:
+    print(f"cutlassfa bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_paths(args: argparse.Namespace) -> str | None:
+    """Why --json / --plot cannot be written, checked before a run that may take minutes."""
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            try:
+                hw4.check_writable(path)
+            except OSError as error:
+                return f"{option} {path}: {error.strerror}: {error.filename}"
+    return None
+
+
+def run(args: argparse.Namespace, *, frame: Frame | None = None,
+        timer_for: Callable[[Runner], Timer] | None = None) -> int:
+    """Runs the benchmark; returns 0, 1 (a row of ours failed) or 2 (usage error). `frame` and
+    `timer_for` are for tests."""
+    bad = [d for d in (args.dtypes or []) if d not in DTYPES]
+    unknown = [b for b in select_backends(args.backends) if b not in ALL_BACKENDS]
+    if bad or unknown:
+        return _usage(f"unknown dtype(s) {bad} / backend(s) {unknown}")
+    if args.repeats < 1 or args.warmup < 1 or args.overhead_calls < 1 or args.sync_calls < 1:
+        return _usage("--repeats, --warmup, --overhead-calls and --sync-calls must be >= 1")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        return _usage("--plot needs matplotlib (pip install matplotlib, or the 'plot' extra)")
+    unwritable = _check_paths(args)
+    if unwritable:
+        return _usage(unwritable)
+    if frame is None:
+        frame = pick_frame(gpu_info() is not None)
+    if args.overhead:
+        return _run_overhead(args, frame)
+    cases = select_cases(args)
+    if not cases:
+        return _usage("no case left after the filters")
+
+    runners, unavailable = make_runners(select_backends(args.backends), frame)
+    if not runners:
+        return _usage("no backend can run here: " + "; ".join(f"{n}: {why}" for n, why in unavailable.items()))
+    gpu_timer = frame.timer()
+    wall = WallTimer()
+    timer_for = timer_for or (lambda r: gpu_timer if r.on_gpu and frame.on_gpu else wall)
+    settings = Settings(args.repeats, args.warmup, args.max_call_s, args.seed, not args.no_accuracy)
+
+    gpu = gpu_info()
+    print(f"cutlassfa bench: {len(cases)} cases x {len(runners)} backends on "
+          f"{gpu['name'] if gpu else 'CPU only'}; inputs: {frame.name}; timer: {gpu_timer.name}; "
+          f"median of {settings.repeats} interleaved rounds after {settings.warmup} warm-up", file=sys.stderr)
+    for name, why in unavailable.items():
+        print(f"  not available: {name}: {why}", file=sys.stderr)
+
+    peaks: dict[str, dict[str, Any]] = {}
+    if frame.on_gpu and not args.no_peaks:
+        peaks = measure_peaks(frame, {c.dtype for c in cases}, gpu_timer)
+
+    progress = Progress(len(cases) * len(runners), enabled=not args.no_progress)
+    rows: list[Row] = []
+    rates: dict[tuple[str, str], float] = {}
+    try:
+        for case in cases:
+            progress.case(case.label)
+            rows += bench_case(case, runners, frame, settings, rates=rates, timer_for=timer_for,
+                               progress=lambda name, label=case.label: progress.step(f"{label} {name}"))
+    finally:
+        progress.close()
+    apply_peaks(rows, peaks)
+
+    if peaks:
+        print("Peaks (each row's '% peak' is against the one named in its 'peak' column):")
+        print(peaks_text(peaks))
+        print()
+    print(results_table(rows))
+    if args.json:
+        doc = to_document(rows, peaks, settings=settings, timer=gpu_timer.name, unavailable=unavailable,
+                          frame=frame.name)
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    if args.plot:
+        write_plot(rows, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return _verdict(rows)
+
+
+def _verdict(rows: Sequence[Row]) -> int:
+    failed = [r for r in rows if r.status == "inaccurate" or (r.status == "error" and r.backend in OUR_BACKENDS)]
+    if not failed:
+        return 0
+    print(f"\nFAILED: {len(failed)} rows of ours with a wrong output or an error:", file=sys.stderr)
+    for r in failed:
+        print(f"  {r.backend} {r.case.label}: {r.note}", file=sys.stderr)
+    return 1
+
+
+def _run_overhead(args: argparse.Namespace, frame: Frame) -> int:
+    print(f"cutlassfa bench --overhead: {args.overhead_calls} calls per measurement; inputs: {frame.name}",
+          file=sys.stderr)
+    tiny = tiny_call_rows(frame, args.overhead_calls)
+    synced = sync_rows(frame, args.sync_calls)
+    print(overhead_table(tiny, synced))
+    if args.json:
+        doc = overhead_document(tiny, synced, calls=args.overhead_calls, sync_calls=args.sync_calls, frame=frame.name)
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    return 1 if any(r.status == "error" for r in [*tiny, *synced]) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cutlassfa bench", description="TFLOP/s of every backend next to "
+                                     "PyTorch SDPA, on the same inputs, in one run.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

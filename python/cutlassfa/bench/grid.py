@@ -1,0 +1,71 @@
+"""The bench grids and --shape parsing. HW4: the fp32 one-head test shapes (t11, t22, t29, t30 of the
+HW4 test set), (B, N, d). LLM: fp16 and bf16, d 64 / 128, (B, H, N) with B*N = 32K tokens, causal and
+not. Quick: seconds on an H100."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import hw4
+from .._inputs import DTYPES, Case
+
+HW4_SHAPES = hw4.FULL_SHAPES
+LLM_SHAPES = ((32, 16, 1024), (8, 16, 4096), (2, 16, 16384))
+LLM_HEAD_DIMS = (64, 128)
+
+
+def default_grid() -> list[Case]:
+    cases = [Case("float32", b, 1, 1, n, n, d, False) for b, n, d in HW4_SHAPES]
+    cases += [Case(dt, b, h, h, n, n, d, causal)
+              for dt in ("float16", "bfloat16") for d in LLM_HEAD_DIMS for b, h, n in LLM_SHAPES
+              for causal in (False, True)]
+    return cases
+
+
+def quick_grid() -> list[Case]:
+    return [
+        Case("float32", 136, 1, 1, 128, 128, 32, False),  # HW4 t11 with B / 100: small enough for cpu too
+        Case("float32", 50, 1, 1, 2048, 2048, 64, False),
+        Case("float16", 8, 16, 16, 1024, 1024, 64, False),
+        Case("float16", 8, 16, 16, 1024, 1024, 64, True),
+        Case("bfloat16", 8, 16, 16, 1024, 1024, 128, False),
+    ]
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
+    """"B,H,N,d" or "B,H,Nq,Nk,d"; H may be "Hq:Hkv" for GQA. Returns (B, H, Hk, Nq, Nk, d)."""
+    parts = text.split(",")
+    try:
+        heads = parts[1].split(":")
+        h, hk = int(heads[0]), int(heads[-1])
+        if len(parts) == 4:
+            b, n, d = int(parts[0]), int(parts[2]), int(parts[3])
+            nq = nk = n
+        elif len(parts) == 5:
+            b, nq, nk, d = int(parts[0]), int(parts[2]), int(parts[3]), int(parts[4])
+        else:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"--shape wants B,H,N,d or B,H,Nq,Nk,d (H may be Hq:Hkv), got {text!r}")
+    if min(b, h, hk, nq, nk, d) < 1 or h % hk:
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: sizes must be >= 1 and Hq a multiple of Hkv")
+    return b, h, hk, nq, nk, d
+
+
+def select_cases(args: argparse.Namespace) -> list[Case]:
+    """The cases of a run: --shape x --dtypes x --causal, or the (quick) grid filtered by them."""
+    if args.shape:
+        dtypes = args.dtypes or ["float16"]
+        causals = {"no": [False], "yes": [True], "both": [False, True], None: [False]}[args.causal]
+        return [Case(dt, b, h, hk, nq, nk, d, c) for (b, h, hk, nq, nk, d) in args.shape for dt in dtypes
+                for c in causals]
+    cases = quick_grid() if args.quick else default_grid()
+    if args.dtypes:
+        cases = [c for c in cases if c.dtype in args.dtypes]
+    if args.causal in ("no", "yes"):
+        cases = [c for c in cases if c.causal == (args.causal == "yes")]
+    return cases
+
+
+__all__ = ["DTYPES", "HW4_SHAPES", "LLM_HEAD_DIMS", "LLM_SHAPES", "default_grid", "parse_shape", "quick_grid",
+           "select_cases"]

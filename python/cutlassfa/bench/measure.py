@@ -1,0 +1,263 @@
+"""The measurement of one case: inputs made once and shared, each contender's first call alone (does it
+accept the case, is its output right, is it worth timing), then every contender timed interleaved
+(see timing.py) on the same rotated input copies; and the dense-GEMM peaks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .._inputs import Case, classify_error, to_numpy64
+from .._text import first_line
+from .flops import attention_flops
+from .frames import Frame
+from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, REF_MAX_ROWS,
+                    REF_MAX_SCORES, accuracy_bound, peak_of, rotation_copies, skip_reason, tflops)
+from .runners import Runner
+from .timing import ContenderFailed, Timer, median
+
+# Row statuses: "ok"; "inaccurate" (timed, but its output is outside the accuracy bound: the run
+# fails); "skipped", "unsupported", "error" (not timed; the note says why).
+STATUSES = ("ok", "inaccurate", "skipped", "unsupported", "error")
+
+
+@dataclass
+class Row:
+    backend: str
+    case: Case
+    status: str = "ok"
+    ms: float | None = None
+    ms_min: float | None = None
+    repeats: int = 0
+    tflops: float | None = None
+    peak: str | None = None
+    pct_peak: float | None = None
+    rel_err: float | None = None
+    rel_bound: float | None = None
+    copies: int = 1  # input copies rotated among (L2)
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.case
+        return {"backend": self.backend, "dtype": c.dtype, "B": c.B, "H": c.H, "Hk": c.Hk, "Nq": c.Nq,
+                "Nk": c.Nk, "d": c.d, "causal": c.causal,
+                "flops": attention_flops(c.B, c.H, c.Nq, c.Nk, c.d, c.causal), "status": self.status,
+                "ms": self.ms, "ms_min": self.ms_min, "repeats": self.repeats, "tflops": self.tflops,
+                "peak": self.peak, "pct_peak": self.pct_peak, "rel_err": _finite(self.rel_err),
+                "rel_bound": self.rel_bound, "copies": self.copies, "note": self.note}
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no inf / NaN: those become null (the note says why)."""
+    return x if x is None or math.isfinite(x) else None
+
+
+@dataclass
+class Settings:
+    repeats: int = DEFAULT_REPEATS
+    warmup: int = DEFAULT_WARMUP
+    max_call_s: float = DEFAULT_MAX_CALL_S
+    seed: int = 0
+    accuracy: bool = True
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, MemoryError) or "out of memory" in str(error).lower() or \
+        type(error).__name__ == "OutOfMemoryError"
+
+
+def _slices(case: Case) -> list[tuple[int, int]]:
+    return sorted({(0, 0), (case.B - 1, case.H - 1)})
+
+
+def _ref_rows(case: Case) -> int:
+    return max(1, min(case.Nq, REF_MAX_ROWS, REF_MAX_SCORES // max(case.Nk, 1)))
+
+
+def reference_sample(case: Case, q: Any, k: Any, v: Any) -> np.ndarray:
+    """float64 reference of out[b, h, -R:, :] for the sampled (b, h), concatenated. The *last* rows keep
+    the bottom-right causal alignment."""
+    from cutlassfa import reference
+
+    rows, group = _ref_rows(case), case.H // case.Hk
+    parts = []
+    for b, h in _slices(case):
+        qs = to_numpy64(q[b, h, case.Nq - rows:])[None, None]
+        ks = to_numpy64(k[b, h // group])[None, None]
+        vs = to_numpy64(v[b, h // group])[None, None]
+        parts.append(reference.attention_reference(qs, ks, vs, causal=case.causal)[0].ravel())
+    return np.concatenate(parts)
+
+
+def output_sample(case: Case, out: Any) -> np.ndarray:
+    rows = _ref_rows(case)
+    return np.concatenate([to_numpy64(out[b, h, case.Nq - rows:]).ravel() for b, h in _slices(case)])
+
+
+ProgressFn = Callable[[str], None]
+
+
+def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Settings, *,
+               rates: dict[tuple[str, str], float], timer_for: Callable[[Runner], Timer],
+               progress: ProgressFn = lambda _: None) -> list[Row]:
+    """All runners on one case; inputs (and their rotated copies) are made once and shared."""
+    free = frame.free_bytes()
+    rows = {r.name: Row(r.name, case, peak=peak_of(r.name, case.dtype)) for r in runners}
+    todo = []
+    for r in runners:
+        why = skip_reason(r.name, case, free_bytes=free, max_call_s=settings.max_call_s,
+                          rate_tflops=rates.get((r.name, case.dtype)))
+        if why:
+            rows[r.name].status, rows[r.name].note = "skipped", why
+            progress(r.name)
+        else:
+            todo.append(r)
+    if not todo:
+        return list(rows.values())
+
+    gpu_inputs: list[tuple[Any, Any, Any]] = []
+    host_inputs: tuple[Any, ...] | None = None
+    ref: np.ndarray | None = None
+    try:
+        base = tuple(frame.randn(s, case.dtype, settings.seed * 1000 + i) for i, s in enumerate(case.shapes()))
+        if frame.on_gpu and any(r.on_gpu for r in todo):
+            ws = sum(frame.nbytes(x) for x in base) + frame.nbytes(base[0])  # + out
+            copies = rotation_copies(ws, frame.l2_bytes(), free)
+            gpu_inputs = [base] + [tuple(frame.clone(x) for x in base) for _ in range(copies - 1)]
+        if any(not r.on_gpu for r in todo) or not frame.on_gpu:
+            host_inputs = base if not frame.on_gpu else tuple(frame.to_host(x, case.dtype) for x in base)
+        if settings.accuracy:
+            ref = reference_sample(case, *(host_inputs or base))
+    except Exception as error:  # noqa: BLE001 - inputs that do not fit are reported per row
+        status, note = ("skipped", "out of memory for the inputs") if _is_oom(error) else \
+            ("unsupported", first_line(error))
+        for r in todo:
+            rows[r.name].status, rows[r.name].note = status, note
+            progress(r.name)
+        frame.empty_cache()
+        return list(rows.values())
+
+    inputs_of = {r.name: gpu_inputs if (r.on_gpu and frame.on_gpu) else [host_inputs] for r in todo}
+    live = []
+    for r in todo:
+        progress(r.name)
+        call = _first_call(rows[r.name], r, inputs_of[r.name], timer_for(r), settings, ref)
+        if call is not None:
+            live.append((r, call))
+    groups: dict[int, list[tuple[Runner, Callable]]] = {}
+    timers: dict[int, Timer] = {}
+    for r, call in live:
+        timer = timer_for(r)
+        groups.setdefault(id(timer), []).append((r, call))
+        timers[id(timer)] = timer
+    for key, members in groups.items():
+        _time_interleaved(members, [rows[r.name] for r, _ in members], [inputs_of[r.name] for r, _ in members],
+                          timers[key], settings, rates)
+    del gpu_inputs, host_inputs
+    frame.empty_cache()
+    return list(rows.values())
+
+
+def _fail_row(row: Row, error: BaseException) -> None:
+    if _is_oom(error):
+        row.status, row.note = "skipped", "out of memory"
+    else:
+        row.status = classify_error(error, anchor=row.backend.startswith("sdpa_"))
+        row.note = f"{row.status}: {first_line(error)}"
+
+
+def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]], timer: Timer,
+                settings: Settings, ref: np.ndarray | None) -> Callable[[Any, Any, Any], Any] | None:
+    """One call alone: checks the backend accepts the case, gives the output for the error sample, and
+    the time that decides whether the rest is worth running. Returns the prepared call, or None when
+    the row is settled (skipped, unsupported, error)."""
+    case = row.case
+    first: list[Any] = []
+    try:
+        with runner.context():
+            call = runner.prepare(case)
+            first_ms = timer.time([lambda i: first.append(call(*inputs[0]))], 1)[0][0]
+    except Exception as error:  # noqa: BLE001 - a refusing or failing backend is one row, not the run
+        _fail_row(row, error)
+        return None
+    if first_ms > settings.max_call_s * 1e3:
+        row.status, row.note = "skipped", f"first call took {first_ms / 1e3:.3g} s > {settings.max_call_s:g} s"
+        return None
+    if ref is not None:
+        from cutlassfa.reference import rel_l2
+
+        row.rel_err = rel_l2(output_sample(case, first[0]), ref)
+        row.rel_bound = accuracy_bound(row.backend, case.dtype)
+        if not row.rel_err <= row.rel_bound:  # `not <=` also catches NaN
+            row.status = "inaccurate"
+            row.note = (f"INACCURATE: rel-L2 {row.rel_err:.3g} > bound {row.rel_bound:.3g}"
+                        + ("" if math.isfinite(row.rel_err) else " (output has NaN or inf)"))
+    return call
+
+
+def _time_interleaved(members: list[tuple[Runner, Callable]], rows: list[Row],
+                      inputs: list[Sequence[tuple[Any, Any, Any]]], timer: Timer, settings: Settings,
+                      rates: dict[tuple[str, str], float]) -> None:
+    """Warm-up rounds, then `repeats` timed rounds of every member, interleaved. Every call takes the
+    next input copy (one counter for all members, so no call reads the copy the previous call read)."""
+    counter = itertools.count(1)
+
+    def timed(index: int, runner: Runner, call: Callable,
+              copies: Sequence[tuple[Any, Any, Any]]) -> Callable[[int], Any]:
+        def one(_: int) -> Any:
+            try:
+                with runner.context():
+                    return call(*copies[next(counter) % len(copies)])
+            except Exception as error:  # noqa: BLE001 - which contender failed is what the caller needs
+                raise ContenderFailed(index, error) from error
+        return one
+
+    while members:
+        calls = [timed(i, r, call, copies) for i, ((r, call), copies) in enumerate(zip(members, inputs))]
+        try:
+            if settings.warmup > 1:
+                timer.time(calls, settings.warmup - 1)
+            times = timer.time(calls, settings.repeats)
+            break
+        except ContenderFailed as failed:  # that member's row says why; time the others again
+            _fail_row(rows[failed.index], failed.error)
+            del members[failed.index], rows[failed.index], inputs[failed.index]
+    else:
+        return
+    for row, copies, ts in zip(rows, inputs, times):
+        row.ms, row.ms_min, row.repeats = median(ts), min(ts), len(ts)
+        row.tflops = tflops(row.case, row.ms)
+        rates[(row.backend, row.case.dtype)] = row.tflops
+        row.copies = len(copies)
+
+
+def measure_peaks(frame: Frame, dtypes: Iterable[str], timer: Timer, n: int = GEMM_SIZE,
+                  repeats: int = 10, warmup: int = 3) -> dict[str, dict[str, Any]]:
+    """Dense GEMM rates (n^3, median of `repeats`) for the peaks the rows of `dtypes` need."""
+    peaks: dict[str, dict[str, Any]] = {}
+    wanted = set(dtypes)
+    for name, (dtype, tf32) in PEAKS.items():
+        if dtype not in wanted:
+            continue
+        tf32_note = " TF32" if tf32 else (" TF32 off" if dtype == "float32" else "")
+        how = f"{frame.name} matmul {n}x{n}x{n} {dtype}{tf32_note}"
+        try:
+            call = frame.gemm(n, dtype, tf32)
+            timer.time([call], warmup)
+            ms = median(timer.time([call], repeats)[0])
+            peaks[name] = {"tflops": 2.0 * n**3 / (ms * 1e-3) / 1e12, "how": f"{how}, median of {repeats}"}
+        except Exception as error:  # noqa: BLE001
+            peaks[name] = {"tflops": None, "how": f"{how}: not measured ({first_line(error)})"}
+        frame.empty_cache()
+    return peaks
+
+
+def apply_peaks(rows: Iterable[Row], peaks: dict[str, dict[str, Any]]) -> None:
+    for row in rows:
+        rate = peaks.get(row.peak or "", {}).get("tflops")
+        if row.tflops is not None and rate:
+            row.pct_peak = 100.0 * row.tflops / rate
