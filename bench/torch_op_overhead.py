@@ -80,10 +80,12 @@ def main() -> None:
 
     rows: list[tuple[str, float]] = []
     operators, _library = empty_operators(out, lse)
+    def time_call(call: Callable[[], object]) -> float:
+        return per_call_us(call, args.calls, args.repeats, sync)
+
     for name, op in operators.items():
-        rows.append((f"empty kernel: {name}", per_call_us(lambda: op(q, k, v, causal=True), args.calls, args.repeats, sync)))
-    rows.append(("routing check (maybe_route -> None)",
-                 per_call_us(lambda: cutlassfa_torch.maybe_route(q, k, v, causal=True), args.calls, args.repeats, sync)))
+        rows.append((f"empty kernel: {name}", time_call(lambda: op(q, k, v, causal=True))))
+    rows.append(("routing check (maybe_route -> None)", time_call(lambda: cutlassfa_torch.maybe_route(q, k, v))))
     full = {
         "cutlassfa: direct call (eager_forward)": lambda: cutlassfa_torch.eager_forward(q, k, v, causal=True),
         "cutlassfa: integrations.torch.forward (check + direct)": lambda: cutlassfa_torch.forward(q, k, v, causal=True),
@@ -94,9 +96,10 @@ def main() -> None:
         full["torch SDPA (reference point)"] = lambda: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=True)
     for name, call in full.items():
-        rows.append((name, per_call_us(call, args.calls, args.repeats, sync)))
+        rows.append((name, time_call(call)))
 
-    print(f"torch {torch.__version__}, {args.device}, {args.dtype} {shape}, best of {args.repeats} x {args.calls} calls")
+    print(f"torch {torch.__version__}, {args.device}, {args.dtype} {shape}, "
+          f"best of {args.repeats} x {args.calls} calls")
     width = max(len(name) for name, _ in rows)
     for name, us in rows:
         print(f"{name:<{width}}  {us:8.2f} us/call")

@@ -217,7 +217,8 @@ def test_ffi_handler_on_xla_cpu(rng, ffi_harness):
         _expect_close(mapped[i], None, qs[i], k, v, True, "naive", "float32", scale=0.3)
 
     with pytest.raises(Exception, match="same head dim"):
-        jax.jit(lambda q, k, v: cutlassfa_jax._on_device(call, q, k, v))(q, k[..., :32], v[..., :32])[0].block_until_ready()
+        broken = jax.jit(lambda q, k, v: cutlassfa_jax._on_device(call, q, k, v))
+        broken(q, k[..., :32], v[..., :32])[0].block_until_ready()
 
 
 # --------------------------------------------------------------------------------------------------

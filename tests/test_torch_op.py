@@ -2,6 +2,7 @@
 eager, a clear error from autograd, and the routing that keeps eager calls off the operator. CPU tensors
 here (CI); the same on CUDA tensors, plus CUDA-graph replay, under the `gpu` marker."""
 
+import os
 import subprocess
 import sys
 
@@ -60,7 +61,7 @@ def _routes_cutlassfa_forward():
 def test_import_cutlassfa_loads_no_framework():
     code = "import sys, cutlassfa; print(sorted(m for m in ('torch', 'jax') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**__import__("os").environ, "PYTHONPATH": ":".join(sys.path)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert result.stdout.strip() == "[]"
 
 

@@ -8,21 +8,22 @@ every call (empty kernel, CPU tensors, 2-core machine, ``bench/torch_op_overhead
 ``torch.library.Library`` define/impl operator, 8 µs once an autograd kernel is registered, 12–16 µs
 for ``torch.library.custom_op``, against a per-call budget of 10 µs. So `cutlassfa.forward` calls the
 kernels directly and asks `maybe_route` first (about 1 µs), which sends the call through the operator
-only when something has to see it: while torch.compile / torch.export trace, for fake or wrapped tensors (tensor
-subclasses, dispatch modes, functorch transforms, jit tracing), and when autograd would record the call.
+only when something has to see it: while torch.compile / torch.export trace, for fake or wrapped
+tensors (tensor subclasses, dispatch modes, functorch transforms, jit tracing), and when autograd would
+record the call.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 import cutlassfa
 
-__all__ = ["forward", "maybe_route", "op_forward", "eager_forward", "NO_BACKWARD"]
+__all__ = ["forward", "maybe_route", "op_forward", "eager_forward", "eager_call", "NO_BACKWARD"]
 
 NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlassfa attention are not "
                "implemented. Call it under torch.no_grad() / torch.inference_mode(), or on inputs that "
@@ -113,27 +114,29 @@ def _copy_into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 def eager_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any:
-    """`cutlassfa.forward` on real torch tensors, never through the operator. CPU tensors go through
-    zero-copy numpy views (host in, host out, as numpy arrays do)."""
-    if q.device.type == "cpu":
-        return _forward_on_host(q, k, v, **kwargs)
-    return cutlassfa.forward(q, k, v, **kwargs)
+    """`cutlassfa.forward` on real torch tensors, never through the operator."""
+    return eager_call(cutlassfa.forward, q, k, v, **kwargs)
 
 
-def _forward_on_host(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor | None = None,
-                     return_lse: bool = False, **kwargs: Any) -> Any:
-    """torch CPU tensors as numpy views (no copy either way; bfloat16 through int16 and ml_dtypes)."""
-    kwargs = {name: _to_numpy(value) if isinstance(value, torch.Tensor) else value
-              for name, value in kwargs.items()}
-    result = cutlassfa.forward(_to_numpy(q), _to_numpy(k), _to_numpy(v), return_lse=True,
-                               out=None if out is None else _to_numpy(out), **kwargs)
-    result, lse = (out if out is not None else _from_numpy(result[0])), _from_numpy(result[1])
-    return (result, lse) if return_lse else result
+def eager_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`function` (`cutlassfa.forward` or a sibling taking arrays) on real torch tensors. CPU tensors
+    go through zero-copy numpy views (host in, host out, as numpy arrays do)."""
+    if args[0].device.type != "cpu":
+        return function(*args, **kwargs)
+    as_numpy = [_to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
+    options = {name: _to_numpy(value) if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    result = function(*as_numpy, **options)
+    out = kwargs.get("out")
+
+    def back(array: np.ndarray) -> torch.Tensor:  # the numpy view of `out` is handed back as `out`
+        return out if out is not None and array is options["out"] else _from_numpy(array)
+
+    return tuple(back(r) for r in result) if isinstance(result, tuple) else back(result)
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.device.type != "cpu":
-        raise ValueError("q, k and v must be on the same device")
+        raise ValueError(f"every tensor argument must be on the device of q (cpu), got one on {tensor.device}")
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
