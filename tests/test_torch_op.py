@@ -174,6 +174,18 @@ def test_compile_fullgraph_through_cutlassfa_forward(rng):
     _compiled_matches_eager(q, k, v, cutlassfa.forward)
 
 
+def test_export_records_the_operator(rng):
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return cutlassfa_torch.forward(q, k, v, causal=True)
+
+    q, k, v = _qkv(rng, 1, 2, 1, 16, 16, 32)
+    exported = torch.export.export(Attention(), (q, k, v))
+    targets = [str(node.target) for node in exported.graph.nodes if node.op == "call_function"]
+    assert "cutlassfa.forward.default" in targets
+    assert torch.equal(exported.module()(q, k, v), cutlassfa_torch.forward(q, k, v, causal=True))
+
+
 def test_autograd_raises_clear_error(rng):
     q, k, v = _qkv(rng, 1, 2, 2, 16, 16, 32)
     k.requires_grad_()

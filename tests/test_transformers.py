@@ -1,6 +1,9 @@
-"""The "cutlassfa" attention implementation of transformers, on small random-initialised models in
-float32 on the CPU: logits within 2x SDPA's deviation from eager (plus one unit roundoff), greedy
-generation equal to eager's, and every mask either computed exactly or refused.
+"""The "cutlassfa" attention implementation of transformers, on small random-initialised models:
+logits within 2x SDPA's deviation from eager (plus one unit roundoff), greedy generation equal to
+eager's, and every mask either computed exactly or refused. On the CPU (float32, bfloat16) with the
+`cpu` backend, so that the answer is the same on any machine; under the `gpu` marker on CUDA, float32
+with a CUDA-core backend (the tensor-core kernels round fp32 inputs to fp16 pieces, far beyond SDPA's
+fp32 deviation) and bfloat16 with `auto`.
 
 Tests that need a forward argument cutlassfa does not have yet (window=, softcap=, cache_seqlens=,
 cache_leftpad=) skip with the argument's name and run once it lands; until then the adapter must refuse
@@ -23,7 +26,10 @@ from cutlassfa.integrations._mask_plan import MaskRows, plan  # noqa: E402
 from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, BertConfig, Gemma2Config,  # noqa: E402
                           LlamaConfig, MistralConfig, masking_utils)
 
-cutlassfa_hf.register()
+cutlassfa_hf.register()  # "cutlassfa": backend auto
+cutlassfa_hf.register("cutlassfa_cpu", backend="cpu")
+cutlassfa_hf.register("cutlassfa_large_tile", backend="large_tile")
+_OURS = "cutlassfa_cpu"
 
 
 def _exact_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, **kwargs):
@@ -88,7 +94,7 @@ def _bert():
                       num_attention_heads=4, max_position_embeddings=64, initializer_range=0.1, pad_token_id=0)
 
 
-def _models(rng, config, implementations, dtype=torch.float32):
+def _models(rng, config, implementations, dtype=torch.float32, device="cpu"):
     """One random model per attention implementation, all with the same weights."""
     auto = AutoModelForMaskedLM if isinstance(config, BertConfig) else AutoModelForCausalLM
     torch.manual_seed(int(rng.integers(2**31)))
@@ -97,13 +103,14 @@ def _models(rng, config, implementations, dtype=torch.float32):
     for name in implementations:
         model = auto.from_config(copy.deepcopy(config), attn_implementation=name)
         model.load_state_dict(base.state_dict())
-        models[name] = model.to(dtype).eval()
+        models[name] = model.to(device, dtype).eval()
     return models
 
 
 def _logits(model, ids, mask=None):
     with torch.no_grad():
-        return model(ids, attention_mask=mask).logits.double()
+        mask = None if mask is None else mask.to(model.device)
+        return model(ids.to(model.device), attention_mask=mask).logits.double().cpu()
 
 
 def _deviation(logits, reference, real):
@@ -122,36 +129,38 @@ def _inputs(rng, batch, length, left_pad=(), right_pad=()):
     return ids, mask
 
 
-def _expect_logits_close(rng, config, ids, mask=None, dtype=torch.float32, baseline="sdpa", must_differ=None):
-    """cutlassfa's logits deviate from eager's at most 2x as much as `baseline`'s do, plus one unit
-    roundoff, over the real (not padding) positions. baseline "exact_float64" (attention in float64)
-    for models without SDPA. `must_differ`: a config whose eager logits must be farther than that
-    bound (what the test would miss if the adapter ignored the feature)."""
+def _expect_logits_close(rng, config, ids, mask=None, dtype=torch.float32, baseline="sdpa", must_differ=None,
+                         ours=_OURS, device="cpu"):
+    """The logits of implementation `ours` deviate from eager's at most 2x as much as `baseline`'s do,
+    plus one unit roundoff, over the real (not padding) positions. baseline "exact_float64" (attention
+    in float64) for models without SDPA. `must_differ`: a config whose eager logits must be farther
+    than that bound (what the test would miss if the adapter ignored the feature)."""
     real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask.bool()
-    models = _models(rng, config, ["eager", "cutlassfa", baseline], dtype)
-    eager, ours = _logits(models["eager"], ids, mask), _logits(models["cutlassfa"], ids, mask)
+    models = _models(rng, config, ["eager", ours, baseline], dtype, device)
+    eager, ours = _logits(models["eager"], ids, mask), _logits(models[ours], ids, mask)
     deviation, allowed = _deviation(ours, eager, real), _deviation(_logits(models[baseline], ids, mask), eager, real)
     bound = 2 * allowed + _UNIT_ROUNDOFF[dtype]
     assert deviation <= bound, f"cutlassfa {deviation:.3g} vs {baseline} {allowed:.3g}"
     if must_differ is not None:
-        other = _models(rng, must_differ, ["eager"], dtype)["eager"]
+        other = _models(rng, must_differ, ["eager"], dtype, device)["eager"]
         other.load_state_dict(models["eager"].state_dict())
         assert _deviation(_logits(other, ids, mask), eager, real) > 10 * bound
 
 
-def _expect_same_generation(rng, config, ids, mask=None, new_tokens=8, **options):
+def _expect_same_generation(rng, config, ids, mask=None, new_tokens=8, ours=_OURS, device="cpu", **options):
     """Greedy generation picks eager's tokens; a difference is only allowed where eager's two best
     logits are closer than the logits' deviation (a tie). `options` go to generate."""
-    models = _models(rng, config, ["eager", "cutlassfa"])
+    models = _models(rng, config, ["eager", ours], device=device)
+    ids, mask = ids.to(device), None if mask is None else mask.to(device)
     with torch.no_grad():
         kwargs = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **options)
-        expected = models["eager"].generate(ids, **kwargs)
-        got = models["cutlassfa"].generate(ids, **kwargs)
+        expected = models["eager"].generate(ids, **kwargs).cpu()
+        got = models[ours].generate(ids, **kwargs).cpu()
     if torch.equal(got, expected):
         return
     step = int((got != expected).any(0).nonzero()[0])
     prefix = expected[:, :step]
-    prefix_mask = None if mask is None else torch.nn.functional.pad(mask, (0, step - mask.shape[1]), value=1)
+    prefix_mask = None if mask is None else torch.nn.functional.pad(mask.cpu(), (0, step - mask.shape[1]), value=1)
     last = _logits(models["eager"], prefix, prefix_mask)[:, -1]
     row = int((got[:, step] != expected[:, step]).nonzero()[0])
     gap = float(last[row, expected[row, step]] - last[row, got[row, step]])
@@ -246,12 +255,72 @@ def test_gemma2_left_padding(rng):
 
 
 # --------------------------------------------------------------------------------------------------
+# On a GPU
+# --------------------------------------------------------------------------------------------------
+
+_GPU = [(torch.float32, "cutlassfa_large_tile"), (torch.bfloat16, "cutlassfa")]
+
+
+def _need_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to PyTorch")
+    for backend in ("large_tile", "tensorcore"):
+        if not cutlassfa.backends()[backend].available:
+            pytest.skip(f"{backend}: {cutlassfa.backends()[backend].reason}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_llama_logits(rng, dtype, ours):
+    _need_gpu()
+    ids, mask = _inputs(rng, 3, 64, right_pad=(0, 9, 30))
+    _expect_logits_close(rng, _llama(), ids, dtype=dtype, ours=ours, device="cuda")
+    _expect_logits_close(rng, _llama(), ids, mask, dtype=dtype, ours=ours, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_llama_generation(rng):
+    _need_gpu()
+    _expect_same_generation(rng, _llama(), _inputs(rng, 2, 16)[0], ours="cutlassfa_large_tile", device="cuda")
+
+
+@pytest.mark.gpu
+@_needs("cache_seqlens", "cache_leftpad")
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_llama_left_padding(rng, dtype, ours):
+    _need_gpu()
+    ids, mask = _inputs(rng, 3, 40, left_pad=(0, 6, 17))
+    _expect_logits_close(rng, _llama(), ids, mask, dtype=dtype, ours=ours, device="cuda")
+    if dtype == torch.float32:
+        _expect_same_generation(rng, _llama(), ids, mask, ours=ours, device="cuda")
+
+
+@pytest.mark.gpu
+@_needs("window")
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_mistral_sliding_window(rng, dtype, ours):
+    _need_gpu()
+    ids, _ = _inputs(rng, 2, 64)
+    _expect_logits_close(rng, _mistral(window=16), ids, dtype=dtype, ours=ours, device="cuda")
+
+
+@pytest.mark.gpu
+@_needs("window", "softcap")
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_gemma2_softcap_and_sliding_window(rng, dtype, ours):
+    _need_gpu()
+    ids, _ = _inputs(rng, 2, 64)
+    _expect_logits_close(rng, _gemma2(window=16), ids, dtype=dtype, baseline="exact_float64", ours=ours,
+                         device="cuda")
+
+
+# --------------------------------------------------------------------------------------------------
 # Refusals: never a different answer
 # --------------------------------------------------------------------------------------------------
 
 def _run(rng, config, ids, mask=None):
     with torch.no_grad():
-        return _models(rng, config, ["cutlassfa"])["cutlassfa"](ids, attention_mask=mask)
+        return _models(rng, config, [_OURS])[_OURS](ids, attention_mask=mask)
 
 
 def test_window_refused_until_forward_takes_it(rng):
@@ -297,13 +366,13 @@ def test_four_dimensional_masks(rng):
     ids, _ = _inputs(rng, 2, 20)
     allowed = torch.ones(20, 20, dtype=torch.bool).tril()[None, None].expand(2, 1, 20, 20)
     additive = torch.zeros(2, 1, 20, 20).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    models = _models(rng, _llama(), ["eager", "cutlassfa"])
+    models = _models(rng, _llama(), ["eager", _OURS])
     real = torch.ones(ids.shape, dtype=torch.bool)
     eager = _logits(models["eager"], ids, additive)  # eager adds the mask to the scores
     for mask in (allowed, additive):
-        assert _deviation(_logits(models["cutlassfa"], ids, mask), eager, real) < 1e-5
+        assert _deviation(_logits(models[_OURS], ids, mask), eager, real) < 1e-5
     with pytest.raises(NotImplementedError, match="bias"):
-        _logits(models["cutlassfa"], ids, additive + 0.5 * allowed)
+        _logits(models[_OURS], ids, additive + 0.5 * allowed)
 
 
 # --------------------------------------------------------------------------------------------------

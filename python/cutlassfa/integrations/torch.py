@@ -60,7 +60,9 @@ def _must_use_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     if _state.inside_op:
         return False
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
-        return True  # FakeTensor, FunctionalTensor, nn.Parameter and other subclasses
+        # FakeTensor, FunctionalTensor, nn.Parameter and other subclasses; not a tensor at all: the
+        # caller's validation says what is wrong.
+        return all(isinstance(t, torch.Tensor) for t in (q, k, v))
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return True  # autograd must record the call, to raise on backward rather than drop the gradient
     return (torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active()

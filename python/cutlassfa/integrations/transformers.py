@@ -38,13 +38,15 @@ _UNSUPPORTED = {"position_bias": "a position bias (T5-style)", "s_aux": "attenti
                 "sinks": "attention sinks"}
 
 
-def register(name: str = NAME) -> None:
+def register(name: str = NAME, *, backend: str = "auto") -> None:
     """Adds cutlassfa to transformers' attention implementations (and its mask builder), so that
-    ``attn_implementation=name`` selects it."""
+    ``attn_implementation=name`` selects it. `backend`: the cutlassfa backend its calls ask for (under
+    another `name` several can coexist, e.g. a CUDA-core one for float32 models)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(name, attention_forward)
+    implementation = attention_forward if backend == "auto" else functools.partial(attention_forward, backend=backend)
+    AttentionInterface.register(name, implementation)
     AttentionMaskInterface.register(name, attention_mask)
 
 
@@ -134,7 +136,7 @@ def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int |
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
                       is_causal: bool | None = None, sliding_window: Any = _UNSET, softcap: Any = _UNSET,
-                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+                      backend: str = "auto", **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention interface. query (B, Hq, Nq, d), key and value (B, Hkv, Nk, d);
     returns the output as (B, Nq, Hq, d) and no attention weights."""
     if dropout and module.training:
@@ -152,7 +154,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     batch, nq, nk = query.shape[0], query.shape[2], key.shape[2]
     layout = _plan_for(attention_mask, batch, nq, nk, causal, left, right, query.device)
-    options = {"causal": layout.causal, "softmax_scale": scaling}
+    options = {"causal": layout.causal, "softmax_scale": scaling, "backend": backend}
     if layout.window is not None:
         options["window"] = layout.window
     if softcap:
