@@ -4,13 +4,13 @@ shape propagation see the call, and autograd raises a clear error (there is no b
 of dropping the gradient.
 
 Eager calls do not go through the operator. Dispatching a Python-implemented operator costs time on
-every call (empty kernel, CPU tensors, 2-core machine, ``bench/torch_op_overhead.py``): 3.5 µs for a
-``torch.library.Library`` define/impl operator, 8 µs once an autograd kernel is registered, 12–16 µs
-for ``torch.library.custom_op``, against a per-call budget of 10 µs. So `cutlassfa.forward` calls the
-kernels directly and asks `maybe_route` first (about 1 µs), which sends the call through the operator
-only when something has to see it: while torch.compile / torch.export trace, for fake or wrapped
-tensors (tensor subclasses, dispatch modes, functorch transforms, jit tracing), and when autograd would
-record the call.
+every call (an empty kernel on CPU tensors, a shared 2-core machine, ``bench/torch_op_overhead.py``,
+several runs): 3.4–4.4 µs for a ``torch.library.Library`` define/impl operator, 8–13 µs once an
+autograd kernel is registered, 11–18 µs for ``torch.library.custom_op``, against a per-call budget of
+10 µs. So `cutlassfa.forward` calls the kernels directly and asks `maybe_route` first (0.8–1.5 µs),
+which sends the call through the operator only when something has to see it: while torch.compile /
+torch.export trace, for fake or wrapped tensors (tensor subclasses, dispatch modes, functorch
+transforms, jit tracing), and when autograd would record the call.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _must_use_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 def maybe_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any | None:
     """The result of ``cutlassfa.forward(q, k, v, **kwargs)`` computed through the operator when the call
     must be visible to PyTorch (see the module docstring); None when the caller should run the direct
-    path. Costs about a microsecond when it returns None (1.0–1.5 µs measured on a loaded 2-core CPU)."""
+    path. Costs about a microsecond when it returns None."""
     if not _must_use_op(q, k, v):
         return None
     return op_forward(q, k, v, **kwargs)
