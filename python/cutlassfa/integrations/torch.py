@@ -43,6 +43,7 @@ _FORWARD_SCHEMA = (
 # It reads grad_out so that no partitioner can move it into the forward graph.
 _NO_BACKWARD_SCHEMA = "forward_backward(Tensor grad_out, SymInt[] kv_shape) -> (Tensor, Tensor, Tensor)"
 
+
 class _State(threading.local):
     inside_op = False  # set while the operator itself calls cutlassfa.forward (a class default reads fast)
 
