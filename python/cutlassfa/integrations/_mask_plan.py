@@ -1,0 +1,165 @@
+"""From an attention mask to arguments of cutlassfa that express it exactly, or a refusal.
+
+A mask is described row by row (`MaskRows`): for each batch entry b and query row i, the first and
+last key the row sees, whether those keys form one interval, and whether the row matters (the output
+of a padding query is never read). `plan` tries the forms cutlassfa can compute, in this order, and
+keeps the first whose visible keys equal the mask's on every row that matters:
+
+- ``dense``: one pattern for the whole batch, bottom-right aligned as `cutlassfa.forward` is: query i
+  sees key j iff  i + (Nk - Nq) - left <= j <= i + (Nk - Nq) + right  (left/right None: unbounded;
+  causal is right = 0);
+- ``cache``: per-entry key ranges [leftpad_b, seqlen_b) with the queries aligned to seqlen_b (the
+  ``cache_seqlens`` / ``cache_leftpad`` of forward): left-padded batches, decoding, static caches;
+- ``varlen``: per-entry runs of query rows and of keys, packed (``cutlassfa.varlen_forward``):
+  right-padded prefill, where padding queries would otherwise see the real keys.
+
+Anything else raises NotImplementedError: the caller never gets an answer to a different mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["MaskRows", "Plan", "rows_of_visible", "plan"]
+
+
+@dataclass(frozen=True)
+class MaskRows:
+    """Per (batch entry, query row), as (B, Nq) tensors: the visible keys of a mask of Nk keys."""
+
+    first: torch.Tensor  # int64: first visible key; Nk where the row sees none
+    last: torch.Tensor  # int64: last visible key; -1 where the row sees none
+    one_range: torch.Tensor  # bool: the visible keys are one interval (or none)
+    matters: torch.Tensor  # bool: the row's output is used (False for padding queries)
+    kv_length: int
+
+    def pack(self) -> torch.Tensor:
+        """As one int64 (B, 1, Nq, 4) tensor [first, last, flags, Nk]: what transformers passes through
+        untouched as a prepared 4-D mask (its own masks are boolean or floating point, never int64)."""
+        flags = self.one_range.long() | (self.matters.long() << 1)
+        return torch.stack([self.first, self.last, flags, torch.full_like(flags, self.kv_length)], -1)[:, None]
+
+    @staticmethod
+    def unpack(packed: torch.Tensor) -> MaskRows:
+        rows = packed[:, 0]
+        flags = rows[..., 2]
+        kv_length = int(rows[0, 0, 3]) if rows.numel() else 0
+        return MaskRows(rows[..., 0], rows[..., 1], (flags & 1).bool(), (flags & 2).bool(), kv_length)
+
+    @staticmethod
+    def is_packed(mask: torch.Tensor) -> bool:
+        return mask.dtype == torch.int64 and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-1] == 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to compute a masked attention with cutlassfa. `window` is (left, right) in forward's
+    convention (-1: unbounded), None where no bound excludes a key."""
+
+    kind: str  # "dense", "cache" or "varlen"
+    causal: bool
+    window: tuple[int, int] | None = None
+    key_start: torch.Tensor | None = None  # (B,) int64: cache / varlen: first key of each entry
+    key_end: torch.Tensor | None = None  # (B,) int64: one past the last key of each entry
+    query_start: torch.Tensor | None = None  # (B,) int64: varlen: first query row of each entry
+    query_end: torch.Tensor | None = None  # (B,) int64: one past the last query row
+
+
+def rows_of_visible(visible: torch.Tensor, matters: torch.Tensor | None = None) -> MaskRows:
+    """MaskRows of a (B, Nq, Nk) boolean mask, True where a query sees a key."""
+    b, nq, nk = visible.shape
+    count = visible.sum(-1)
+    seen = count > 0
+    first = torch.where(seen, visible.int().argmax(-1), nk)
+    last = torch.where(seen, nk - 1 - visible.flip(-1).int().argmax(-1), -1)
+    one_range = ~seen | (count == last - first + 1)
+    if matters is None:
+        matters = torch.ones(b, nq, dtype=torch.bool, device=visible.device)
+    return MaskRows(first.long(), last.long(), one_range, matters, nk)
+
+
+def concat_rows(parts: list[MaskRows]) -> MaskRows:
+    """MaskRows of consecutive blocks of query rows, joined."""
+    return MaskRows(*(torch.cat([getattr(p, name) for p in parts], dim=1)
+                      for name in ("first", "last", "one_range", "matters")), parts[0].kv_length)
+
+
+def _implied(nq: int, start: torch.Tensor, end: torch.Tensor, diagonal: torch.Tensor,
+             left: int | None, right: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, last) visible key of each row for keys [start, end) and query i on key i + diagonal;
+    start, end, diagonal are (B, 1). Rows that see nothing have first > last."""
+    row = torch.arange(nq, device=start.device)[None]
+    last = end - 1 if right is None else torch.minimum(row + diagonal + right, end - 1)
+    first = start if left is None else torch.maximum(row + diagonal - left, start)
+    return first.expand(-1, nq), last.expand(-1, nq)
+
+
+def _agrees(rows: MaskRows, first: torch.Tensor, last: torch.Tensor) -> bool:
+    implied_empty = first > last
+    mask_empty = rows.first > rows.last
+    same = torch.where(implied_empty, mask_empty, ~mask_empty & (first == rows.first) & (last == rows.last))
+    return bool(same[rows.matters].all())
+
+
+def _key_ranges(rows: MaskRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 1) first and one-past-last key seen by any row that matters (an empty range where none)."""
+    seen = rows.matters & (rows.first <= rows.last)
+    start = torch.where(seen, rows.first, rows.kv_length).amin(-1, keepdim=True)
+    end = torch.where(seen, rows.last + 1, 0).amax(-1, keepdim=True)
+    return torch.minimum(start, end), end
+
+
+def _query_runs(rows: MaskRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 1) first and one-past-last query row that matters (0, 0 where none)."""
+    nq = rows.matters.shape[1]
+    row = torch.arange(nq, device=rows.matters.device)[None]
+    start = torch.where(rows.matters, row, nq).amin(-1, keepdim=True)
+    end = torch.where(rows.matters, row + 1, 0).amax(-1, keepdim=True)
+    return torch.minimum(start, end), end
+
+
+def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None = None,
+         right: int | None = None, device: torch.device | str = "cpu") -> Plan:
+    """The first form (dense, cache, varlen) that computes exactly the mask `rows` describes, given the
+    layer's own pattern: `causal` and a window of `left` keys before and `right` after the diagonal
+    (None: unbounded; causal sets right to 0). `rows` None: no mask, the layer's pattern alone. Raises
+    NotImplementedError when no form matches."""
+    plain = (None, 0 if causal else None)  # the layer's pattern without its window
+    windowed = (left, 0 if causal else right)
+    if rows is None:
+        zero = torch.zeros(1, 1, dtype=torch.long, device=device)
+        first, last = _implied(nq, zero, zero + nk, zero + (nk - nq), *windowed)
+        seen = first <= last
+        rows = MaskRows(torch.where(seen, first, nk), torch.where(seen, last, -1), torch.ones_like(seen),
+                        torch.ones_like(seen), nk)
+    if rows.kv_length != nk or rows.first.shape[1] != nq:
+        raise NotImplementedError(f"the mask covers {rows.first.shape[1]} queries x {rows.kv_length} keys, "
+                                  f"the layer has {nq} x {nk}")
+    if not bool(rows.one_range[rows.matters].all()):
+        raise NotImplementedError("the attention mask lets a query see keys that are not one contiguous range")
+    batch = rows.first.shape[0]
+    zero = torch.zeros(batch, 1, dtype=torch.long, device=rows.first.device)
+    key_start, key_end = _key_ranges(rows)
+    query_start, query_end = _query_runs(rows)
+    forms = [("dense", zero, zero + nk, zero + (nk - nq)),
+             ("cache", key_start, key_end, key_end - nq),
+             ("varlen", key_start, key_end, key_end - query_end)]
+    for kind, start, end, diagonal in forms:
+        for bounds in dict.fromkeys([plain, windowed]):  # without the window first: it may bind nowhere
+            if not _agrees(rows, *_implied(nq, start, end, diagonal, *bounds)):
+                continue
+            window = None if bounds == plain else _window(*bounds)
+            if kind == "dense":
+                return Plan("dense", causal, window)
+            runs = {"query_start": query_start[:, 0], "query_end": query_end[:, 0]} if kind == "varlen" else {}
+            return Plan(kind, causal, window, key_start[:, 0], key_end[:, 0], **runs)
+    raise NotImplementedError(
+        "the attention mask is not one cutlassfa can express: per batch entry it must be the layer's "
+        f"{'causal' if causal else 'full'} pattern{'' if left is None else ' with its sliding window'} over one "
+        "contiguous range of keys (left or right padding)")
+
+
+def _window(left: int | None, right: int | None) -> tuple[int, int]:
+    return (-1 if left is None else left, -1 if right is None else right)

@@ -1,0 +1,228 @@
+"""cutlassfa as a PyTorch operator: ``torch.ops.cutlassfa.forward``, registered through
+``torch.library`` when this module is imported, so that torch.compile, torch.export and FakeTensor
+shape propagation see the call, and autograd raises a clear error (there is no backward pass) instead
+of dropping the gradient.
+
+Eager calls do not go through the operator. Dispatching a Python-implemented operator costs time on
+every call (an empty kernel on CPU tensors, a shared 2-core machine, ``bench/torch_op_overhead.py``,
+several runs): 3.4–4.4 µs for a ``torch.library.Library`` define/impl operator, 8–13 µs once an
+autograd kernel is registered, 11–18 µs for ``torch.library.custom_op``, against a per-call budget of
+10 µs. So `cutlassfa.forward` calls the kernels directly and asks `maybe_route` first (0.8–1.5 µs),
+which sends the call through the operator only when something has to see it: while torch.compile /
+torch.export trace, for fake or wrapped tensors (tensor subclasses, dispatch modes, functorch
+transforms, jit tracing), and when autograd would record the call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import cutlassfa
+
+__all__ = ["forward", "maybe_route", "op_forward", "eager_forward", "eager_call", "NO_BACKWARD"]
+
+NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlassfa attention are not "
+               "implemented. Call it under torch.no_grad() / torch.inference_mode(), or on inputs that "
+               "do not require grad, or use torch.nn.functional.scaled_dot_product_attention for training")
+
+# Keyword arguments of cutlassfa.forward that the operator carries beside q, k, v, with their defaults
+# (a default is not passed on, so that forward need not know a mode it is not asked for). Variable-length
+# batches and KV-cache appends (k_new / v_new write into the cache) get operators of their own.
+_MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None}
+_FORWARD_SCHEMA = (
+    "forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, str backend='auto', "
+    "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None) "
+    "-> (Tensor out, Tensor lse)"
+)
+# The backward of `forward`: an operator that raises when it runs, so that tracing a training graph
+# (torch.compile traces the backward ahead of time) still works and only running the backward fails.
+# It reads grad_out so that no partitioner can move it into the forward graph.
+_NO_BACKWARD_SCHEMA = "forward_backward(Tensor grad_out, SymInt[] kv_shape) -> (Tensor, Tensor, Tensor)"
+
+
+class _State(threading.local):
+    inside_op = False  # set while the operator itself calls cutlassfa.forward (a class default reads fast)
+
+
+_state = _State()
+
+
+# --------------------------------------------------------------------------------------------------
+# Routing
+# --------------------------------------------------------------------------------------------------
+
+def _must_use_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    if torch.compiler.is_compiling():  # first: dynamo folds it to True and traces nothing below
+        return True
+    if _state.inside_op:
+        return False
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        # FakeTensor, FunctionalTensor, nn.Parameter and other subclasses; not a tensor at all: the
+        # caller's validation says what is wrong.
+        return all(isinstance(t, torch.Tensor) for t in (q, k, v))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return True  # autograd must record the call, to raise on backward rather than drop the gradient
+    return (torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active()
+            or torch._C._is_tracing())
+
+
+def maybe_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any | None:
+    """The result of ``cutlassfa.forward(q, k, v, **kwargs)`` computed through the operator when the call
+    must be visible to PyTorch (see the module docstring); None when the caller should run the direct
+    path. Costs about a microsecond when it returns None."""
+    if not _must_use_op(q, k, v):
+        return None
+    return op_forward(q, k, v, **kwargs)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any:
+    """`cutlassfa.forward` for torch tensors (CPU or CUDA), through the operator when the call must be
+    visible to PyTorch, else directly. Same arguments and results as `cutlassfa.forward`."""
+    routed = maybe_route(q, k, v, **kwargs)
+    return routed if routed is not None else eager_forward(q, k, v, **kwargs)
+
+
+def op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+               softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
+               out: torch.Tensor | None = None, **modes: Any) -> Any:
+    """``cutlassfa.forward`` through ``torch.ops.cutlassfa.forward`` (always the operator)."""
+    unknown = sorted(modes.keys() - _MODE_DEFAULTS.keys())
+    if unknown:
+        raise NotImplementedError(f"cutlassfa.forward: {unknown[0]!r} is not supported through "
+                                  "torch.ops.cutlassfa.forward (torch.compile, autograd) yet")
+    result, lse = torch.ops.cutlassfa.forward.default(q, k, v, causal, softmax_scale, backend,
+                                                      **{**_MODE_DEFAULTS, **modes})
+    if out is not None:
+        result = _copy_into(out, result)
+    return (result, lse) if return_lse else result
+
+
+def _copy_into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    # copy_ would broadcast or cast silently: demand what forward demands of `out`.
+    if out.shape != result.shape:
+        raise ValueError(f"out must have shape {tuple(result.shape)}, got {tuple(out.shape)}")
+    if out.dtype != result.dtype:
+        raise TypeError(f"out must have dtype {result.dtype} like q, got {out.dtype}")
+    if out.device != result.device:
+        raise ValueError("out must be on the same device as q")
+    return out.copy_(result)
+
+
+# --------------------------------------------------------------------------------------------------
+# The direct path
+# --------------------------------------------------------------------------------------------------
+
+def eager_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any:
+    """`cutlassfa.forward` on real torch tensors, never through the operator."""
+    return eager_call(cutlassfa.forward, q, k, v, **kwargs)
+
+
+def eager_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`function` (`cutlassfa.forward` or a sibling taking arrays) on real torch tensors. CPU tensors
+    go through zero-copy numpy views (host in, host out, as numpy arrays do)."""
+    if args[0].device.type != "cpu":
+        return function(*args, **kwargs)
+    as_numpy = [_to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
+    options = {name: _to_numpy(value) if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    result = function(*as_numpy, **options)
+    out = kwargs.get("out")
+
+    def back(array: np.ndarray) -> torch.Tensor:  # the numpy view of `out` is handed back as `out`
+        return out if out is not None and array is options["out"] else _from_numpy(array)
+
+    return tuple(back(r) for r in result) if isinstance(result, tuple) else back(result)
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.device.type != "cpu":
+        raise ValueError(f"every tensor argument must be on the device of q (cpu), got one on {tensor.device}")
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+# --------------------------------------------------------------------------------------------------
+# The operator
+# --------------------------------------------------------------------------------------------------
+
+def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
+                  softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
+                  cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    given = {"window": None if window is None else tuple(window), "softcap": softcap,
+             "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad}
+    modes = {name: value for name, value in given.items() if not _is_default(name, value)}
+    _state.inside_op = True
+    try:
+        return eager_forward(q.detach(), k.detach(), v.detach(), causal=causal, softmax_scale=softmax_scale,
+                             backend=backend, return_lse=True, **modes)
+    finally:
+        _state.inside_op = False
+
+
+def _is_default(name: str, value: Any) -> bool:
+    default = _MODE_DEFAULTS[name]
+    return value is None if default is None else value == default
+
+
+def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
+                  softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
+                  cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes of the results (out like q, compact; lse float32 q.shape[:-1]). The checks that
+    need only shapes run here too, so that a traced call fails where it is written."""
+    if not q.dim() == k.dim() == v.dim() or q.dim() not in (3, 4):
+        raise ValueError(f"q, k and v must all be 4-D (B, H, N, d) or all 3-D (B, N, d), got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"q, k and v must have one dtype among float32, float16, bfloat16, got "
+                        f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.shape[-1] == k.shape[-1] == v.shape[-1]:
+        raise ValueError(f"q, k and v must have the same head dim, got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _no_backward_impl(grad_out: torch.Tensor, kv_shape: list[int]) -> tuple[torch.Tensor, ...]:
+    raise NotImplementedError(NO_BACKWARD)
+
+
+def _no_backward_fake(grad_out: torch.Tensor, kv_shape: list[int]) -> tuple[torch.Tensor, ...]:
+    return grad_out.new_empty(grad_out.shape), grad_out.new_empty(kv_shape), grad_out.new_empty(kv_shape)
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    ctx.kv_shape = inputs[1].shape  # no tensor is kept: the backward only has to fail
+
+
+def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple:
+    grads = torch.ops.cutlassfa.forward_backward.default(grad_out, list(ctx.kv_shape))
+    return tuple(grads) + (None,) * (len(_MODE_DEFAULTS) + 3)
+
+
+def _register() -> torch.library.Library:
+    library = torch.library.Library("cutlassfa", "DEF")
+    library.define(_FORWARD_SCHEMA)
+    library.define(_NO_BACKWARD_SCHEMA)
+    for device in ("CPU", "CUDA"):
+        library.impl("forward", _forward_impl, device)
+        library.impl("forward_backward", _no_backward_impl, device)
+    torch.library.register_fake("cutlassfa::forward", _forward_fake, lib=library)
+    torch.library.register_fake("cutlassfa::forward_backward", _no_backward_fake, lib=library)
+    torch.library.register_autograd("cutlassfa::forward", _backward, setup_context=_setup_context, lib=library)
+    return library
+
+
+_LIBRARY = _register()  # kept alive: the registrations last as long as this object

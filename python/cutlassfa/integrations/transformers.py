@@ -1,0 +1,225 @@
+"""cutlassfa as a Hugging Face transformers attention implementation.
+
+    import cutlassfa.integrations.transformers as cutlassfa_hf
+    cutlassfa_hf.register()
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="cutlassfa")
+
+Handles causal and non-causal layers, grouped-query attention, the layer's `scaling`, sliding-window
+layers (a window of W tokens is ``window=(W - 1, 0)``), logit softcapping and padding masks. The mask
+transformers builds is reduced once per forward pass to the key range each query row sees
+(`_mask_plan.MaskRows`); each layer then picks the cutlassfa call that computes exactly that mask
+(`_mask_plan.plan`) and raises NotImplementedError for what cutlassfa cannot express (or not yet: the
+forward arguments each form needs are looked up on `cutlassfa.forward`), never a different answer.
+Reading the mask's values makes the adapter an eager one: under torch.compile it breaks the graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from typing import Any
+
+import torch
+
+import cutlassfa
+
+from . import torch as cutlassfa_torch
+from ._mask_plan import MaskRows, Plan, concat_rows, plan, rows_of_visible
+
+__all__ = ["NAME", "register", "attention_forward", "attention_mask"]
+
+NAME = "cutlassfa"
+_UNSET: Any = object()
+# Mask rows evaluated per step when the mask is built (booleans: B x rows x Nk).
+_MASK_CHUNK = 1 << 24
+# Keyword arguments some models pass that change the attention in ways cutlassfa does not compute.
+_UNSUPPORTED = {"position_bias": "a position bias (T5-style)", "s_aux": "attention sinks",
+                "sinks": "attention sinks"}
+
+
+def register(name: str = NAME, *, backend: str = "auto") -> None:
+    """Adds cutlassfa to transformers' attention implementations (and its mask builder), so that
+    ``attn_implementation=name`` selects it. `backend`: the cutlassfa backend its calls ask for (under
+    another `name` several can coexist, e.g. a CUDA-core one for float32 models)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    implementation = attention_forward if backend == "auto" else functools.partial(attention_forward, backend=backend)
+    AttentionInterface.register(name, implementation)
+    AttentionMaskInterface.register(name, attention_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# The mask: built once per forward pass, read by every layer
+# --------------------------------------------------------------------------------------------------
+
+def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
+                   mask_function: Any = None, attention_mask: torch.Tensor | None = None,
+                   device: torch.device | str = "cpu", use_vmap: bool = False, **kwargs: Any) -> torch.Tensor:
+    """transformers' mask interface: the mask `sdpa_mask` would build (evaluated a block of query rows
+    at a time), reduced to `MaskRows` and packed as a 4-D int64 tensor, which transformers hands to
+    every layer as it is. Query rows whose token is padding in the 2-D `attention_mask` do not matter
+    (in cross-attention, where that mask is the keys', every row of a plan sees the same keys)."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+
+    mask_function = mask_function or causal_mask_function
+    rows_per_step = max(1, _MASK_CHUNK // max(1, batch_size * kv_length))
+    padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    parts = []
+    for start in range(0, q_length, rows_per_step):
+        rows = min(rows_per_step, q_length - start)
+        visible = sdpa_mask(batch_size=batch_size, q_length=rows, kv_length=kv_length, q_offset=q_offset + start,
+                            kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                            allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
+        parts.append(rows_of_visible(visible[:, 0], _real_queries(padding, batch_size, rows, q_offset + start, device)))
+    if not parts:  # no query rows
+        empty = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        return MaskRows(empty, empty, empty.bool(), empty.bool(), kv_length).pack()
+    return concat_rows(parts).pack()
+
+
+def _real_queries(padding: torch.Tensor | None, batch: int, rows: int, offset: Any,
+                  device: torch.device | str) -> torch.Tensor:
+    """(batch, rows) bool: whether the query at each absolute position is a real token (the 2-D mask
+    is indexed by position; positions past its end count as real)."""
+    if padding is None:
+        return torch.ones(batch, rows, dtype=torch.bool, device=device)
+    position = torch.arange(rows, device=padding.device) + offset
+    inside = position < padding.shape[-1]
+    return (padding[:, position.clamp(max=padding.shape[-1] - 1)].bool() | ~inside).to(device)
+
+
+def _rows_of(mask: Any, batch: int) -> MaskRows | None:
+    """MaskRows of what a layer receives: ours, none, or a 4-D mask a caller built (boolean, True
+    where allowed, or additive float, 0 where allowed)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        raise NotImplementedError(f"cutlassfa cannot read an attention mask of type {type(mask).__name__}")
+    if MaskRows.is_packed(mask):
+        return MaskRows.unpack(mask)
+    if mask.dtype != torch.bool:
+        blocked = mask <= torch.finfo(mask.dtype).min / 2
+        if not bool(((mask == 0) | blocked).all()):
+            raise NotImplementedError("the attention mask adds a bias to the scores; cutlassfa only masks")
+        mask = ~blocked
+    if mask.shape[1] != 1 and not bool((mask == mask[:, :1]).all()):
+        raise NotImplementedError("the attention mask differs between heads")
+    return rows_of_visible(mask[:, 0].expand(batch, -1, -1))
+
+
+# Plans of the masks of the current forward pass: every layer of a kind gets the same mask object, and
+# planning reads values (a device synchronisation on a GPU), so it is done once per mask and pattern.
+_plans: dict[tuple, tuple[weakref.ref, Plan]] = {}
+
+
+def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None,
+              device: torch.device) -> Plan:
+    if not isinstance(mask, torch.Tensor):
+        return plan(_rows_of(mask, batch), nq, nk, causal, left, right, device=device)
+    key = (id(mask), mask._version, batch, nq, nk, causal, left, right)
+    cached = _plans.get(key)
+    if cached is not None and cached[0]() is mask:
+        return cached[1]
+    layout = plan(_rows_of(mask, batch), nq, nk, causal, left, right, device=device)
+    if len(_plans) >= 16:
+        _plans.clear()
+    _plans[key] = (weakref.ref(mask), layout)
+    return layout
+
+
+# --------------------------------------------------------------------------------------------------
+# The attention
+# --------------------------------------------------------------------------------------------------
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, sliding_window: Any = _UNSET, softcap: Any = _UNSET,
+                      backend: str = "auto", **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface. query (B, Hq, Nq, d), key and value (B, Hkv, Nk, d);
+    returns the output as (B, Nq, Hq, d) and no attention weights."""
+    if dropout and module.training:
+        raise NotImplementedError("cutlassfa has no attention dropout (and no backward pass)")
+    for name, what in _UNSUPPORTED.items():
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"cutlassfa does not compute {what} ({name}=)")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    window = getattr(module, "sliding_window", None) if sliding_window is _UNSET else sliding_window
+    if softcap is _UNSET:
+        softcap = getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
+    # transformers' sliding window W: a causal query sees its W - 1 predecessors; a bidirectional one
+    # every key within distance W.
+    left, right = (None, None) if window is None else ((window - 1, 0) if causal else (window, window))
+
+    batch, nq, nk = query.shape[0], query.shape[2], key.shape[2]
+    layout = _plan_for(attention_mask, batch, nq, nk, causal, left, right, query.device)
+    options = {"causal": layout.causal, "softmax_scale": scaling, "backend": backend}
+    if layout.window is not None:
+        options["window"] = layout.window
+    if softcap:
+        options["softcap"] = float(softcap)
+    if layout.kind == "varlen":
+        return _varlen(query, key, value, layout, options), None
+    if layout.kind == "cache":
+        options["cache_seqlens"] = layout.key_end.to(torch.int32)
+        if bool((layout.key_start > 0).any()):
+            options["cache_leftpad"] = layout.key_start.to(torch.int32)
+    _require(cutlassfa.forward, options, layout)
+    # Written straight into transformers' (B, Nq, Hq, d) layout: forward takes any strides of `out`.
+    result = query.new_empty(batch, nq, query.shape[1], query.shape[3])
+    cutlassfa_torch.forward(query, key, value, out=result.transpose(1, 2), **options)
+    return result, None
+
+
+def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Plan,
+            options: dict[str, Any]) -> torch.Tensor:
+    """Packs the query rows and keys of each entry, runs varlen_forward, unpacks (other rows: 0)."""
+    varlen_forward = getattr(cutlassfa, "varlen_forward", None)
+    _require(varlen_forward, options, layout)
+    if cutlassfa_torch._must_use_op(query, key, value):
+        raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd)")
+    batch, heads, nq, _ = query.shape
+    q_rows = _in_range(nq, layout.query_start, layout.query_end)  # (B, Nq) bool
+    k_rows = _in_range(key.shape[2], layout.key_start, layout.key_end)
+    q_packed = query.transpose(1, 2)[q_rows]  # (total_q, Hq, d)
+    k_packed, v_packed = key.transpose(1, 2)[k_rows], value.transpose(1, 2)[k_rows]
+    q_lengths, k_lengths = q_rows.sum(1), k_rows.sum(1)
+    packed = cutlassfa_torch.eager_call(
+        varlen_forward, q_packed, k_packed, v_packed, _cumulative(q_lengths), _cumulative(k_lengths),
+        max_seqlen_q=int(q_lengths.max()), max_seqlen_k=int(k_lengths.max()), **options)
+    result = query.new_zeros(batch, nq, heads, query.shape[3])
+    result[q_rows] = packed
+    return result
+
+
+def _in_range(n: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    index = torch.arange(n, device=start.device)[None]
+    return (index >= start[:, None]) & (index < end[:, None])
+
+
+def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+
+
+_FEATURES = {"window": "sliding windows (window=)", "softcap": "logit softcapping (softcap=)",
+             "cache_seqlens": "per-sequence key lengths (cache_seqlens=)",
+             "cache_leftpad": "left-padded sequences (cache_leftpad=)"}
+
+
+def _require(function: Any, options: dict[str, Any], layout: Plan) -> None:
+    """NotImplementedError naming the first argument this layer needs that `function` does not take."""
+    if function is None:
+        raise NotImplementedError("this mask needs cutlassfa.varlen_forward (padding around both ends of "
+                                  "the queries), which this version of cutlassfa does not have")
+    accepted = _parameters(function)
+    for name in options:
+        if name not in accepted:
+            raise NotImplementedError(
+                f"this layer needs {_FEATURES.get(name, name)}, which {function.__name__} of this version "
+                f"of cutlassfa does not take ({layout.kind} form)")
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(function: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters)

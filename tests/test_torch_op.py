@@ -1,0 +1,269 @@
+"""`torch.ops.cutlassfa.forward`: registered, right fake shapes, torch.compile(fullgraph=True) equal to
+eager, a clear error from autograd, and the routing that keeps eager calls off the operator. CPU tensors
+here (CI); the same on CUDA tensors, plus CUDA-graph replay, under the `gpu` marker."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+# inductor itself warns about torch.jit.script_method while compiling; nothing of ours.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+import cutlassfa  # noqa: E402
+from cutlassfa.check import bound_for  # noqa: E402
+from cutlassfa.integrations import torch as cutlassfa_torch  # noqa: E402
+from cutlassfa.reference import attention_reference, rel_l2  # noqa: E402
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _qkv(rng, b, hq, hk, nq, nk, d, dtype="float32", device="cpu"):
+    def tensor(shape):
+        return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(device, _DTYPES[dtype])
+
+    return tensor((b, hq, nq, d)), tensor((b, hk, nk, d)), tensor((b, hk, nk, d))
+
+
+def _host(t):
+    """float32 numpy copy of a tensor's values (bfloat16 and float16 values are exact in float32)."""
+    return t.detach().float().cpu().numpy()
+
+
+def _expect_close(out, q, k, v, causal, dtype):
+    """`out` against the fp64 reference, within the bound of the backend the call ran on."""
+    qn, kn, vn = _host(q), _host(k), _host(v)
+    ref, _ = attention_reference(qn, kn, vn, causal=causal)
+    backend = cutlassfa.select_backend(qn, kn, vn, causal=causal) if q.device.type == "cpu" else \
+        cutlassfa.select_backend(q, k, v, causal=causal)
+    assert rel_l2(_host(out), ref) <= bound_for(backend, dtype).rel_l2
+
+
+def _routes_cutlassfa_forward():
+    """Whether cutlassfa.forward itself hands torch tensors to the operator while tracing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(1, 1, 4, 32)
+        try:
+            return isinstance(cutlassfa.forward(q, q, q), torch.Tensor)
+        except (TypeError, ValueError, RuntimeError):
+            return False
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration and routing
+# --------------------------------------------------------------------------------------------------
+
+def test_import_cutlassfa_loads_no_framework():
+    code = "import sys, cutlassfa; print(sorted(m for m in ('torch', 'jax') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.stdout.strip() == "[]"
+
+
+def test_operator_is_registered():
+    schema = str(torch.ops.cutlassfa.forward.default._schema)
+    for argument in ("Tensor q", "Tensor k", "Tensor v", "bool causal", "float? softmax_scale", "str backend",
+                     "int[]? window", "float softcap", "Tensor? cache_seqlens", "Tensor? cache_leftpad"):
+        assert argument in schema
+    assert schema.endswith("-> (Tensor out, Tensor lse)")
+
+
+def test_eager_calls_stay_off_the_operator(rng):
+    q, k, v = _qkv(rng, 1, 2, 2, 8, 8, 32)
+    assert cutlassfa_torch.maybe_route(q, k, v) is None
+    with torch.no_grad():
+        assert cutlassfa_torch.maybe_route(q.requires_grad_(), k, v) is None
+    routed = cutlassfa_torch.maybe_route(q, k, v, causal=True)  # q requires grad: autograd must see it
+    assert routed is not None and routed.grad_fn is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# Values on CPU tensors
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_eager_and_operator_match_reference(rng, dtype, causal):
+    q, k, v = _qkv(rng, 2, 4, 2, 37, 50, 64, dtype)  # GQA, Nq != Nk
+    eager = cutlassfa_torch.forward(q, k, v, causal=causal)
+    through_op, lse = cutlassfa_torch.op_forward(q, k, v, causal=causal, return_lse=True)
+    assert eager.dtype == through_op.dtype == q.dtype and eager.shape == q.shape
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    _expect_close(eager, q, k, v, causal, dtype)
+    assert torch.equal(eager, through_op)
+
+
+def test_operator_takes_3d_inputs_scale_and_out(rng):
+    q, k, v = (t[:, 0] for t in _qkv(rng, 2, 1, 1, 20, 30, 32))
+    out = torch.full_like(q, 7.0)
+    result = cutlassfa_torch.op_forward(q, k, v, softmax_scale=0.3, out=out)
+    assert result is out
+    ref, _ = attention_reference(_host(q), _host(k), _host(v), softmax_scale=0.3)
+    assert rel_l2(_host(out), ref) <= 1e-5
+    with pytest.raises(ValueError, match="out must have shape"):
+        cutlassfa_torch.op_forward(q, k, v, out=torch.empty(2, 20, 64))
+
+
+def test_operator_refuses_unknown_keyword(rng):
+    q, k, v = _qkv(rng, 1, 1, 1, 4, 4, 32)
+    with pytest.raises(NotImplementedError, match="'k_new' is not supported"):
+        cutlassfa_torch.op_forward(q, k, v, k_new=k)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fake tensors, torch.compile, autograd
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shapes", [
+    ((2, 8, 33, 64), (2, 2, 70, 64)),  # GQA, Nq != Nk
+    ((3, 17, 128), (3, 5, 128)),  # 3-D
+])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fake_tensor_shapes(shapes, dtype):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    q_shape, kv_shape = shapes
+    with FakeTensorMode():
+        q = torch.empty(q_shape, dtype=_DTYPES[dtype])
+        k = torch.empty(kv_shape, dtype=_DTYPES[dtype])
+        out, lse = cutlassfa_torch.forward(q, k, k, causal=True, return_lse=True)
+    assert isinstance(out, FakeTensor) and isinstance(lse, FakeTensor)
+    assert out.shape == q_shape and out.dtype == _DTYPES[dtype] and out.is_contiguous()
+    assert lse.shape == q_shape[:-1] and lse.dtype == torch.float32
+
+
+def test_fake_tensor_refuses_mismatched_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), pytest.raises(ValueError, match="same head dim"):
+        cutlassfa_torch.forward(torch.empty(1, 1, 4, 64), torch.empty(1, 1, 4, 32), torch.empty(1, 1, 4, 32))
+
+
+def _compiled_matches_eager(q, k, v, call):
+    """compile(fullgraph=True) of a function around `call` equals the same function run eagerly, for
+    two sequence lengths (the second may recompile with dynamic shapes)."""
+    def attention_block(q, k, v):
+        out, lse = call(q * 1.5, k, v, causal=True, return_lse=True)
+        return out + 1.0, lse
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attention_block, fullgraph=True)
+    for n in (q.shape[2], q.shape[2] - 5):
+        qs, ks, vs = q[:, :, :n], k[:, :, :n], v[:, :, :n]
+        out, lse = compiled(qs, ks, vs)
+        eager_out, eager_lse = attention_block(qs, ks, vs)
+        torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
+        torch.testing.assert_close(lse, eager_lse, rtol=0, atol=0)
+    return out
+
+
+def test_compile_fullgraph_equals_eager(rng):
+    q, k, v = _qkv(rng, 2, 4, 2, 40, 40, 32)
+    _compiled_matches_eager(q, k, v, cutlassfa_torch.forward)
+
+
+def test_compile_fullgraph_through_cutlassfa_forward(rng):
+    if not _routes_cutlassfa_forward():
+        pytest.skip("cutlassfa.forward does not call integrations.torch.maybe_route yet")
+    q, k, v = _qkv(rng, 1, 2, 2, 24, 24, 32)
+    _compiled_matches_eager(q, k, v, cutlassfa.forward)
+
+
+def test_export_records_the_operator(rng):
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return cutlassfa_torch.forward(q, k, v, causal=True)
+
+    q, k, v = _qkv(rng, 1, 2, 1, 16, 16, 32)
+    exported = torch.export.export(Attention(), (q, k, v))
+    targets = [str(node.target) for node in exported.graph.nodes if node.op == "call_function"]
+    assert "cutlassfa.forward.default" in targets
+    assert torch.equal(exported.module()(q, k, v), cutlassfa_torch.forward(q, k, v, causal=True))
+
+
+def test_autograd_raises_clear_error(rng):
+    q, k, v = _qkv(rng, 1, 2, 2, 16, 16, 32)
+    k.requires_grad_()
+    out = cutlassfa_torch.forward(q, k, v, causal=True)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="has no backward pass"):
+        out.sum().backward()
+
+
+def test_autograd_raises_clear_error_when_compiled(rng):
+    q, k, v = _qkv(rng, 1, 2, 2, 16, 16, 32)
+    q.requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: cutlassfa_torch.forward(q, k, v) * 2, fullgraph=True)
+    out = compiled(q, k, v)  # the forward runs: only the backward is missing
+    torch.testing.assert_close(out.detach(), 2 * cutlassfa_torch.forward(q.detach(), k, v), rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="has no backward pass"):
+        out.sum().backward()
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA tensors
+# --------------------------------------------------------------------------------------------------
+
+def _need_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to PyTorch")
+    status = cutlassfa.backends()["small_tile"]
+    if not status.available:
+        pytest.skip(f"no GPU backend: {status.reason}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_eager_operator_and_compile(rng, dtype, causal):
+    _need_cuda()
+    q, k, v = _qkv(rng, 2, 4, 2, 77, 130, 64, dtype, device="cuda")
+    eager = cutlassfa_torch.forward(q, k, v, causal=causal)
+    through_op = cutlassfa_torch.op_forward(q, k, v, causal=causal)
+    _expect_close(eager, q, k, v, causal, dtype)
+    assert eager.device == q.device and torch.equal(eager, through_op)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: cutlassfa_torch.forward(q, k, v, causal=causal), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), eager)
+
+
+@pytest.mark.gpu
+def test_cuda_fake_shapes_and_autograd(rng):
+    _need_cuda()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v = _qkv(rng, 1, 4, 1, 33, 65, 128, "bfloat16", device="cuda")
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        out, lse = cutlassfa_torch.forward(fq, fk, fv, return_lse=True)
+    assert out.shape == q.shape and out.device == q.device and lse.shape == q.shape[:-1]
+    with pytest.raises(NotImplementedError, match="has no backward pass"):
+        cutlassfa_torch.forward(q.requires_grad_(), k, v).sum().backward()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("through_operator", [False, True])
+def test_cuda_graph_replay_equals_fresh_call(rng, through_operator):
+    _need_cuda()
+    call = cutlassfa_torch.op_forward if through_operator else cutlassfa_torch.forward
+    q, k, v = _qkv(rng, 2, 4, 2, 200, 200, 64, "float16", device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(q, k, v, causal=True)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(q, k, v, causal=True)
+    for _ in range(2):  # new inputs in the captured buffers, then replay
+        fresh_q, fresh_k, fresh_v = _qkv(rng, 2, 4, 2, 200, 200, 64, "float16", device="cuda")
+        q.copy_(fresh_q), k.copy_(fresh_k), v.copy_(fresh_v)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, cutlassfa_torch.forward(fresh_q, fresh_k, fresh_v, causal=True))

@@ -1,0 +1,453 @@
+"""The "cutlassfa" attention implementation of transformers, on small random-initialised models:
+logits within 2x SDPA's deviation from eager (plus one unit roundoff), greedy generation equal to
+eager's, and every mask either computed exactly or refused. On the CPU (float32, bfloat16) with the
+`cpu` backend, so that the answer is the same on any machine; under the `gpu` marker on CUDA, float32
+with a CUDA-core backend (the tensor-core kernels round fp32 inputs to fp16 pieces, far beyond SDPA's
+fp32 deviation) and bfloat16 with `auto`.
+
+Tests that need a forward argument cutlassfa does not have yet (window=, softcap=, cache_seqlens=,
+cache_leftpad=) skip with the argument's name and run once it lands; until then the adapter must refuse
+those layers, which other tests check."""
+
+import copy
+import functools
+import inspect
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import cutlassfa  # noqa: E402
+from cutlassfa.integrations import transformers as cutlassfa_hf  # noqa: E402
+from cutlassfa.integrations._mask_plan import MaskRows, plan  # noqa: E402
+
+from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, BertConfig, Gemma2Config,  # noqa: E402
+                          LlamaConfig, MistralConfig, masking_utils)
+
+cutlassfa_hf.register()  # "cutlassfa": backend auto
+cutlassfa_hf.register("cutlassfa_cpu", backend="cpu")
+cutlassfa_hf.register("cutlassfa_large_tile", backend="large_tile")
+_OURS = "cutlassfa_cpu"
+
+
+def _exact_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, **kwargs):
+    """Attention in float64 (GQA, scaling, softcap, a boolean mask), rounded once to the input dtype:
+    the baseline for models without SDPA (Gemma 2's softcap)."""
+    q, k, v = (x.double() for x in (query, key, value))
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.transpose(2, 3) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, -torch.inf)
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)  # rows that see no key: 0
+    return (weights @ v).to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _boolean_mask(*args, allow_is_causal_skip=None, **kwargs):
+    return masking_utils.sdpa_mask(*args, allow_is_causal_skip=False, **kwargs)  # always a mask, never None
+
+
+transformers.AttentionInterface.register("exact_float64", _exact_attention)
+masking_utils.AttentionMaskInterface.register("exact_float64", _boolean_mask)
+
+_UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
+_VOCAB = 96
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes(*names):
+    return set(names) <= set(inspect.signature(cutlassfa.forward).parameters)
+
+
+def _needs(*names):
+    missing = ", ".join(f"{n}=" for n in names)
+    return pytest.mark.skipif(not _forward_takes(*names), reason=f"cutlassfa.forward does not take {missing} yet")
+
+
+def _llama(**overrides):
+    return LlamaConfig(vocab_size=_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                       initializer_range=0.1, pad_token_id=0, **overrides)  # GQA 4/2, head dim 32
+
+
+def _mistral(window=8):
+    return MistralConfig(vocab_size=_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=window,
+                         max_position_embeddings=256, initializer_range=0.1, pad_token_id=0)
+
+
+def _gemma2(softcap=2.0, window=8):
+    # A small softcap against scores of a few units, so that capping changes the result.
+    return Gemma2Config(vocab_size=_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+                        sliding_window=window, attn_logit_softcapping=softcap, final_logit_softcapping=None,
+                        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256,
+                        initializer_range=0.1, pad_token_id=0)
+
+
+def _bert():
+    return BertConfig(vocab_size=_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, max_position_embeddings=64, initializer_range=0.1, pad_token_id=0)
+
+
+def _models(rng, config, implementations, dtype=torch.float32, device="cpu"):
+    """One random model per attention implementation, all with the same weights."""
+    auto = AutoModelForMaskedLM if isinstance(config, BertConfig) else AutoModelForCausalLM
+    torch.manual_seed(int(rng.integers(2**31)))
+    base = auto.from_config(copy.deepcopy(config), attn_implementation="eager")
+    models = {}
+    for name in implementations:
+        model = auto.from_config(copy.deepcopy(config), attn_implementation=name)
+        model.load_state_dict(base.state_dict())
+        models[name] = model.to(device, dtype).eval()
+    return models
+
+
+def _logits(model, ids, mask=None):
+    with torch.no_grad():
+        mask = None if mask is None else mask.to(model.device)
+        return model(ids.to(model.device), attention_mask=mask).logits.double().cpu()
+
+
+def _deviation(logits, reference, real):
+    """rel-L2 of logits against reference over the real (not padding) positions."""
+    return float((logits[real] - reference[real]).norm() / reference[real].norm())
+
+
+def _inputs(rng, batch, length, left_pad=(), right_pad=()):
+    ids = torch.from_numpy(rng.integers(1, _VOCAB, (batch, length)))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row, pad in enumerate(left_pad):
+        mask[row, :pad], ids[row, :pad] = 0, 0
+    for row, pad in enumerate(right_pad):
+        if pad:
+            mask[row, -pad:], ids[row, -pad:] = 0, 0
+    return ids, mask
+
+
+def _expect_logits_close(rng, config, ids, mask=None, dtype=torch.float32, baseline="sdpa", must_differ=None,
+                         ours=_OURS, device="cpu"):
+    """The logits of implementation `ours` deviate from eager's at most 2x as much as `baseline`'s do,
+    plus one unit roundoff, over the real (not padding) positions. baseline "exact_float64" (attention
+    in float64) for models without SDPA. `must_differ`: a config whose eager logits must be farther
+    than that bound (what the test would miss if the adapter ignored the feature)."""
+    real = torch.ones(ids.shape, dtype=torch.bool) if mask is None else mask.bool()
+    models = _models(rng, config, ["eager", ours, baseline], dtype, device)
+    eager, ours = _logits(models["eager"], ids, mask), _logits(models[ours], ids, mask)
+    deviation, allowed = _deviation(ours, eager, real), _deviation(_logits(models[baseline], ids, mask), eager, real)
+    bound = 2 * allowed + _UNIT_ROUNDOFF[dtype]
+    assert deviation <= bound, f"cutlassfa {deviation:.3g} vs {baseline} {allowed:.3g}"
+    if must_differ is not None:
+        other = _models(rng, must_differ, ["eager"], dtype, device)["eager"]
+        other.load_state_dict(models["eager"].state_dict())
+        assert _deviation(_logits(other, ids, mask), eager, real) > 10 * bound
+
+
+def _expect_same_generation(rng, config, ids, mask=None, new_tokens=8, ours=_OURS, device="cpu", **options):
+    """Greedy generation picks eager's tokens; a difference is only allowed where eager's two best
+    logits are closer than the logits' deviation (a tie). `options` go to generate."""
+    models = _models(rng, config, ["eager", ours], device=device)
+    ids, mask = ids.to(device), None if mask is None else mask.to(device)
+    with torch.no_grad():
+        kwargs = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **options)
+        expected = models["eager"].generate(ids, **kwargs).cpu()
+        got = models[ours].generate(ids, **kwargs).cpu()
+    if torch.equal(got, expected):
+        return
+    step = int((got != expected).any(0).nonzero()[0])
+    prefix = expected[:, :step]
+    prefix_mask = None if mask is None else torch.nn.functional.pad(mask.cpu(), (0, step - mask.shape[1]), value=1)
+    last = _logits(models["eager"], prefix, prefix_mask)[:, -1]
+    row = int((got[:, step] != expected[:, step]).nonzero()[0])
+    gap = float(last[row, expected[row, step]] - last[row, got[row, step]])
+    assert gap <= 1e-5 * float(last[row].abs().max()), f"generation differs at step {step} (logit gap {gap:.3g})"
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama_gqa_logits(rng, dtype):
+    ids, _ = _inputs(rng, 2, 40)
+    _expect_logits_close(rng, _llama(), ids, dtype=dtype)
+
+
+def test_llama_right_padding_logits(rng):
+    # Causal and right-padded: real queries never see the padding keys, one dense call is exact.
+    ids, mask = _inputs(rng, 3, 33, right_pad=(0, 5, 11))
+    _expect_logits_close(rng, _llama(), ids, mask)
+
+
+def test_llama_greedy_generation(rng):
+    ids, _ = _inputs(rng, 2, 12)
+    _expect_same_generation(rng, _llama(), ids)
+
+
+@_needs("cache_seqlens")
+def test_llama_generation_with_a_static_cache(rng):
+    # The keys are the whole static cache: each step sees only its filled part.
+    ids, _ = _inputs(rng, 2, 12)
+    _expect_same_generation(rng, _llama(), ids, cache_implementation="static")
+
+
+@_needs("cache_seqlens", "cache_leftpad")
+def test_llama_left_padding_logits_and_generation(rng):
+    ids, mask = _inputs(rng, 3, 30, left_pad=(0, 4, 13))
+    _expect_logits_close(rng, _llama(), ids, mask)
+    _expect_same_generation(rng, _llama(), ids, mask)
+
+
+def test_bert_bidirectional_logits(rng):
+    ids, _ = _inputs(rng, 2, 24)
+    _expect_logits_close(rng, _bert(), ids)
+
+
+@_needs("cache_seqlens")
+def test_bert_right_padding_logits(rng):
+    ids, mask = _inputs(rng, 3, 24, right_pad=(0, 6, 15))
+    _expect_logits_close(rng, _bert(), ids, mask)
+
+
+@pytest.mark.skipif(not hasattr(cutlassfa, "varlen_forward"), reason="cutlassfa has no varlen_forward yet")
+def test_llama_padding_on_both_sides(rng):
+    # Real tokens in the middle: the padding queries at the end would see the real keys, so the real
+    # rows and keys of each entry are packed for varlen_forward.
+    ids, mask = _inputs(rng, 3, 20, left_pad=(0, 3, 6), right_pad=(4, 0, 2))
+    _expect_logits_close(rng, _llama(), ids, mask)
+
+
+def test_mistral_window_wider_than_the_sequence(rng):
+    # Every key lies inside the window: no window argument is needed.
+    ids, _ = _inputs(rng, 2, 16)
+    _expect_logits_close(rng, _mistral(window=16), ids)
+
+
+@_needs("window")
+def test_mistral_sliding_window(rng):
+    ids, _ = _inputs(rng, 2, 40)
+    _expect_logits_close(rng, _mistral(window=8), ids, must_differ=_mistral(window=64))
+    _expect_same_generation(rng, _mistral(window=8), ids[:, :12], new_tokens=10)
+
+
+@_needs("window", "cache_seqlens", "cache_leftpad")
+def test_mistral_sliding_window_left_padding(rng):
+    ids, mask = _inputs(rng, 2, 30, left_pad=(0, 7))
+    _expect_logits_close(rng, _mistral(window=8), ids, mask)
+    _expect_same_generation(rng, _mistral(window=8), ids, mask)
+
+
+@_needs("window", "softcap")
+def test_gemma2_softcap_and_sliding_window(rng):
+    ids, _ = _inputs(rng, 2, 40)
+    _expect_logits_close(rng, _gemma2(), ids, baseline="exact_float64", must_differ=_gemma2(softcap=None))
+    _expect_same_generation(rng, _gemma2(), ids[:, :12], new_tokens=10)
+
+
+@_needs("window", "softcap", "cache_seqlens", "cache_leftpad")
+def test_gemma2_left_padding(rng):
+    ids, mask = _inputs(rng, 2, 30, left_pad=(5, 0))
+    _expect_logits_close(rng, _gemma2(), ids, mask, baseline="exact_float64")
+
+
+# --------------------------------------------------------------------------------------------------
+# On a GPU
+# --------------------------------------------------------------------------------------------------
+
+_GPU = [(torch.float32, "cutlassfa_large_tile"), (torch.bfloat16, "cutlassfa")]
+
+
+def _need_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to PyTorch")
+    for backend in ("large_tile", "tensorcore"):
+        if not cutlassfa.backends()[backend].available:
+            pytest.skip(f"{backend}: {cutlassfa.backends()[backend].reason}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_llama_logits(rng, dtype, ours):
+    _need_gpu()
+    ids, mask = _inputs(rng, 3, 64, right_pad=(0, 9, 30))
+    _expect_logits_close(rng, _llama(), ids, dtype=dtype, ours=ours, device="cuda")
+    _expect_logits_close(rng, _llama(), ids, mask, dtype=dtype, ours=ours, device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_llama_generation(rng):
+    _need_gpu()
+    _expect_same_generation(rng, _llama(), _inputs(rng, 2, 16)[0], ours="cutlassfa_large_tile", device="cuda")
+
+
+@pytest.mark.gpu
+@_needs("cache_seqlens", "cache_leftpad")
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_llama_left_padding(rng, dtype, ours):
+    _need_gpu()
+    ids, mask = _inputs(rng, 3, 40, left_pad=(0, 6, 17))
+    _expect_logits_close(rng, _llama(), ids, mask, dtype=dtype, ours=ours, device="cuda")
+    if dtype == torch.float32:
+        _expect_same_generation(rng, _llama(), ids, mask, ours=ours, device="cuda")
+
+
+@pytest.mark.gpu
+@_needs("window")
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_mistral_sliding_window(rng, dtype, ours):
+    _need_gpu()
+    ids, _ = _inputs(rng, 2, 64)
+    _expect_logits_close(rng, _mistral(window=16), ids, dtype=dtype, ours=ours, device="cuda")
+
+
+@pytest.mark.gpu
+@_needs("window", "softcap")
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_gemma2_softcap_and_sliding_window(rng, dtype, ours):
+    _need_gpu()
+    ids, _ = _inputs(rng, 2, 64)
+    _expect_logits_close(rng, _gemma2(window=16), ids, dtype=dtype, baseline="exact_float64", ours=ours,
+                         device="cuda")
+
+
+# --------------------------------------------------------------------------------------------------
+# Refusals: never a different answer
+# --------------------------------------------------------------------------------------------------
+
+def _run(rng, config, ids, mask=None):
+    with torch.no_grad():
+        return _models(rng, config, [_OURS])[_OURS](ids, attention_mask=mask)
+
+
+def test_window_refused_until_forward_takes_it(rng):
+    if _forward_takes("window"):
+        pytest.skip("cutlassfa.forward takes window=: test_mistral_sliding_window covers the layer")
+    with pytest.raises(NotImplementedError, match="sliding windows"):
+        _run(rng, _mistral(window=8), _inputs(rng, 1, 20)[0])
+
+
+def test_softcap_refused_until_forward_takes_it(rng):
+    if _forward_takes("softcap"):
+        pytest.skip("cutlassfa.forward takes softcap=: the Gemma 2 tests cover it")
+    with pytest.raises(NotImplementedError, match="softcapping"):
+        _run(rng, _gemma2(window=64), _inputs(rng, 1, 20)[0])
+
+
+def test_left_padding_refused_until_forward_takes_lengths(rng):
+    if _forward_takes("cache_seqlens", "cache_leftpad"):
+        pytest.skip("cutlassfa.forward takes per-sequence lengths: the left-padding tests cover them")
+    ids, mask = _inputs(rng, 2, 20, left_pad=(3, 0))
+    with pytest.raises(NotImplementedError, match="cache_seqlens"):
+        _run(rng, _llama(), ids, mask)
+
+
+def test_padding_on_both_sides_refused_without_varlen(rng):
+    if hasattr(cutlassfa, "varlen_forward"):
+        pytest.skip("cutlassfa has varlen_forward: test_llama_padding_on_both_sides covers it")
+    ids, mask = _inputs(rng, 2, 20, left_pad=(2, 0), right_pad=(3, 0))
+    with pytest.raises(NotImplementedError, match="varlen_forward"):
+        _run(rng, _llama(), ids, mask)
+
+
+def test_mask_with_a_hole_refused(rng):
+    ids, mask = _inputs(rng, 2, 20)
+    mask[0, 7] = 0  # a padding token in the middle: keys of one query in two ranges
+    with pytest.raises(NotImplementedError, match="contiguous"):
+        _run(rng, _llama(), ids, mask)
+
+
+def test_four_dimensional_masks(rng):
+    """A 4-D mask a caller built (transformers passes it through): a causal one, boolean or additive, is
+    computed and matches eager's; one with a bias is refused."""
+    ids, _ = _inputs(rng, 2, 20)
+    allowed = torch.ones(20, 20, dtype=torch.bool).tril()[None, None].expand(2, 1, 20, 20)
+    additive = torch.zeros(2, 1, 20, 20).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    models = _models(rng, _llama(), ["eager", _OURS])
+    real = torch.ones(ids.shape, dtype=torch.bool)
+    eager = _logits(models["eager"], ids, additive)  # eager adds the mask to the scores
+    for mask in (allowed, additive):
+        assert _deviation(_logits(models[_OURS], ids, mask), eager, real) < 1e-5
+    with pytest.raises(NotImplementedError, match="bias"):
+        _logits(models[_OURS], ids, additive + 0.5 * allowed)
+
+
+# --------------------------------------------------------------------------------------------------
+# The mask -> call plans, against forward's documented semantics
+# --------------------------------------------------------------------------------------------------
+
+def _visible_by_plan(layout, batch, nq, nk):
+    """The keys each query sees under `layout`, from forward's and varlen_forward's documented
+    semantics (written independently of the planner): within the key range of an entry, query t of Lq
+    sits on key start + t + Lk - Lq (bottom-right); causal hides later keys, window=(left, right) keys
+    farther than left before / right after (-1 unbounded)."""
+    left, right = layout.window if layout.window is not None else (-1, -1)
+    visible = np.zeros((batch, nq, nk), dtype=bool)
+    for b in range(batch):
+        start, end = (0, nk) if layout.kind == "dense" else (int(layout.key_start[b]), int(layout.key_end[b]))
+        rows = range(nq) if layout.kind != "varlen" else range(int(layout.query_start[b]), int(layout.query_end[b]))
+        for t, i in enumerate(rows):
+            diagonal = start + t + (end - start) - len(rows)
+            for j in range(start, end):
+                hidden = (layout.causal and j > diagonal) or (left >= 0 and j < diagonal - left) or \
+                    (right >= 0 and j > diagonal + right)
+                visible[b, i, j] = not hidden
+    return visible
+
+
+def _padding(lefts, rights, length):
+    mask = torch.ones(len(lefts), length, dtype=torch.bool)
+    for row, (left, right) in enumerate(zip(lefts, rights)):
+        mask[row, :left] = False
+        if right:
+            mask[row, length - right:] = False
+    return mask
+
+
+_CAUSAL, _FULL = masking_utils.causal_mask_function, masking_utils.bidirectional_mask_function
+_SLIDING = masking_utils.sliding_window_causal_mask_function
+_SLIDING_FULL = masking_utils.sliding_window_bidirectional_mask_function
+_CASES = {  # name: (mask function, causal, layer window, Nq, Nk, q_offset, kv_offset, 2-D padding, form)
+    "causal": (_CAUSAL, True, None, 9, 9, 0, 0, None, "dense"),
+    "causal, right padding": (_CAUSAL, True, None, 9, 9, 0, 0, _padding([0, 0], [3, 0], 9), "dense"),
+    "causal, left padding": (_CAUSAL, True, None, 9, 9, 0, 0, _padding([2, 0, 5], [0, 0, 0], 9), "cache"),
+    "causal, both sides": (_CAUSAL, True, None, 9, 9, 0, 0, _padding([2, 0], [3, 1], 9), "varlen"),
+    "decode, left padding": (_CAUSAL, True, None, 1, 10, 9, 0, _padding([4, 0], [0, 0], 10), "cache"),
+    "chunk after a cache": (_CAUSAL, True, None, 3, 10, 7, 0, _padding([4, 0], [0, 0], 10), "cache"),
+    "static cache, 5 of 12 slots": (_CAUSAL, True, None, 2, 12, 3, 0, _padding([1, 0], [0, 0], 5), "cache"),
+    "sliding window": (_SLIDING(4), True, 3, 9, 9, 0, 0, None, "dense"),
+    "sliding window wider than N": (_SLIDING(12), True, 11, 9, 9, 0, 0, None, "dense"),
+    "sliding window, left padding": (_SLIDING(4), True, 3, 9, 9, 0, 0, _padding([3, 0], [0, 0], 9), "cache"),
+    "sliding cache, decode": (_SLIDING(4), True, 3, 1, 4, 20, 17, None, "dense"),
+    "bidirectional, right padding": (_FULL, False, None, 9, 9, 0, 0, _padding([0, 0], [4, 0], 9), "cache"),
+    "bidirectional sliding window": (_SLIDING_FULL(2), False, 2, 9, 9, 0, 0, None, "dense"),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_plan_computes_exactly_the_mask(case):
+    function, causal, window, nq, nk, q_offset, kv_offset, padding, form = _CASES[case]
+    batch = 1 if padding is None else padding.shape[0]
+    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset,
+                                                       mask_function=function, attention_mask=padding))
+    dense = masking_utils.sdpa_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
+                                    attention_mask=padding, allow_is_causal_skip=False)[:, 0].numpy()
+    left, right = (None, None) if window is None else ((window, 0) if causal else (window, window))
+    layout = plan(rows, nq, nk, causal, left, right)
+    assert layout.kind == form
+    matters = rows.matters.numpy()
+    assert matters.sum() > 0
+    np.testing.assert_array_equal(_visible_by_plan(layout, batch, nq, nk)[matters], dense[matters])
+
+
+def test_plan_refuses_masks_it_cannot_express():
+    chunked = masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
+    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=chunked))
+    with pytest.raises(NotImplementedError, match="not one cutlassfa can express"):
+        plan(rows, 9, 9, True)
+    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=_SLIDING(4)))
+    with pytest.raises(NotImplementedError, match="sliding window|not one cutlassfa"):
+        plan(rows, 9, 9, True)  # the layer claims no window: the mask disagrees
