@@ -232,7 +232,7 @@ def _gpu():
         pytest.skip("JAX has no CUDA device here")
     if not cutlassfa.backends()["small_tile"].available:
         pytest.skip(f"no cutlassfa GPU backend: {cutlassfa.backends()['small_tile'].reason}")
-    if not cutlassfa_jax._ffi_registered():
+    if not cutlassfa_jax.ffi_registered():
         pytest.skip("the extension was built without the JAX FFI handler (see cpp/jax/jax.cmake)")
     return device
 

@@ -24,6 +24,9 @@
 #include "bindings/forward.h"
 #include "cutlassfa/workspace.h"
 #endif
+#if CUTLASSFA_HAS_JAX_FFI
+#include "jax/ffi.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -150,5 +153,8 @@ NB_MODULE(_C, m) {
                                         stream, sync);
   }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, "return_lse"_a,
         "alloc"_a.none(), "stream"_a, "sync"_a);
+#endif
+#if CUTLASSFA_HAS_JAX_FFI
+  cutlassfa::register_jax_ffi(m);
 #endif
 }

@@ -219,6 +219,18 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
         raise RuntimeError(_EXTENSION_ERROR)
 
     module = type(q).__module__
+    if module.startswith("torch"):
+        # Through torch.ops.cutlassfa.forward only while PyTorch must see the call (compiling, tracing,
+        # autograd recording); eager calls go straight to the extension (the operator costs 3-13 us).
+        routed = _torch_integration().maybe_route(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                                  backend=backend, return_lse=return_lse, out=out)
+        if routed is not None:
+            return routed
+    if module.startswith("jax") and _jax_integration_takes(q, k, v):
+        from .integrations import jax as jax_integration
+
+        return jax_integration.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                                       return_lse=return_lse, out=out)
     if module.startswith("jax"):
         result = _forward_jax(q, k, v, out, causal, softmax_scale, code, return_lse)
     elif not _C.has_cuda:
@@ -232,6 +244,30 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     if result is None:  # the resolved backend is `cpu`; the arguments have been validated
         result = _forward_cpu(q, k, v, out, causal, softmax_scale, return_lse)
     return result if return_lse else result[0]
+
+
+_TORCH_INTEGRATION = None
+
+
+def _torch_integration() -> Any:
+    """cutlassfa.integrations.torch, imported (and the operator registered) on first use."""
+    global _TORCH_INTEGRATION
+    if _TORCH_INTEGRATION is None:
+        from .integrations import torch as torch_integration
+
+        _TORCH_INTEGRATION = torch_integration
+    return _TORCH_INTEGRATION
+
+
+def _jax_integration_takes(*arrays: Any) -> bool:
+    """JAX tracers (inside jax.jit / vmap) go to the XLA integration; so do concrete arrays when its FFI
+    handler is registered (a custom call on XLA's stream, no synchronization). Otherwise concrete arrays
+    take the direct path below, which waits for them and synchronizes."""
+    import jax
+
+    from .integrations import jax as jax_integration
+
+    return any(isinstance(a, jax.core.Tracer) for a in arrays) or jax_integration.ffi_registered()
 
 
 def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None,

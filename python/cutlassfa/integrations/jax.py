@@ -91,7 +91,7 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     cpu_backend = "cpu" if backend == "auto" else name  # auto on JAX's CPU: compute on the CPU
     cuda_backend = _device_backend(name, backend, scale)
     ffi_backend = None
-    if not frozen_modes and _ffi_registered():  # the FFI handler takes the core arguments only
+    if not frozen_modes and ffi_registered():  # the FFI handler takes the core arguments only
         from cutlassfa import _C
 
         ffi_backend = getattr(_C.Backend, cuda_backend).value
@@ -125,7 +125,7 @@ def _forward_keywords() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _ffi_registered() -> bool:
+def ffi_registered() -> bool:
     """Registers the extension's FFI handler with XLA for CUDA, once; False when the extension was built
     without it (or without CUDA) or this jaxlib has no CUDA platform."""
     try:
