@@ -7,7 +7,8 @@ inputs whatever else runs. Hypothesis is seeded from it too.
 
 CUTLASSFA_REQUIRE_GPU=1 (the GPU machine runs with it): a `gpu` test that skips fails instead, with the
 skip's reason, unless the reason names a missing optional package (pytest.importorskip's "could not
-import ...", or a reason starting with "optional package"). A broken driver or extension then cannot
+import ...", a reason starting with "optional package", or one starting with "machine:" for hardware the
+machine lacks, such as a second GPU). A broken driver or extension then cannot
 read as "no GPU, everything green".
 
 `slow` tests run only with --run-slow (or CUTLASSFA_RUN_SLOW=1).
@@ -37,7 +38,9 @@ except ImportError:  # a plain checkout: test the sources in python/
 from cutlassfa._diagnostics import REQUIRE_GPU_VARIABLE, gpu_required  # noqa: E402
 
 SEED_VARIABLE = "CUTLASSFA_TEST_SEED"
-OPTIONAL_SKIP_PREFIXES = ("could not import", "optional package")
+# "machine:" names hardware the machine does not have (a second GPU for the NCCL ring tests): no
+# setting of the package can make it appear, so it is not a broken GPU path.
+OPTIONAL_SKIP_PREFIXES = ("could not import", "optional package", "machine:")
 _SESSION_SEED: int | None = None
 
 

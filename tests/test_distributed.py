@@ -231,7 +231,7 @@ def nccl_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def _case_results(run: dict, world: int, name: str) -> tuple[dict, list]:
     if world not in run["groups"]:
-        pytest.skip(f"{world} ranks: only {len(run['results'])} GPUs")
+        pytest.skip(f"machine: {world} ranks need {world} GPUs, {len(run['results'])} present")
     case = run["cases"][(world, name)]
     per_rank = [run["results"][rank][(world, name)] for rank in run["groups"][world]]
     return case, per_rank
