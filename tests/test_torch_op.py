@@ -104,7 +104,8 @@ def test_operator_takes_3d_inputs_scale_and_out(rng):
     result = cutlassfa_torch.op_forward(q, k, v, softmax_scale=0.3, out=out)
     assert result is out
     ref, _ = attention_reference(_host(q), _host(k), _host(v), softmax_scale=0.3)
-    assert rel_l2(_host(out), ref) <= 1e-5
+    backend = cutlassfa.select_backend(q, k, v)  # host tensors run on the GPU when there is one
+    assert rel_l2(_host(out), ref) <= bound_for(backend, "float32").rel_l2
     with pytest.raises(ValueError, match="out must have shape"):
         cutlassfa_torch.op_forward(q, k, v, out=torch.empty(2, 20, 64))
 
