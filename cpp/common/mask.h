@@ -69,4 +69,14 @@ struct Mask {
   }
 };
 
+// The K/V loop order every family uses: from the last visible tile down to tile 0, the tiles that need
+// element masking (the ragged last tile, the causal diagonal) first, then the mask-free ones.
+// step(n_block, std::true_type / std::false_type) runs one tile, masked or not.
+template <class Step>
+__forceinline__ __device__ void for_each_kv_tile(int n_block_max, int n_block_unmasked_end, Step&& step) {
+  int n_block = n_block_max - 1;
+  for (; n_block >= n_block_unmasked_end; --n_block) { step(n_block, cute::true_type{}); }
+  for (; n_block >= 0; --n_block) { step(n_block, cute::false_type{}); }
+}
+
 }  // namespace cutlassfa

@@ -21,6 +21,7 @@
 #include "common/mask.h"
 #include "common/online_softmax.h"
 #include "common/tensor_utils.h"
+#include "common/tile.h"
 #include "sm80/gemm.h"
 #include "sm80/kernel_traits.h"
 
@@ -41,41 +42,19 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   extern __shared__ __align__(1024) char smem[];
   int const tidx = threadIdx.x;
 
-  // m_block varies fastest so the CTAs sharing one K/V head run together and re-read it from L2;
-  // within a head the tiles go last-first, which under a causal mask launches the longest first.
-  int const num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
-  int const m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
-  int const bh = static_cast<int>(blockIdx.x / num_m_blocks);
-  int const head = bh % params.heads_q;
-  int const batch = bh / params.heads_q;
-  int const head_kv = head / params.heads_ratio;
-
+  TileCoord const tile = tile_of_this_block<kBlockM>(params);
+  int const m_block = tile.m_block;
   Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
   int const n_block_max = mask.n_block_max(m_block);  // 0: no row of this tile sees a key
   int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
   int const rows_q = params.seqlen_q - m_block * kBlockM;  // valid rows of this Q tile (may exceed kBlockM)
 
-  // ---- Global tensors (64-bit offsets: batch * batch_stride can exceed 2^31) ----------------------
-  int64_t const q_offset = batch * params.q_batch_stride + head * params.q_head_stride;
-  int64_t const k_offset = batch * params.k_batch_stride + head_kv * params.k_head_stride;
-  int64_t const v_offset = batch * params.v_batch_stride + head_kv * params.v_head_stride;
-  int64_t const o_offset = batch * params.o_batch_stride + head * params.o_head_stride;
-  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<ElementIn const*>(params.q) + q_offset),
-                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.q_row_stride), _1{}));  // (seqlen_q, d)
-  Tensor mK = make_tensor(make_gmem_ptr(static_cast<ElementIn const*>(params.k) + k_offset),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.k_row_stride), _1{}));  // (seqlen_k, d)
-  Tensor mV = make_tensor(make_gmem_ptr(static_cast<ElementIn const*>(params.v) + v_offset),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.v_row_stride), _1{}));  // (seqlen_k, d)
-  Tensor mO = make_tensor(make_gmem_ptr(static_cast<ElementOut*>(params.o) + o_offset),
-                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.o_row_stride), _1{}));  // (seqlen_q, d)
-  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
-  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
-  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
+  // ---- Global tensors --------------------------------------------------------------------------------
+  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDim, kHeadDim, ElementIn, ElementOut>(params, tile);
+  Tensor gQ = get<0>(tiles);  // (kBlockM, d)
+  Tensor gK = get<1>(tiles);  // (kBlockN, d, n_blocks)
+  Tensor gV = get<2>(tiles);  // (kBlockN, d, n_blocks)
+  Tensor gO = get<3>(tiles);  // (kBlockM, d)
 
   // ---- Shared tensors ------------------------------------------------------------------------------
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
@@ -110,15 +89,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   // kSplit: the fp32 tile goes to sStage instead of sX.
   auto load_kv = [&](auto const& gX, auto& sX, int const n_block, int const tid, auto is_predicated) {
     auto load = [&](auto const& gmem_tiled_copy_KV, auto& sDst) {
-      auto gmem_thr_copy_KV = gmem_tiled_copy_KV.get_thread_slice(tid);
-      Tensor tXgX = gmem_thr_copy_KV.partition_S(gX(_, _, n_block));  // (KCPY, KCPY_N, KCPY_K)
-      Tensor tXsX = gmem_thr_copy_KV.partition_D(sDst);                // (KCPY, KCPY_N, KCPY_K)
-      if constexpr (decltype(is_predicated)::value) {
-        Tensor tXcX = gmem_thr_copy_KV.partition_S(cKV);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
-        copy_rows_zfill(gmem_tiled_copy_KV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
-      } else {
-        copy(gmem_tiled_copy_KV, tXgX, tXsX);
-      }
+      copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_KV, gmem_tiled_copy_KV.get_thread_slice(tid),
+                                                   gX(_, _, n_block), sDst, cKV, params.seqlen_k - n_block * kBlockN);
     };
     if constexpr (kSplit) {
       load(typename Traits::GmemTiledCopyKVIn{}, sStage);
@@ -228,32 +200,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
   };
 
-  int n_block = n_block_max - 1;
-  for (; n_block >= n_block_unmasked_end; --n_block) { kv_step(n_block, cute::true_type{}); }
-  for (; n_block >= 0; --n_block) { kv_step(n_block, cute::false_type{}); }
+  for_each_kv_tile(n_block_max, n_block_unmasked_end, kv_step);
 
   // ---- Epilogue --------------------------------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o, params.softmax_scale);  // (nrow)
   Tensor rO = convert_type<ElementOut>(acc_o);                 // (MMA, MMA_M, MMA_K)
-
-  cute::cp_async_wait<0>();  // the Q load is still in flight when no K/V step ran
-  __syncthreads();           // sO overwrites sQ/sK: every warp must be done with them
-
-  auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
-  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(tidx);
-  Tensor taccOrO = smem_thr_copy_O.retile_S(rO);     // (CPY, CPY_M, CPY_K)
-  Tensor taccOsO = smem_thr_copy_O.partition_D(sO);  // (CPY, CPY_M, CPY_K)
-  copy(smem_tiled_copy_O, taccOrO, taccOsO);
-
-  if (params.lse != nullptr) {
-    Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
-    Tensor taccOcO = thr_mma.partition_C(cO);                                // (MMA, MMA_M, MMA_K)
-    Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(taccOcO.layout()));  // (nrow, ncol)
-    write_lse(params, batch, head, m_block * kBlockM, lse, taccOcO_rc, rows_q);
-  }
-
-  __syncthreads();  // sO complete before it is read back with another thread mapping
-  store_o_rows<typename Traits::GmemTiledCopyO>(sO, gO, cQ, rows_q, tidx);
+  Tensor taccOcO = thr_mma.partition_C(cQ);                    // (MMA, MMA_M, MMA_K) -> (row, col)
+  Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(taccOcO.layout()));  // (nrow, ncol)
+  store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
+      params, tile, m_block * kBlockM, rows_q, tiled_mma, rO, sO, gO, lse, taccOcO_rc, cQ, tidx);
 }
 
 }  // namespace cutlassfa::sm80

@@ -19,6 +19,7 @@
 #include "common/mask.h"
 #include "common/online_softmax.h"
 #include "common/tensor_utils.h"
+#include "common/tile.h"
 #include "sm90/kernel_traits.h"
 #include "sm90/utils.h"
 
@@ -40,40 +41,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   extern __shared__ __align__(1024) char smem[];
   int const tidx = threadIdx.x;
 
-  // Same grid order as the mma.sync kernel: m_block fastest (K/V reuse in L2), last tiles first (causal balance).
-  int const num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
-  int const m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
-  int const bh = static_cast<int>(blockIdx.x / num_m_blocks);
-  int const head = bh % params.heads_q;
-  int const batch = bh / params.heads_q;
-  int const head_kv = head / params.heads_ratio;
-
+  TileCoord const tile = tile_of_this_block<kBlockM>(params);  // grid order: common/tile.h
+  int const m_block = tile.m_block;
   Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
   int const n_block_max = mask.n_block_max(m_block);
   int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
   int const rows_q = params.seqlen_q - m_block * kBlockM;
 
-  // ---- Global tensors (64-bit offsets) ----------------------------------------------------------------
-  int64_t const q_offset = batch * params.q_batch_stride + head * params.q_head_stride;
-  int64_t const k_offset = batch * params.k_batch_stride + head_kv * params.k_head_stride;
-  int64_t const v_offset = batch * params.v_batch_stride + head_kv * params.v_head_stride;
-  int64_t const o_offset = batch * params.o_batch_stride + head * params.o_head_stride;
-  Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.q) + q_offset),
-                          make_shape(params.seqlen_q, Int<kHeadDimQK>{}),
-                          make_stride(static_cast<int64_t>(params.q_row_stride), _1{}));  // (seqlen_q, dQK)
-  Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.k) + k_offset),
-                          make_shape(params.seqlen_k, Int<kHeadDimQK>{}),
-                          make_stride(static_cast<int64_t>(params.k_row_stride), _1{}));  // (seqlen_k, dQK)
-  Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(params.v) + v_offset),
-                          make_shape(params.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.v_row_stride), _1{}));  // (seqlen_k, d)
-  Tensor mO = make_tensor(make_gmem_ptr(static_cast<ElementOut*>(params.o) + o_offset),
-                          make_shape(params.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(static_cast<int64_t>(params.o_row_stride), _1{}));  // (seqlen_q, d)
-  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}, make_coord(m_block, 0));  // (kBlockM, dQK)
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}, make_coord(_, 0));  // (kBlockN, dQK, n_blocks)
-  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (kBlockN, d, n_blocks)
-  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (kBlockM, d)
+  // ---- Global tensors: Q and K of kHeadDimQK columns, V and O of kHeadDim ----------------------------
+  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDimQK, kHeadDim, Element, ElementOut>(params, tile);
+  Tensor gQ = get<0>(tiles);  // (kBlockM, dQK)
+  Tensor gK = get<1>(tiles);  // (kBlockN, dQK, n_blocks)
+  Tensor gV = get<2>(tiles);  // (kBlockN, d, n_blocks)
+  Tensor gO = get<3>(tiles);  // (kBlockM, d)
 
   // ---- Shared tensors: Q | K | V, each seen by the copies (swizzled layout) and by wgmma -----------
   Element* const smem_q = reinterpret_cast<Element*>(smem);
@@ -99,14 +79,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // cp.async of K or V tile n_block into sX; is_predicated zero-fills the rows >= seqlen_k.
   auto load_kv = [&](auto const& gX, auto& sX, auto const& cX, int const n_block, auto is_predicated) {
-    Tensor tXgX = gmem_thr_copy_QKV.partition_S(gX(_, _, n_block));  // (KCPY, KCPY_N, KCPY_K)
-    Tensor tXsX = gmem_thr_copy_QKV.partition_D(sX);                // (KCPY, KCPY_N, KCPY_K)
-    if constexpr (decltype(is_predicated)::value) {
-      Tensor tXcX = gmem_thr_copy_QKV.partition_S(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
-      copy_rows_zfill(gmem_tiled_copy_QKV, tXgX, tXsX, tXcX, params.seqlen_k - n_block * kBlockN);
-    } else {
-      copy(gmem_tiled_copy_QKV, tXgX, tXsX);
-    }
+    copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_QKV, gmem_thr_copy_QKV, gX(_, _, n_block), sX, cX,
+                                                 params.seqlen_k - n_block * kBlockN);
   };
 
   typename Traits::TiledMmaS tiled_mma_s;
@@ -169,31 +143,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     gemm</*kZeroInit=*/false, /*kARegisters=*/true>(tiled_mma_o, tOrP, tOrVt, acc_o);
   };
 
-  int n_block = n_block_max - 1;
-  for (; n_block >= n_block_unmasked_end; --n_block) { kv_step(n_block, cute::true_type{}); }
-  for (; n_block >= 0; --n_block) { kv_step(n_block, cute::false_type{}); }
+  for_each_kv_tile(n_block_max, n_block_unmasked_end, kv_step);
 
-  // ---- Epilogue (shared) ---------------------------------------------------------------------------------
+  // ---- Epilogue (common/tile.h) ----------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o80, params.softmax_scale);  // (nrow)
-  Tensor rO = convert_type<ElementOut>(acc_o);             // (MMA, MMA_M, MMA_N)
-
-  cute::cp_async_wait<0>();  // the Q load is still in flight when no K/V step ran
-  __syncthreads();           // sO overwrites sQ: every warpgroup must be done with it
-
-  auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma_o);
-  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(tidx);
-  Tensor taccOrO = smem_thr_copy_O.retile_S(rO);     // (CPY, CPY_M, CPY_N)
-  Tensor taccOsO = smem_thr_copy_O.partition_D(sO);  // (CPY, CPY_M, CPY_N)
-  copy(smem_tiled_copy_O, taccOrO, taccOsO);
-
-  if (params.lse != nullptr) {
-    Tensor taccOcO = thr_mma_o.partition_C(cO);  // (MMA, MMA_M, MMA_N)
-    Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
-    write_lse(params, batch, head, m_block * kBlockM, lse, taccOcO_rc, rows_q);
-  }
-
-  __syncthreads();  // sO complete before it is read back with another thread mapping
-  store_o_rows<typename Traits::GmemTiledCopyO>(sO, gO, cO, rows_q, tidx);
+  Tensor rO = convert_type<ElementOut>(acc_o);                   // (MMA, MMA_M, MMA_N)
+  Tensor taccOcO = thr_mma_o.partition_C(cO);                    // (MMA, MMA_M, MMA_N) -> (row, col)
+  Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
+  store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
+      params, tile, m_block * kBlockM, rows_q, tiled_mma_o, rO, sO, gO, lse, taccOcO_rc, cO, tidx);
 #endif
 }
 
