@@ -230,6 +230,97 @@ void fill_host(void* data, DType dtype, const Strided4& v, float value) {
         }
 }
 
+// Small host problems go through one pinned staging buffer per thread: q, k, v packed compact on the
+// CPU, one copy in, one launch, one copy out of O and lse. Each copy from pageable memory costs several
+// microseconds of its own; four or five of them were most of a tiny host call (~60 us).
+constexpr size_t kStagingLimit = size_t{16} << 20;
+
+struct PinnedStaging {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  ~PinnedStaging() {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+  cudaError_t reserve(size_t wanted) {
+    if (wanted <= bytes) return cudaSuccess;
+    if (ptr != nullptr) cudaFreeHost(ptr);
+    ptr = nullptr, bytes = 0;
+    cudaError_t const err = cudaMallocHost(&ptr, wanted);
+    if (err == cudaSuccess) bytes = wanted;
+    return err;
+  }
+};
+
+// Row by row between a strided (B, H, N, cols) host view and a compact one (pack: strided -> compact).
+void host_rows(char* compact, char* strided, const long long* shape, const long long* strides, int bytes, bool pack) {
+  size_t const row_bytes = static_cast<size_t>(shape[3]) * bytes;
+  char* dst = compact;
+  for (long long b = 0; b < shape[0]; ++b)
+    for (long long h = 0; h < shape[1]; ++h)
+      for (long long n = 0; n < shape[2]; ++n, dst += row_bytes) {
+        char* row = strided + (b * strides[0] + h * strides[1] + n * strides[2]) * bytes;
+        if (pack) std::memcpy(dst, row, row_bytes);
+        else std::memcpy(row, dst, row_bytes);
+      }
+}
+
+cudaError_t run_host_staged(const Problem& p, Backend backend, Output& o, Output* lse, cudaStream_t stream) {
+  thread_local PinnedStaging staging;
+  int const bytes = item_bytes(p.dtype);
+  long long const q_elems = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q * p.head_dim;
+  long long const kv_elems = static_cast<long long>(p.batch) * p.heads_kv * p.seqlen_k * p.head_dim;
+  size_t const in_bytes = static_cast<size_t>(q_elems + 2 * kv_elems) * bytes;
+  size_t const o_bytes = static_cast<size_t>(q_elems) * bytes;
+  size_t const lse_bytes = lse != nullptr ? static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q * 4 : 0;
+  size_t const lse_offset = (in_bytes + o_bytes + 15) / 16 * 16;  // fp32 lse after O, 16-byte aligned
+  size_t const total = lse_offset + lse_bytes;
+  cudaError_t err = staging.reserve(total);
+  if (err != cudaSuccess) return err;
+  char* const host = static_cast<char*>(staging.ptr);
+  const ArrayRef* inputs[3] = {&p.q, &p.k, &p.v};
+  long long compact[3][3];
+  size_t offsets[3] = {0, static_cast<size_t>(q_elems) * bytes, static_cast<size_t>(q_elems + kv_elems) * bytes};
+  for (int i = 0; i < 3; ++i) {
+    int const heads = i == 0 ? p.heads_q : p.heads_kv;
+    int const seqlen = i == 0 ? p.seqlen_q : p.seqlen_k;
+    long long const shape[4] = {p.batch, heads, seqlen, p.head_dim};
+    long long strides[4] = {0, 0, 0, 1};
+    p.strides4(*inputs[i], &strides[0], &strides[1], &strides[2]);
+    host_rows(host + offsets[i], static_cast<char*>(inputs[i]->data), shape, strides, bytes, /*pack=*/true);
+    compact[i][2] = p.head_dim, compact[i][1] = static_cast<long long>(seqlen) * p.head_dim;
+    compact[i][0] = compact[i][1] * heads;
+  }
+  char* device = nullptr;
+  err = workspace_alloc(reinterpret_cast<void**>(&device), total, stream);
+  if (err != cudaSuccess) return err;
+  err = cudaMemcpyAsync(device, host, in_bytes, cudaMemcpyHostToDevice, stream);
+  Output device_o, device_lse;
+  int64_t o_strides[4], lse_strides[4];
+  compact_strides(p, false, o_strides);
+  compact_strides(p, true, lse_strides);
+  device_o.view = view_of(p, o_strides, false);
+  device_o.data = device + in_bytes;
+  device_lse.view = view_of(p, lse_strides, true);
+  device_lse.data = device + lse_offset;
+  if (err == cudaSuccess) {
+    FwdParams const params = make_params(p, device + offsets[0], device + offsets[1], device + offsets[2], device_o,
+                                         lse != nullptr ? &device_lse : nullptr, compact);
+    err = run_forward(backend, params, stream);
+  }
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(host + in_bytes, device + in_bytes, total - in_bytes, cudaMemcpyDeviceToHost, stream);
+  }
+  cudaError_t const sync_err = cudaStreamSynchronize(stream);  // nothing in flight may outlive the buffers
+  workspace_free(device, stream);
+  if (err == cudaSuccess) err = sync_err;
+  if (err != cudaSuccess) return err;
+  host_rows(host + in_bytes, static_cast<char*>(o.data), o.view.shape, o.view.strides, bytes, /*pack=*/false);
+  if (lse != nullptr) {
+    host_rows(host + lse_offset, static_cast<char*>(lse->data), lse->view.shape, lse->view.strides, 4, false);
+  }
+  return cudaSuccess;
+}
+
 // numpy / torch CPU arrays on a GPU backend: compact device copies of q, k, v from the workspace pool,
 // one launch, results copied back, on the calling thread's stream of CUDA device 0.
 void run_host(const Problem& p, Backend backend, Output& o, Output* lse) {
@@ -239,6 +330,19 @@ void run_host(const Problem& p, Backend backend, Output& o, Output* lse) {
     return;
   }
   DeviceGuard guard(0);
+  {
+    size_t const elems = static_cast<size_t>(p.batch) * p.head_dim *
+                         (2 * static_cast<size_t>(p.heads_q) * p.seqlen_q + 2 * static_cast<size_t>(p.heads_kv) * p.seqlen_k);
+    if (elems * item_bytes(p.dtype) <= kStagingLimit) {
+      cudaError_t err;
+      {
+        nb::gil_scoped_release no_gil;
+        err = run_host_staged(p, backend, o, lse, cudaStreamPerThread);
+      }
+      if (err != cudaSuccess) throw_cuda_error(err, "cutlassfa host path");
+      return;
+    }
+  }
   cudaStream_t const stream = cudaStreamPerThread;
   int const bytes = item_bytes(p.dtype);
   std::vector<void*> buffers;
