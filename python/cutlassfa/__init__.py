@@ -3,6 +3,7 @@ mma.sync on sm_80 and up) and CUDA cores, for numpy, PyTorch, CuPy and JAX array
 
     import cutlassfa
     out = cutlassfa.forward(q, k, v, causal=True)
+    out = cutlassfa.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True)
 
 See `forward` for the contract, `backends()` for what runs on this machine and `supports()` for what
 each backend takes.
@@ -10,7 +11,9 @@ each backend takes.
 
 from ._api import (BACKENDS, HEAD_DIMS, BackendStatus, Support, backends, device_info, empty_cache, forward,
                    select_backend, supports)
+from ._variants import varlen_forward
+from .merge import merge_attention, merge_attention_into
 
 __version__ = "0.1.0"
 __all__ = ["BACKENDS", "HEAD_DIMS", "BackendStatus", "Support", "backends", "device_info", "empty_cache", "forward",
-           "select_backend", "supports", "__version__"]
+           "merge_attention", "merge_attention_into", "select_backend", "supports", "varlen_forward", "__version__"]

@@ -4,6 +4,7 @@ arrays, validates them, picks the backend and launches, in one call."""
 
 from __future__ import annotations
 
+import functools
 import math
 import pathlib
 from dataclasses import dataclass
@@ -84,13 +85,18 @@ def backends(device: int = 0) -> dict[str, BackendStatus]:
     return statuses
 
 
-_KNOWN_MODES = {"causal"}
+# Mode keys of `supports`: causal, and the variants (window, softcap, KV caches, varlen, split keys).
+_KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits"}
 
 
 def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode: Any) -> Support:
     """Says in advance whether `forward(..., backend=backend)` takes arrays of `dtype` and `head_dim` on
-    this machine (CUDA `device` for GPU backends) in the given mode (`causal=True/False`; other mode
-    keys name features this version does not have), and if not, why."""
+    this machine (CUDA `device` for GPU backends) in the given mode, and if not, why.
+
+    Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache and paged (bool:
+    forward with cache_seqlens / block_table ...), varlen (bool: varlen_forward), num_splits (int or
+    None); values as forward takes them (a value that asks for nothing, such as window=(-1, -1) or
+    softcap=0, is the plain case). Other keys name features this version does not have."""
     if backend not in BACKENDS:
         return Support(False, f"unknown backend {backend!r}")
     if dtype not in _arrays.DTYPES:
@@ -100,18 +106,41 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
             return Support(False, f"mode {key!r} is not implemented")
         if key == "causal" and not isinstance(value, (bool, np.bool_)):
             return Support(False, "causal must be a bool")
+    from . import _variants
+
+    try:
+        asked = _variants.requested(mode)
+    except (TypeError, ValueError) as error:
+        return Support(False, str(error))
+    if asked:
+        return _variants.support(backend, head_dim, asked)
     if _C is None:
         return Support(False, _EXTENSION_ERROR)
+    if backend == "cpu":
+        refusal = _head_dim_refusal(head_dim)
+        return Support(not refusal, refusal)
     if head_dim not in HEAD_DIMS:
         return Support(False, f"head dim {head_dim} is not one of {HEAD_DIMS}")
-    if backend == "cpu":
-        return Support(True)
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
     if not _C.head_dim_compiled(getattr(_C.Backend, backend), head_dim):
         return Support(False, f"{backend} has no kernels for head dim {head_dim} in this build")
     return Support(True)
+
+
+@functools.lru_cache(maxsize=None)
+def _head_dim_refusal(head_dim: Any) -> str:
+    """Why the plain path refuses a head dim on the cpu backend ("" when it takes it): the extension's
+    validator decides, asked with a one-element problem."""
+    if not isinstance(head_dim, (int, np.integer)) or not 0 < head_dim <= 1024:
+        return f"head dim must be a positive int, got {head_dim!r}"
+    probe = np.zeros((1, 1, 1, int(head_dim)), np.float32)
+    try:
+        _C.validate(probe, probe, probe, None, False, None, _CPU)
+    except ValueError as error:
+        return str(error)
+    return ""
 
 
 def device_info(device: int = 0) -> dict[str, Any]:
@@ -191,8 +220,13 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str
 # forward
 # --------------------------------------------------------------------------------------------------
 
+_NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no variant argument"
+
+
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
-            backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
+            window: tuple[int, int] | None = None, softcap: float = _NO_SOFTCAP, cache_seqlens: Any = None,
+            cache_leftpad: Any = None, block_table: Any = None, k_new: Any = None, v_new: Any = None,
+            num_splits: int | None = None, backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
     """Attention forward pass: softmax(scale · q kᵀ) v, computed blockwise without materializing the
     N×N score matrix (except by the `naive` backend).
 
@@ -205,7 +239,29 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     causal: bottom-right aligned as FlashAttention-2: query i sees key j iff j <= i + Nk - Nq; a row
     that sees no key gives 0 (and lse = -inf). softmax_scale defaults to 1/sqrt(d).
     Returns out, or (out, lse) when return_lse; lse is float32 (B, Hq, Nq) (or (B, Nq)), natural log.
+
+    Variants (the `cpu` backend only for now, on host arrays; `auto` picks it for them, and d may be
+    any multiple of 8 from 8 to 256):
+    window=(left, right): query i sees key j iff i + Nk - Nq - left <= j <= i + Nk - Nq + right (-1:
+    unbounded on that side); causal=True is (-1, 0) and combines with a left bound.
+    softcap=c > 0: scores become c * tanh(s / c) before the softmax (lse of the capped scores).
+    KV cache: k and v are caches (B, Hkv, Ncache, d), or with block_table (B, max_pages) int32 paged
+    caches (num_pages, Hkv, page_size, d) (key p of entry b: row p % page_size of page
+    block_table[b, p // page_size]); q must be 4-D. cache_seqlens (B,): entry b attends keys
+    [cache_leftpad[b], cache_seqlens[b] + Nnew), aligned bottom-right against that length. k_new, v_new
+    (B, Hkv, Nnew, d) are written into the caches at cache_seqlens[b] first (cache_seqlens itself is
+    not modified). num_splits: None (the backend chooses) or n >= 1 parts of the keys, merged by lse.
     """
+    if not (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
+            and block_table is None and k_new is None and v_new is None and num_splits is None):
+        from . import _variants
+
+        result = _variants.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
+                                   softcap=softcap, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
+                                   block_table=block_table, k_new=k_new, v_new=v_new, num_splits=num_splits,
+                                   backend=backend, return_lse=return_lse, out=out)
+        if result is not _variants.PLAIN:
+            return result
     # Options are checked here, the arrays in one call into the extension (the per-call cost of a
     # tiny problem is a few microseconds: keep this path free of anything per-call that can be cached).
     code = _backend_code(backend)

@@ -78,6 +78,7 @@ def host_numpy(array: Any) -> np.ndarray:
         return array
     import torch
 
+    array = array.detach()  # the cpu backend has no autograd: PyTorch routes calls that need it elsewhere
     if array.dtype == torch.bfloat16:
         return array.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
     return array.numpy()

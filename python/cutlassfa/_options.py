@@ -23,7 +23,7 @@ import numpy as np
 from .masks import Window, resolve_window
 
 __all__ = ["HEAD_DIM_MULTIPLE", "MAX_HEAD_DIM", "check_head_dim", "check_window", "check_softcap",
-           "host_index_array", "KVCacheArgs", "check_kvcache", "VarlenArgs", "check_varlen"]
+           "check_num_splits", "host_index_array", "KVCacheArgs", "check_kvcache", "VarlenArgs", "check_varlen"]
 
 HEAD_DIM_MULTIPLE = 8
 MAX_HEAD_DIM = 256
@@ -65,6 +65,17 @@ def check_softcap(softcap: Any) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap}")
     return value
+
+
+def check_num_splits(num_splits: Any) -> int | None:
+    """num_splits: None (the backend chooses) or an int >= 1 (1: the keys in one pass)."""
+    if num_splits is None:
+        return None
+    if not _is_int(num_splits):
+        raise TypeError(f"num_splits must be an int or None, got {type(num_splits).__name__}")
+    if num_splits < 1 or num_splits > _INT32_MAX:
+        raise ValueError(f"num_splits must be an int >= 1 (or None: the backend chooses), got {num_splits}")
+    return int(num_splits)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@ tiles outside the window are never loaded, so the cost grows as N x window; only
 are masked element by element. The query heads of a GQA group share K/V and are stacked as the rows
 of one GEMM. Memory: the scores of one step (rows x block_n per head), never the N x N matrix.
 
+Split keys (``num_splits`` > 1, Flash-Decoding): the key tiles are cut into that many contiguous
+parts, each part runs the loop above on its own, and the parts' (out, lse) are merged by lse
+(:func:`merge.merge_attention`), as the GPU kernels' combine step does.
+
 Precision: float32 throughout, as in the GPU kernels, unless an intermediate could overflow float32
 (a bound from the inputs' largest magnitudes, e.g. fp32 inputs near 1e19 whose products pass 3.4e38):
 then the same loop runs in float64, so finite inputs never overflow. Only a softmax_scale (or
@@ -24,7 +28,8 @@ import numpy as np
 
 from . import masks
 from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
-from ._options import check_kvcache, check_softcap, check_varlen, check_window
+from ._options import check_kvcache, check_num_splits, check_softcap, check_varlen, check_window
+from .merge import merge_attention
 from .masks import Window
 
 __all__ = ["forward_cpu", "kvcache_forward_cpu", "varlen_forward_cpu"]
@@ -49,6 +54,7 @@ def forward_cpu(
     out: np.ndarray | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    num_splits: int | None = None,
     block_n: int = 128,
     block_m: int = 128,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -63,6 +69,9 @@ def forward_cpu(
         out: optional (B, Hq, Nq, d) array of q's dtype to write into (any strides).
         window: (left, right) of :mod:`cutlassfa.masks`; combines with causal as (left, 0).
         softcap: > 0 caps the scores to softcap * tanh(s / softcap) before the softmax.
+        num_splits: None or 1: one pass over the keys; n > 1: the key tiles in n contiguous parts merged
+            by lse (the result equals the unsplit one up to rounding; parts beyond the tile count are
+            empty).
         block_n: keys per inner-loop step (the kernels' tile N). block_m: query rows per block.
 
     Returns:
@@ -70,7 +79,7 @@ def forward_cpu(
         propagates to the rows that read it, as on the GPU.
     """
     _check_blocks(block_m, block_n)
-    win, cap = check_window(window, causal), check_softcap(softcap)
+    win, cap, splits = check_window(window, causal), check_softcap(softcap), check_num_splits(num_splits) or 1
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = _scale(d, softmax_scale)
@@ -90,7 +99,8 @@ def forward_cpu(
         for b0 in range(0, b, nb):
             b1 = min(b, b0 + nb)
             keys = DenseKeys(k[b0:b1], v[b0:b1])
-            for i0, i1, o_blk, lse_blk in _row_blocks(q[b0:b1], keys, nq, nk, win, scale, cap, bm, block_n, dtype):
+            for i0, i1, o_blk, lse_blk in _row_blocks(q[b0:b1], keys, nq, nk, win, scale, cap, bm, block_n, dtype,
+                                                      splits):
                 out[b0:b1, :, i0:i1] = o_blk  # rounds to the input dtype
                 lse[b0:b1, :, i0:i1] = lse_blk
     return (out, lse) if return_lse else out
@@ -110,6 +120,7 @@ def kvcache_forward_cpu(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    num_splits: int | None = None,
     return_lse: bool = False,
     out: np.ndarray | None = None,
     block_n: int = 128,
@@ -128,7 +139,7 @@ def kvcache_forward_cpu(
         block_table: (B, max_pages) int page indices.
         k_new, v_new: (B, Hkv, Nnew, d): written INTO k_cache / v_cache at positions
             [cache_seqlens[b], cache_seqlens[b] + Nnew) of entry b, then attended with the rest.
-        causal, softmax_scale, window, softcap, return_lse: as :func:`forward_cpu`, aligned
+        causal, softmax_scale, window, softcap, num_splits, return_lse: as :func:`forward_cpu`, aligned
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         out: optional (B, Hq, Nq, d) array of q's dtype to write into.
 
@@ -138,7 +149,7 @@ def kvcache_forward_cpu(
     _check_blocks(block_m, block_n)
     args = check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
                          block_table=block_table, k_new=k_new, v_new=v_new)
-    win, cap = check_window(window, causal), check_softcap(softcap)
+    win, cap, splits = check_window(window, causal), check_softcap(softcap), check_num_splits(num_splits) or 1
     if k_new is not None:
         for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
             if not cache.flags.writeable:
@@ -170,7 +181,7 @@ def kvcache_forward_cpu(
     with _quiet():
         for i, (keys, nk, dtype) in enumerate(entries):
             _attend_into(q[i : i + 1], keys, nk, win, scale, cap, block_m, block_n, dtype, out[i : i + 1],
-                         lse[i : i + 1])
+                         lse[i : i + 1], splits)
     return (out, lse) if return_lse else out
 
 
@@ -224,30 +235,53 @@ def varlen_forward_cpu(
 # --------------------------------------------------------------------------------------------------
 
 def _attend_into(q4: np.ndarray, keys: Any, nk: int, window: Window, scale: float, softcap: float,
-                 block_m: int, block_n: int, dtype: np.dtype, out4: np.ndarray, lse3: np.ndarray) -> None:
+                 block_m: int, block_n: int, dtype: np.dtype, out4: np.ndarray, lse3: np.ndarray,
+                 splits: int = 1) -> None:
     """Attention of one sequence (q4 (1, Hq, Nq, d)) against nk keys, written into out4 / lse3."""
     nq = q4.shape[2]
     if out4.size == 0:
         return
     for i0, i1, o_blk, lse_blk in _row_blocks(q4, keys, nq, nk, window, scale, softcap, min(block_m, nq),
-                                              block_n, dtype):
+                                              block_n, dtype, splits):
         out4[:, :, i0:i1] = o_blk
         lse3[:, :, i0:i1] = lse_blk
 
 
 def _row_blocks(q4: np.ndarray, keys: Any, nq: int, nk: int, window: Window, scale: float, softcap: float,
-                block_m: int, block_n: int, dtype: np.dtype) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-    """(i0, i1, out, lse) of each block of query rows [i0, i1)."""
+                block_m: int, block_n: int, dtype: np.dtype,
+                splits: int = 1) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(i0, i1, out, lse) of each block of query rows [i0, i1); with splits > 1, the merge of the
+    blocks' results over `splits` contiguous parts of the key tiles."""
+    tiles = -(-nk // block_n)
+    parts = [(s * tiles // splits, (s + 1) * tiles // splits) for s in range(splits)]
     for i0 in range(0, nq, block_m):
         i1 = min(nq, i0 + block_m)
-        yield (i0, i1, *_query_block(q4[:, :, i0:i1], keys, i0, nq, nk, window, scale, softcap, block_n, dtype))
+        args = (q4[:, :, i0:i1], keys, i0, nq, nk, window, scale, softcap, block_n, dtype)
+        if splits == 1:
+            yield (i0, i1, *_query_block(*args))
+        else:
+            yield (i0, i1, *_merge_parts([_query_block(*args, tiles=part) for part in parts]))
+
+
+def _merge_parts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The combine step of split keys: the parts' (out, lse) merged by lse. merge_attention works in
+    float32, so the lse are shifted by their row max first: a float64 block (scores beyond float32's
+    range) then merges without overflow, and the shift is added back in the block's dtype."""
+    outs, lses = zip(*parts)
+    row_max = np.maximum.reduce(lses)
+    shift = np.where(row_max == -np.inf, 0, row_max)
+    out, lse = merge_attention(outs, [x - shift for x in lses])
+    return out, lse.astype(shift.dtype) + shift
 
 
 def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window: Window, scale: float,
-                 softcap: float, block_n: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+                 softcap: float, block_n: int, dtype: np.dtype,
+                 tiles: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Online softmax of one block of query rows against the key tiles it sees.
 
-    q_blk (nb, Hq, rows, d) in the input dtype; rows [i0, i0 + rows) of nq; keys of nk.
+    q_blk (nb, Hq, rows, d) in the input dtype; rows [i0, i0 + rows) of nq; keys of nk. `tiles`: only
+    the key tiles [first, last) (one part of split keys); a row that sees no key there gives 0 and lse
+    -inf for that part.
     Returns out (nb, Hq, rows, d) and lse (nb, Hq, rows), of `dtype`.
     """
     nb, hq, rows, d = q_blk.shape
@@ -261,7 +295,12 @@ def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window
 
     trips = masks.tile_trips(i0, i0 + rows, nq, nk, window, block_n)
     lo, hi = masks.row_ranges(np.arange(i0, i0 + rows), nq, nk, window)  # keys [lo, hi) of each row
-    for n in range(trips.first, trips.last):
+    first, last = trips.first, trips.last
+    if tiles is not None:  # the part's keys are whole tiles, so the tiles' masked flags stay right
+        first, last = max(first, tiles[0]), min(last, tiles[1])
+        j_lo, j_hi = tiles[0] * block_n, min(nk, tiles[1] * block_n)
+        lo, hi = np.clip(lo, j_lo, j_hi), np.clip(hi, j_lo, j_hi)
+    for n in range(first, last):
         j0, j1 = n * block_n, min(nk, (n + 1) * block_n)
         tK, tV = keys.tile(j0, j1, dtype)  # (nb, Hkv, j1 - j0, d)
         tS = _log2_scores(tQ, tK, scale, softcap)  # (nb, Hkv, group*rows, j1 - j0)
