@@ -32,6 +32,8 @@ def _need(backend, *args, varlen=False):
         pytest.skip(f"cutlassfa.forward has no {', '.join(missing)} argument yet")
     if varlen and not hasattr(cutlassfa, "varlen_forward"):
         pytest.skip("cutlassfa.varlen_forward does not exist yet")
+    if not args and not varlen and not cutlassfa.supports("cpu", "float32", 64):  # a plain call
+        pytest.skip(cutlassfa.supports("cpu", "float32", 64).reason)
 
 
 def _supported(backend, dtype, d, **mode):
@@ -124,6 +126,19 @@ def test_every_head_dim(rng, backend, dtype, d):
                                  return_lse=True)
     assert tuple(out.shape) == q.shape
     assert_close(backend, dtype, out, lse, *attention_reference(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("d", range(8, 257, 8))
+def test_every_head_dim_with_window_and_softcap(rng, backend, dtype, d):
+    _need(backend, "window", "softcap")
+    _supported(backend, dtype, d, causal=True, window=(40, 0), softcap=20.0)
+    q, k, v = inputs(rng, 1, 4, 2, 70, 110, d, dtype)
+    out, lse = cutlassfa.forward(*(to_backend(backend, x) for x in (q, k, v)), causal=True, window=(40, 0),
+                                 softcap=20.0, backend=backend, return_lse=True)
+    assert tuple(out.shape) == q.shape
+    assert_close(backend, dtype, out, lse, *attention_reference(q, k, v, causal=True, window=(40, 0), softcap=20.0))
 
 
 @pytest.mark.gpu

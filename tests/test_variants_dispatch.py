@@ -1,0 +1,325 @@
+"""How `forward` and `varlen_forward` dispatch the variant arguments (window, softcap, KV caches,
+num_splits, varlen): values checked on every backend before anything runs or is written; values that
+ask for nothing take the plain path; the cpu backend computes the rest for numpy, PyTorch CPU tensors
+and JAX arrays; GPU backends and CUDA arrays refuse, naming the argument and the backends that take
+it; `supports` answers the same in advance. Results against the float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cutlassfa
+from cutlassfa import _api, _variants
+from cutlassfa import cpu
+from cutlassfa.check import bound_for
+from cutlassfa.merge import merge_attention
+from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
+
+GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
+needs_extension = pytest.mark.skipif(_api._C is None, reason="the plain path needs the extension (not built)")
+# One value of each variant argument that asks for more than the plain path, on (1, 2, 8, 32) q/k/v.
+VARIANTS = {
+    "window": dict(window=(2, 0), causal=True),
+    "softcap": dict(softcap=5.0),
+    "num_splits": dict(num_splits=2),
+    "cache_seqlens": dict(cache_seqlens=np.array([5], np.int32)),
+    "cache_leftpad": dict(cache_leftpad=np.array([3], np.int32)),
+}
+
+
+def _qkv(rng, b=1, hq=2, hkv=2, nq=8, nk=8, d=32, dtype=np.float32):
+    return tuple(rng.standard_normal(shape).astype(dtype) for shape in
+                 ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, d)))
+
+
+def _expect_close(out, lse, ref, ref_lse, dtype="float32"):
+    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
+    assert rel_l2(out, ref) <= bound_for("cpu", dtype).rel_l2
+    seen = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), ~seen)
+    assert np.abs(lse[seen] - ref_lse[seen]).max(initial=0) <= bound_for("cpu", dtype).lse
+
+
+# ---- the plain path -------------------------------------------------------------------------------
+
+
+@needs_extension
+def test_values_that_ask_for_nothing_take_the_plain_path(rng, monkeypatch):
+    q, k, v = _qkv(rng)
+    plain = cutlassfa.forward(q, k, v, causal=True)
+
+    def variant_path(*args, **kwargs):
+        raise AssertionError("the variant path computed a plain call")
+
+    monkeypatch.setattr(_variants, "forward_cpu", variant_path)
+    same = cutlassfa.forward(q, k, v, causal=True, window=(-1, -1), softcap=0.0, num_splits=1)
+    np.testing.assert_array_equal(same, plain)
+    with pytest.raises(AssertionError, match="variant path"):
+        cutlassfa.forward(q, k, v, causal=True, window=(3, -1))
+
+
+@needs_extension
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_backends_get_plain_calls_with_explicit_defaults(rng, backend):
+    """window=(-1, -1) / softcap=0 ask for nothing: a GPU backend answers exactly as to the plain call."""
+    q, k, v = _qkv(rng)
+    try:
+        expected = cutlassfa.forward(q, k, v, backend=backend)
+    except RuntimeError as error:  # no GPU here: the same refusal
+        with pytest.raises(RuntimeError, match="not available"):
+            cutlassfa.forward(q, k, v, backend=backend, window=(-1, -1), softcap=0.0)
+        assert "not available" in str(error)
+        return
+    np.testing.assert_array_equal(cutlassfa.forward(q, k, v, backend=backend, window=(-1, -1), softcap=0.0),
+                                  expected)
+
+
+def test_variants_run_without_the_extension(rng, monkeypatch):
+    """The variant path on host arrays is pure numpy: it runs from a source tree too."""
+    monkeypatch.setattr(_api, "_C", None)
+    monkeypatch.setattr(_api, "_EXTENSION_ERROR", "the cutlassfa extension is not built")
+    q, k, v = _qkv(rng)
+    out, lse = cutlassfa.forward(q, k, v, window=(3, 1), return_lse=True)
+    _expect_close(out, lse, *attention_reference(q, k, v, window=(3, 1)))
+    with pytest.raises(RuntimeError, match="extension"):
+        cutlassfa.forward(q, k, v)
+
+
+# ---- refusals ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_gpu_backends_refuse_naming_the_argument(rng, backend, name):
+    q, k, v = _qkv(rng)
+    out = np.full(q.shape, 7.0, np.float32)
+    with pytest.raises(NotImplementedError, match=rf"{name}=.*{backend}.*GPU kernels.*take it: cpu"):
+        cutlassfa.forward(q, k, v, backend=backend, out=out, **VARIANTS[name])
+    assert (out == 7.0).all()
+    assert not cutlassfa.supports(backend, "float32", 32, **_mode_of(name))
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_backends_refuse_varlen(rng, backend):
+    q = rng.standard_normal((9, 2, 32)).astype(np.float32)
+    cu = np.array([0, 4, 9], np.int32)
+    with pytest.raises(NotImplementedError, match=rf"varlen_forward=.*{backend}.*take it: cpu"):
+        cutlassfa.varlen_forward(q, q, q, cu, cu, backend=backend)
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS + ["cpu", "auto"])
+@pytest.mark.parametrize("kw,error,name", [
+    (dict(window=(-2, 0)), ValueError, "window"), (dict(window=(3, 2), causal=True), ValueError, "window"),
+    (dict(window=5), TypeError, "window"), (dict(softcap=-1.0), ValueError, "softcap"),
+    (dict(softcap="1"), TypeError, "softcap"), (dict(num_splits=0), ValueError, "num_splits"),
+    (dict(num_splits=2.0), TypeError, "num_splits"), (dict(cache_seqlens=np.array([9], np.int32)), ValueError,
+                                                        "cache_seqlens"),
+    (dict(cache_seqlens="5"), TypeError, "cache_seqlens"), (dict(k_new=np.zeros((1, 2, 1, 32), np.float32)),
+                                                            ValueError, "v_new"),
+], ids=str)
+def test_bad_values_are_refused_before_the_backend_is_asked(rng, backend, kw, error, name):
+    q, k, v = _qkv(rng)
+    out = np.full(q.shape, 7.0, np.float32)
+    with pytest.raises(error, match=name):
+        cutlassfa.forward(q, k, v, backend=backend, out=out, **kw)
+    assert (out == 7.0).all()
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(out=np.zeros((1, 2, 8, 32), np.float16)), TypeError, "out must have dtype"),
+    (dict(out=np.zeros((1, 2, 8, 16), np.float32)), ValueError, "out must have shape"),
+    (dict(k=np.zeros((1, 2, 8, 32), np.float16)), TypeError, "same dtype"),
+    (dict(v=np.zeros((1, 2, 9, 32), np.float32)), ValueError, "shape"),
+    (dict(q=np.zeros((1, 3, 8, 32), np.float32)), ValueError, "multiple of the heads"),
+    (dict(q=np.zeros((1, 2, 8, 12), np.float32), k=np.zeros((1, 2, 8, 12), np.float32),
+          v=np.zeros((1, 2, 8, 12), np.float32)), ValueError, "head dim"),
+    (dict(q=np.zeros((1, 2, 8, 264), np.float32), k=np.zeros((1, 2, 8, 264), np.float32),
+          v=np.zeros((1, 2, 8, 264), np.float32)), ValueError, "head dim"),
+    (dict(q=[[1.0]]), TypeError, "q must be"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_arrays_are_refused(rng, kw, error, match):
+    q, k, v = _qkv(rng)
+    args = {**dict(q=q, k=k, v=v), **kw}
+    with pytest.raises(error, match=match):
+        cutlassfa.forward(args.pop("q"), args.pop("k"), args.pop("v"), softcap=2.0, **args)
+
+
+def test_bad_block_table_leaves_cache_and_out_untouched(rng):
+    q, _, _ = _qkv(rng, nq=1)
+    k, v = (rng.standard_normal((4, 2, 4, 32)).astype(np.float32) for _ in range(2))
+    table = np.array([[0, 1, 9]], np.int32)  # page 9 of 4
+    new = rng.standard_normal((1, 2, 1, 32)).astype(np.float32)
+    out, before = np.full(q.shape, 7.0, np.float32), k.copy()
+    with pytest.raises(ValueError, match="block_table"):
+        cutlassfa.forward(q, k, v, cache_seqlens=[8], block_table=table, k_new=new, v_new=new, out=out)
+    np.testing.assert_array_equal(k, before)
+    assert (out == 7.0).all()
+
+
+# ---- supports ----------------------------------------------------------------------------------------
+
+
+def _mode_of(name):
+    """The supports() mode of one entry of VARIANTS."""
+    kw = VARIANTS[name]
+    if name.startswith("cache"):
+        return {"kv_cache": True}
+    return {key: value for key, value in kw.items()}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS) + ["paged", "varlen"])
+def test_supports_the_variants_on_cpu_for_every_head_dim(name):
+    mode = {name: True} if name in ("paged", "varlen") else _mode_of(name)
+    for d in range(8, 257, 8):
+        assert cutlassfa.supports("cpu", "bfloat16", d, **mode), d
+    for d in (4, 12, 100, 264):
+        answer = cutlassfa.supports("cpu", "float16", d, **mode)
+        assert not answer and "head dim" in answer.reason
+    for backend in GPU_BACKENDS:
+        answer = cutlassfa.supports(backend, "float16", 64, **mode)
+        assert not answer and "not implemented on GPU kernels yet" in answer.reason
+
+
+def test_supports_reads_the_values():
+    assert not cutlassfa.supports("cpu", "float32", 64, window=(-2, 0))
+    assert "causal" in cutlassfa.supports("cpu", "float32", 64, window=(4, 1), causal=True).reason
+    assert not cutlassfa.supports("cpu", "float32", 64, softcap=float("nan"))
+    assert not cutlassfa.supports("cpu", "float32", 64, num_splits=0)
+    assert not cutlassfa.supports("cpu", "float32", 64, paged="yes")
+    assert "not implemented" in cutlassfa.supports("cpu", "float32", 64, alibi=True).reason
+    # Values that ask for nothing are the plain case, on every backend.
+    for backend in cutlassfa.BACKENDS:
+        plain = cutlassfa.supports(backend, "float16", 64, causal=True)
+        assert cutlassfa.supports(backend, "float16", 64, causal=True, window=(-1, -1), softcap=0.0, num_splits=1,
+                                  kv_cache=False, paged=False, varlen=False) == plain
+
+
+# ---- results on the cpu backend ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window,causal,softcap", [((4, 2), False, 0.0), ((6, 0), True, 3.0), (None, False, 3.0),
+                                                  ((0, 0), False, 0.0)], ids=str)
+def test_three_d_inputs_and_out(rng, window, causal, softcap):
+    q, k, v = (x[:, 0] for x in _qkv(rng, b=3, hq=1, hkv=1, nq=30, nk=45))
+    out = np.empty((3, 45, 30, 32), np.float32).transpose(0, 2, 1, 3)[:, :, 5]  # strided (3, 30, 32)
+    result, lse = cutlassfa.forward(q, k, v, window=window, causal=causal, softcap=softcap, out=out, return_lse=True)
+    assert result is out and lse.shape == (3, 30)
+    _expect_close(out, lse, *attention_reference(q, k, v, window=window, causal=causal, softcap=softcap))
+
+
+@pytest.mark.parametrize("window,causal", [(None, False), ((40, 0), True), ((100, 30), False)], ids=str)
+def test_num_splits_changes_only_the_rounding(rng, monkeypatch, window, causal):
+    merges = []
+    monkeypatch.setattr(cpu, "merge_attention", lambda *a, **kw: merges.append(len(a[0])) or merge_attention(*a, **kw))
+    q, k, v = _qkv(rng, b=2, hq=4, hkv=2, nq=70, nk=600)
+    ref, ref_lse = attention_reference(q, k, v, window=window, causal=causal)
+    one = cutlassfa.forward(q, k, v, window=window, causal=causal, num_splits=1, softcap=0.5)
+    for splits in (2, 3, 5, 40):
+        out, lse = cutlassfa.forward(q, k, v, window=window, causal=causal, num_splits=splits, return_lse=True)
+        _expect_close(out, lse, ref, ref_lse)
+        capped = cutlassfa.forward(q, k, v, window=window, causal=causal, num_splits=splits, softcap=0.5)
+        assert rel_l2(capped, one) <= 1e-6
+    assert set(merges) == {2, 3, 5, 40}  # the parts were computed apart and merged by lse
+
+
+def test_kvcache_num_splits_and_new_keys(rng):
+    q = rng.standard_normal((3, 8, 2, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((3, 2, 500, 64)).astype(np.float16) for _ in range(2))
+    new_k, new_v = (rng.standard_normal((3, 2, 2, 64)).astype(np.float16) for _ in range(2))
+    lengths = np.array([0, 130, 498], np.int32)
+    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lengths, k_new=new_k, v_new=new_v, causal=True,
+                                     window=(64, 0))
+    out, lse = cutlassfa.forward(q, k, v, cache_seqlens=lengths, k_new=new_k, v_new=new_v, causal=True,
+                                 window=(64, 0), num_splits=3, return_lse=True)
+    _expect_close(out, lse, ref, ref_lse, "float16")
+    np.testing.assert_array_equal(k[1, :, 130:132], new_k[1])
+    np.testing.assert_array_equal(lengths, [0, 130, 498])
+
+
+# ---- frameworks -------------------------------------------------------------------------------------
+
+
+def test_torch_cpu_tensors(rng):
+    torch = pytest.importorskip("torch", reason="optional package torch")
+    q, k, v = _qkv(rng, hq=4, nq=20, nk=33)
+    tq, tk, tv = (torch.from_numpy(x).to(torch.bfloat16) for x in (q, k, v))
+    out = torch.empty(1, 20, 4, 32, dtype=torch.bfloat16).transpose(1, 2)
+    result, lse = cutlassfa.forward(tq, tk, tv, window=(5, 0), causal=True, softcap=4.0, out=out, return_lse=True)
+    assert result is out and isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
+    ref = attention_reference(*(x.float().numpy() for x in (tq, tk, tv)), window=(5, 0), causal=True, softcap=4.0)
+    _expect_close(out.float().numpy(), lse.numpy(), *ref, "bfloat16")
+
+    # A KV cache of torch tensors: the new keys are written into it; the index may be a tensor too.
+    cache_k, cache_v = (torch.zeros(1, 2, 40, 32) for _ in range(2))
+    new = torch.ones(1, 2, 3, 32)
+    cutlassfa.forward(torch.from_numpy(q[:, :, :3]), cache_k, cache_v, cache_seqlens=torch.tensor([10], dtype=torch.int32),
+                      k_new=new, v_new=new)
+    assert bool((cache_k[0, :, 10:13] == 1).all()) and bool((cache_k[0, :, 13:] == 0).all())
+
+    with pytest.raises(TypeError, match="framework"):
+        cutlassfa.forward(tq, k.astype(np.float32), tv, softcap=1.0)
+
+
+def test_torch_autograd_goes_through_the_operator(rng):
+    torch = pytest.importorskip("torch", reason="optional package torch")
+    q, k, v = (torch.from_numpy(x).requires_grad_() for x in _qkv(rng))
+    out = cutlassfa.forward(q, k, v, window=(2, 0), causal=True)
+    assert out.grad_fn is not None  # recorded, so that backward raises instead of dropping the gradient
+    with pytest.raises(NotImplementedError, match="backward"):
+        out.sum().backward()
+    with pytest.raises(NotImplementedError, match="num_splits"):
+        cutlassfa.forward(q, k, v, num_splits=2)
+    with pytest.raises(NotImplementedError, match="torch operator"):
+        cutlassfa.varlen_forward(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), [0, 8], [0, 8])
+
+
+@needs_extension  # the JAX integration picks the backend with the extension's validator
+def test_jax_arrays(rng):
+    jnp = pytest.importorskip("jax.numpy", reason="optional package jax")
+    q, k, v = _qkv(rng, nq=12, nk=20)
+    out, lse = cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), window=(3, 3), softcap=2.0, return_lse=True)
+    _expect_close(np.asarray(out), np.asarray(lse), *attention_reference(q, k, v, window=(3, 3), softcap=2.0))
+    with pytest.raises(TypeError, match="immutable"):
+        cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), cache_seqlens=[4], k_new=jnp.asarray(k[:, :, :1]),
+                          v_new=jnp.asarray(v[:, :, :1]))
+    with pytest.raises(NotImplementedError, match="JAX"):
+        cutlassfa.varlen_forward(jnp.asarray(q[0]), jnp.asarray(k[0]), jnp.asarray(v[0]), [0, 2], [0, 2])
+
+
+# ---- varlen_forward ---------------------------------------------------------------------------------
+
+
+def test_varlen_torch_tensors_and_out(rng):
+    torch = pytest.importorskip("torch", reason="optional package torch")
+    lens_q, lens_k = [3, 0, 40], [7, 5, 40]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lens_q, lens_k))
+    q = rng.standard_normal((43, 4, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((52, 1, 16)).astype(np.float32) for _ in range(2))
+    out = torch.full((43, 4, 16), 7.0)
+    result, lse = cutlassfa.varlen_forward(*(torch.from_numpy(x) for x in (q, k, v)), torch.from_numpy(cu_q),
+                                           torch.from_numpy(cu_k), causal=True, softcap=3.0, out=out,
+                                           return_lse=True)
+    assert result is out and tuple(lse.shape) == (4, 43)
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, softcap=3.0)
+    _expect_close(out.numpy().transpose(1, 0, 2), lse.numpy(), ref.transpose(1, 0, 2), ref_lse)
+
+
+def test_varlen_refusals(rng):
+    q = rng.standard_normal((9, 2, 32)).astype(np.float32)
+    cu = np.array([0, 4, 9], np.int32)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        cutlassfa.varlen_forward(q, q, q, cu, cu, max_seqlen_q=3)
+    with pytest.raises(ValueError, match="window"):
+        cutlassfa.varlen_forward(q, q, q, cu, cu, window=(-3, 0), backend="naive")
+    with pytest.raises(TypeError, match="cu_seqlens_k"):
+        cutlassfa.varlen_forward(q, q, q, cu, "0 4 9")
+    with pytest.raises(TypeError, match="out must have dtype"):
+        cutlassfa.varlen_forward(q, q, q, cu, cu, out=np.zeros(q.shape, np.float16))
+
+
+def test_merge_is_exported():
+    from cutlassfa import merge
+
+    assert cutlassfa.merge_attention is merge.merge_attention
+    assert cutlassfa.merge_attention_into is merge.merge_attention_into
