@@ -104,7 +104,7 @@ def test_gpu_backends_refuse_naming_the_argument(rng, backend, name):
 def test_gpu_backends_refuse_varlen(rng, backend):
     q = rng.standard_normal((9, 2, 32)).astype(np.float32)
     cu = np.array([0, 4, 9], np.int32)
-    with pytest.raises(NotImplementedError, match=rf"varlen_forward=.*{backend}.*take it: cpu"):
+    with pytest.raises(NotImplementedError, match=rf"varlen_forward is not supported.*{backend}.*take it: cpu"):
         cutlassfa.varlen_forward(q, q, q, cu, cu, backend=backend)
 
 
@@ -253,8 +253,8 @@ def test_torch_cpu_tensors(rng):
     # A KV cache of torch tensors: the new keys are written into it; the index may be a tensor too.
     cache_k, cache_v = (torch.zeros(1, 2, 40, 32) for _ in range(2))
     new = torch.ones(1, 2, 3, 32)
-    cutlassfa.forward(torch.from_numpy(q[:, :, :3]), cache_k, cache_v, cache_seqlens=torch.tensor([10], dtype=torch.int32),
-                      k_new=new, v_new=new)
+    cutlassfa.forward(torch.from_numpy(q[:, :, :3]), cache_k, cache_v, k_new=new, v_new=new,
+                      cache_seqlens=torch.tensor([10], dtype=torch.int32))
     assert bool((cache_k[0, :, 10:13] == 1).all()) and bool((cache_k[0, :, 13:] == 0).all())
 
     with pytest.raises(TypeError, match="framework"):
@@ -283,6 +283,8 @@ def test_jax_arrays(rng):
     with pytest.raises(TypeError, match="immutable"):
         cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), cache_seqlens=[4], k_new=jnp.asarray(k[:, :, :1]),
                           v_new=jnp.asarray(v[:, :, :1]))
+    with pytest.raises(NotImplementedError, match="softcap=.*'naive'.*take it: cpu"):
+        cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), softcap=2.0, backend="naive")
     with pytest.raises(NotImplementedError, match="JAX"):
         cutlassfa.varlen_forward(jnp.asarray(q[0]), jnp.asarray(k[0]), jnp.asarray(v[0]), [0, 2], [0, 2])
 
@@ -323,3 +325,24 @@ def test_merge_is_exported():
 
     assert cutlassfa.merge_attention is merge.merge_attention
     assert cutlassfa.merge_attention_into is merge.merge_attention_into
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_refused_until_a_gpu_backend_takes_the_variant(rng):
+    torch = pytest.importorskip("torch", reason="optional package torch")
+    if not torch.cuda.is_available():
+        pytest.skip("optional package torch: no CUDA device visible to PyTorch")
+    q, k, v = (torch.from_numpy(x).cuda() for x in _qkv(rng))
+    if any(cutlassfa.supports(b, "float32", 32, window=(2, 0)) for b in GPU_BACKENDS):
+        out = cutlassfa.forward(q, k, v, window=(2, 0))
+        ref, _ = attention_reference(*(x.cpu().numpy() for x in (q, k, v)), window=(2, 0))
+        assert rel_l2(out.cpu().numpy(), ref) <= bound_for(cutlassfa.select_backend(q, k, v), "float32").rel_l2
+        return
+    with pytest.raises(NotImplementedError, match=r"window=.*CUDA arrays.*take it: cpu"):
+        cutlassfa.forward(q, k, v, window=(2, 0))
+    with pytest.raises(ValueError, match="backend 'cpu' needs host arrays"):
+        cutlassfa.forward(q, k, v, window=(2, 0), backend="cpu")
+    with pytest.raises(NotImplementedError, match=r"varlen_forward is not supported on CUDA arrays"):
+        cutlassfa.varlen_forward(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                 torch.tensor([0, 8], dtype=torch.int32, device="cuda"),
+                                 torch.tensor([0, 8], dtype=torch.int32, device="cuda"))

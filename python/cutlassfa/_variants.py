@@ -75,7 +75,8 @@ def _refusal(argument: str, mode: dict[str, Any], backend: str, dtype: str, head
     judged = backend if backend in BACKENDS and backend != "cpu" else "tensorcore"
     reason = supports(judged, dtype, head_dim, **mode).reason
     where = "on CUDA arrays" if on_device else f"by backend {backend!r}"
-    return (f"{argument}= is not supported {where} ({reason}); backends that take it: "
+    what = argument if argument == "varlen_forward" else f"{argument}="
+    return (f"{what} is not supported {where} ({reason}); backends that take it: "
             f"{', '.join(takers) or 'none'}, on {_HOST}")
 
 
@@ -112,6 +113,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
     if framework == "jax":
         if k_new is not None or v_new is not None:
             raise TypeError("k_new / v_new are appended into k and v in place; JAX arrays are immutable")
+        if backend not in ("auto", "cpu") or _on_jax_device(q):
+            _refuse_device(q, backend, argument, mode, on_device=_on_jax_device(q))
         from .integrations import jax as jax_integration
 
         return jax_integration.forward(q, k, v, causal=causal, softmax_scale=scale, backend=backend,
@@ -222,14 +225,22 @@ def _is_host(array: Any) -> bool:
     return framework == "numpy" or framework == "torch" and array.device.type == "cpu"
 
 
-def _refuse_device(q: Any, backend: str, argument: str, mode: dict[str, Any]) -> None:
-    """Raises for a variant call on arrays that are not host arrays (CUDA arrays, or not arrays)."""
+def _on_jax_device(q: Any) -> bool:
+    """A concrete JAX array on a GPU (a tracer's device is not known until it runs)."""
+    import jax
+
+    return not isinstance(q, jax.core.Tracer) and any(d.platform != "cpu" for d in q.devices())
+
+
+def _refuse_device(q: Any, backend: str, argument: str, mode: dict[str, Any], on_device: bool = True) -> None:
+    """Raises for a variant call the cpu backend cannot take: arrays on a CUDA device (or no arrays at
+    all), or a GPU backend asked for by name."""
     if _arrays.framework_of(q) is None:
         raise TypeError(f"q must be a numpy, PyTorch, CuPy or JAX array, got {type(q).__name__}")
-    if backend == "cpu":
+    if backend == "cpu" and on_device:
         raise ValueError("backend 'cpu' needs host arrays (numpy, PyTorch CPU tensors); q is on a CUDA device")
     dtype = str(getattr(q, "dtype", "")).replace("torch.", "")
-    raise NotImplementedError(_refusal(argument, mode, backend, dtype, int(q.shape[-1]), on_device=True))
+    raise NotImplementedError(_refusal(argument, mode, backend, dtype, int(q.shape[-1]), on_device=on_device))
 
 
 def _host_arrays(*named: tuple[str, Any], like: Any = None, optional: bool = False) -> list[Any]:
