@@ -72,7 +72,7 @@ def test_unsupported_dtype(rng, dtype):
     _expect_refused(rng, TypeError, "q has dtype", q=q, k=q[:, :, :1].repeat(47, 2), v=q[:, :, :1].repeat(47, 2))
 
 
-@pytest.mark.parametrize("d", [0, 16, 48, 256])
+@pytest.mark.parametrize("d", [0, 12, 100, 264])  # refused on every backend: not a multiple of 8 in 8..256
 def test_unsupported_head_dim(rng, d):
     q, k, v = (rng.standard_normal((2, 2, 5, d)).astype(np.float32) for _ in range(3))
     _expect_refused(rng, ValueError, "head dim", q=q, k=k, v=v, out=None)
