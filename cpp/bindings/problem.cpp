@@ -185,9 +185,10 @@ Problem validate(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool 
     value_error("the heads of q (" + std::to_string(dq[1]) + ") must be a multiple of the heads of k and v (" +
                 std::to_string(dk[1]) + ")");
   }
-  if (all_head_dims().count(static_cast<int>(dq[3])) == 0) {
-    value_error("head dim (last dim of q, k, v) must be one of " + head_dims_text() + ", got " +
-                std::to_string(dq[3]));
+  // Every multiple of 8 up to 256 is a valid problem (the cpu backend takes them all); which backends have
+  // kernels for it is resolve_backend's question.
+  if (dq[3] < 8 || dq[3] > 256 || dq[3] % 8 != 0) {
+    value_error("head dim (last dim of q, k, v) must be a multiple of 8 from 8 to 256, got " + std::to_string(dq[3]));
   }
   for (int i = 0; i < 3; ++i) {
     const ArrayRef& a = *arrays[i];
@@ -241,6 +242,10 @@ int resolve_backend(const Problem& p, int backend) {
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
     if (p.device < 0) return kBackendCpu;
+    if (!head_dim_compiled(Backend::kTensorCore, p.head_dim) && !head_dim_compiled(Backend::kSmallTile, p.head_dim)) {
+      value_error("head dim " + std::to_string(p.head_dim) + " has no GPU kernels in this build (GPU head dims: " +
+                  head_dims_text() + "); host arrays run it on the cpu backend");
+    }
     throw std::runtime_error("no GPU backend can run on cuda:" + std::to_string(device) + ": " +
                              backend_unavailable_reason(Backend::kSmallTile, device));
   }
