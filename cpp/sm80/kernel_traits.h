@@ -29,7 +29,8 @@ template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<32>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
 template <> struct TileConfig<64>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
 template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
-// Adding a head dim means adding one line here and one instantiation file in cpp/src/inst/.
+// Adding a head dim: a TileConfig line here (when none fits) and the head dim in CMakeLists.txt's
+// CUTLASSFA_SM80_HEAD_DIMS (cpp/README.md).
 
 // fp32 inputs (split-fp16 S, see FwdTraits::kSplitQK): Q and K take two fp16 tiles each (hi, lo) and
 // the raw fp32 K or V tile needs a staging buffer, so smem is Q 2x, K 2x, V 1x in fp16 plus one

@@ -1,4 +1,4 @@
-// Standalone GPU check of launch_tensorcore, independent of the Python package: random inputs in a
+// Standalone GPU check of launch_sm80 (the mma.sync family), independent of the Python package: random inputs in a
 // strided (batch, seqlen, heads, head_dim) layout, output poisoned with NaN, fp64 CPU reference,
 // then cudaEvent timings of the benchmark shapes. Built and run by cpp/sm80/selftest.sh.
 #include <cuda_bf16.h>
@@ -127,7 +127,7 @@ void free_buffers(Buffers& b) {
 bool check_case(const Case& c) {
   float const amplitude = 3.f;
   Buffers b = make_buffers(c, 1234u + c.head_dim + 7 * c.seqlen_q, amplitude);
-  CHECK_CUDA(cutlassfa::launch_tensorcore(b.p, nullptr));
+  CHECK_CUDA(cutlassfa::launch_sm80(b.p, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   CHECK_CUDA(cudaMemcpy(b.ho.data(), b.do_, b.ho.size(), cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(b.hlse.data(), b.dlse, b.hlse.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -194,10 +194,10 @@ void bench_case(const Case& c) {
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) { CHECK_CUDA(cutlassfa::launch_tensorcore(b.p, nullptr)); }
+  for (int i = 0; i < 3; ++i) { CHECK_CUDA(cutlassfa::launch_sm80(b.p, nullptr)); }
   int const reps = 10;
   CHECK_CUDA(cudaEventRecord(start));
-  for (int i = 0; i < reps; ++i) { CHECK_CUDA(cutlassfa::launch_tensorcore(b.p, nullptr)); }
+  for (int i = 0; i < reps; ++i) { CHECK_CUDA(cutlassfa::launch_sm80(b.p, nullptr)); }
   CHECK_CUDA(cudaEventRecord(stop));
   CHECK_CUDA(cudaEventSynchronize(stop));
   float ms = 0;

@@ -11,11 +11,24 @@ if [ -z "$inc" ]; then  # the lent GPU machine has no network: the CUTLASS wheel
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
   inc=/tmp/site/cutlass_library/source/include
 fi
-flags="-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_$arch,code=sm_$arch -I$inc -Icpp/include -Icpp"
+# What CMake generates: the instantiation files of the head-dim list and cutlassfa/config.h (this build
+# carries the mma.sync family only).
+head_dims="32 64 128"
+mkdir -p "$build/generated/cutlassfa"
+sed -e 's/@CUTLASSFA_SIMT_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_SM80_HEAD_DIMS_CSV@/32, 64, 128/' \
+    -e 's/@CUTLASSFA_SM90_HEAD_DIMS_CSV@/64, 128/' -e "s/@CUTLASSFA_ARCH_STRING@/$arch/" \
+    -e "s/@CUTLASSFA_SM80_ARCH_STRING@/$arch/" -e 's/@CUTLASSFA_SM90_ARCH_STRING@//' -e 's/@CUTLASSFA_HAS_CUDA@/1/' \
+    -e 's/@CUTLASSFA_HAS_SM80@/1/' -e 's/@CUTLASSFA_HAS_SM90@/0/' cpp/include/cutlassfa/config.h.in \
+    > "$build/generated/cutlassfa/config.h"
+sources=(cpp/sm80/launch.cu cpp/sm80/selftest.cu)
+for d in $head_dims; do
+  sed "s/@HEAD_DIM@/$d/g" cpp/sm80/instantiate.cu.in > "$build/generated/sm80_hdim$d.cu"
+  sources+=("$build/generated/sm80_hdim$d.cu")
+done
+flags="-O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_$arch,code=sm_$arch -I$inc -Icpp/include -Icpp -I$build/generated"
 start=$(date +%s)
 pids=()
-for f in cpp/src/inst/sm80_hdim32.cu cpp/src/inst/sm80_hdim64.cu cpp/src/inst/sm80_hdim128.cu \
-         cpp/sm80/launch_tensorcore.cu cpp/sm80/selftest.cu; do
+for f in "${sources[@]}"; do
   nvcc $flags -c "$f" -o "$build/$(basename "$f" .cu).o" &
   pids+=($!)
 done
