@@ -214,19 +214,19 @@ cudaError_t copy_strided(void* dst, const long long* dst_strides, const void* sr
   return cudaSuccess;
 }
 
+// Fills a strided host view: fp32 with `value` (0 or -inf), fp16 / bf16 with zero (all zero bits; the
+// only value used there).
 void fill_host(void* data, DType dtype, const Strided4& v, float value) {
   int const bytes = dtype == DType::kFloat32 ? 4 : 2;
-  uint16_t half_bits = 0;
-  if (dtype != DType::kFloat32) {  // 0 in fp16/bf16 is all zero bits; the only other value used is fp32
-    half_bits = 0;
-  }
+  uint16_t const zero16 = 0;
   for (long long a = 0; a < v.shape[0]; ++a)
     for (long long b = 0; b < v.shape[1]; ++b)
       for (long long c = 0; c < v.shape[2]; ++c)
         for (long long d = 0; d < v.shape[3]; ++d) {
-          char* at = static_cast<char*>(data) + (a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]) * bytes;
+          char* at = static_cast<char*>(data) +
+                     (a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]) * bytes;
           if (bytes == 4) std::memcpy(at, &value, 4);
-          else std::memcpy(at, &half_bits, 2);
+          else std::memcpy(at, &zero16, 2);
         }
 }
 
