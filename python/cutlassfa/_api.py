@@ -287,11 +287,11 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
 
         return jax_integration.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                                        return_lse=return_lse, out=out)
-    if module.startswith("jax"):
-        result = _forward_jax(q, k, v, out, causal, softmax_scale, code, return_lse)
-    elif not _C.has_cuda:
+    if not _C.has_cuda:  # built without the CUDA toolkit: validate, then the cpu backend
         _C.validate(q, k, v, out, causal, softmax_scale, code)
         result = None
+    elif module.startswith("jax"):
+        result = _forward_jax(q, k, v, out, causal, softmax_scale, code, return_lse)
     elif module.startswith("cupy"):
         result = _C.forward(q, k, v, out, causal, softmax_scale, code, return_lse, _arrays.cupy_empty,
                             _arrays.cupy_stream(q), False)
@@ -317,13 +317,16 @@ def _torch_integration() -> Any:
 
 def _jax_integration_takes(*arrays: Any) -> bool:
     """JAX tracers (inside jax.jit / vmap) go to the XLA integration; so do concrete arrays when its FFI
-    handler is registered (a custom call on XLA's stream, no synchronization). Otherwise concrete arrays
-    take the direct path below, which waits for them and synchronizes."""
+    handler is registered (a custom call on XLA's stream, no synchronization), and arrays on the CPU.
+    Otherwise concrete GPU arrays take the direct path below, which waits for them and synchronizes."""
     import jax
 
     from .integrations import jax as jax_integration
 
-    return any(isinstance(a, jax.core.Tracer) for a in arrays) or jax_integration.ffi_registered()
+    if any(isinstance(a, jax.core.Tracer) for a in arrays) or jax_integration.ffi_registered():
+        return True
+    # JAX arrays on the CPU: the integration runs the cpu backend through a host callback.
+    return all(d.platform == "cpu" for a in arrays for d in a.devices())
 
 
 def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None,
