@@ -42,7 +42,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout
 import cutlassfa  # noqa: E402
 from cutlassfa import _ring_layout  # noqa: E402
-from cutlassfa.distributed import _attend, _Exchange, _forward_torch_cpu, _setup, ring_forward, shard  # noqa: E402
+from cutlassfa.distributed import _attend, _Exchange, _setup, ring_forward, shard  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -106,8 +106,8 @@ def timed(fn, device: torch.device, warmup: int, iters: int) -> float:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs):
-    """`forward` (torch CPU tensors, for a smoke run, through the ring's numpy adapter)."""
-    return (_forward_torch_cpu if q.device.type == "cpu" else cutlassfa.forward)(q, k, v, **kwargs)
+    """Single-device `forward` (CUDA tensors, or CPU tensors for a smoke run)."""
+    return cutlassfa.forward(q, k, v, **kwargs)
 
 
 def tflops(batch: int, heads: int, nq: int, nk: int, d: int, causal: bool, seconds: float) -> float:

@@ -93,10 +93,18 @@ def empty_host_like(like: Any, shape: tuple[int, ...], dtype: str) -> Any:
     return np.empty(shape, dtype=numpy_dtype(dtype))
 
 
+def torch_from_numpy(array: np.ndarray) -> Any:
+    """A PyTorch CPU tensor sharing `array`'s memory (bfloat16 through its int16 bits), the inverse of
+    host_numpy."""
+    import torch
+
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def host_like(like: Any, array: np.ndarray) -> Any:
     """`array` (a numpy result) in `like`'s framework."""
     if _is_torch(like):
-        import torch
-
-        return torch.from_numpy(np.ascontiguousarray(array))
+        return torch_from_numpy(np.ascontiguousarray(array))
     return array

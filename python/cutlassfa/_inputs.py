@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _arrays
+
 DTYPES = ("float32", "float16", "bfloat16")
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # Memory layouts of a (B, H, N, d) array, each with a contiguous last dim (what forward requires):
@@ -67,14 +69,14 @@ class Case:
 # dtypes
 # ---------------------------------------------------------------------------------------------------
 def numpy_dtype(dtype: str) -> np.dtype:
-    """numpy dtype for a dtype name; bfloat16 needs ml_dtypes (raises Unsupported without it)."""
-    if dtype == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise Unsupported("bfloat16 numpy arrays need the ml_dtypes package (pip install ml_dtypes)") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
+    """numpy dtype for a dtype name; bfloat16 needs ml_dtypes (raises Unsupported without it: a case the
+    gate cannot build, rather than the API's TypeError)."""
+    if dtype != "bfloat16":
+        return np.dtype(dtype)
+    try:
+        return _arrays.numpy_dtype(dtype)
+    except TypeError as error:
+        raise Unsupported(str(error)) from None
 
 
 def torch_dtype(dtype: str) -> Any:

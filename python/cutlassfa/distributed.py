@@ -283,28 +283,6 @@ def _attend(ring: _Ring, step: int, q: Any, block: tuple[Any, Any], acc: Any, ac
 
 def _forward_piece(q: Any, k: Any, v: Any, piece: Piece, ring: _Ring) -> tuple[Any, Any]:
     """One `forward` call with the piece's own mask (bottom-right aligned on the slices)."""
-    run = _forward_torch_cpu if q.device.type == "cpu" else forward
     window = {} if piece.window is None else {"window": piece.window}
-    return run(q, k, v, causal=piece.causal, softmax_scale=ring.scale, backend=ring.backend, return_lse=True,
+    return forward(q, k, v, causal=piece.causal, softmax_scale=ring.scale, backend=ring.backend, return_lse=True,
                **window)
-
-
-def _forward_torch_cpu(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
-    """`forward` on torch CPU tensors through zero-copy numpy views (bfloat16 as int16 bits viewed as
-    ml_dtypes.bfloat16), results back as tensors. Only needed until `forward` takes torch CPU tensors."""
-    import torch
-
-    def to_numpy(t: Any) -> np.ndarray:
-        if t.dtype == torch.bfloat16:
-            import ml_dtypes
-
-            return t.detach().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.detach().numpy()
-
-    def to_torch(a: np.ndarray) -> Any:
-        if a.dtype.name == "bfloat16":
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
-
-    result = forward(to_numpy(q), to_numpy(k), to_numpy(v), **kwargs)
-    return tuple(map(to_torch, result)) if isinstance(result, tuple) else to_torch(result)

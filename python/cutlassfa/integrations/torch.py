@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import cutlassfa
+from cutlassfa._arrays import host_numpy, torch_from_numpy
 
 __all__ = ["forward", "maybe_route", "op_forward", "eager_forward", "eager_call", "NO_BACKWARD"]
 
@@ -132,7 +133,7 @@ def eager_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     out = kwargs.get("out")
 
     def back(array: np.ndarray) -> torch.Tensor:  # the numpy view of `out` is handed back as `out`
-        return out if out is not None and array is options["out"] else _from_numpy(array)
+        return out if out is not None and array is options["out"] else torch_from_numpy(array)
 
     return tuple(back(r) for r in result) if isinstance(result, tuple) else back(result)
 
@@ -140,18 +141,7 @@ def eager_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.device.type != "cpu":
         raise ValueError(f"every tensor argument must be on the device of q (cpu), got one on {tensor.device}")
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
-
-
-def _from_numpy(array: np.ndarray) -> torch.Tensor:
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    return host_numpy(tensor)
 
 
 # --------------------------------------------------------------------------------------------------
