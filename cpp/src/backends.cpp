@@ -193,6 +193,8 @@ std::string compute_unavailable_reason(Backend backend, int device) {
   return "";
 }
 
+bool wgmma_head_dim(int head_dim) { return CUTLASSFA_HAS_SM90 && in_list(head_dim, {CUTLASSFA_SM90_HEAD_DIMS}); }
+
 std::string backend_unavailable_reason(Backend backend, int device) {
   constexpr int kBackends = 5;
   static std::mutex mutex;

@@ -1,23 +1,10 @@
 // The one run-time dispatch from a backend to its kernel family. The tensor-core family was chosen
 // once per device (backends.cpp).
-#include <initializer_list>
-
 #include "cutlassfa/config.h"
 #include "cutlassfa/dispatch.h"
 #include "cutlassfa/launch.h"
 
 namespace cutlassfa {
-namespace {
-
-bool in_list(int value, std::initializer_list<int> list) {
-  for (int x : list) {
-    if (x == value) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 #if !CUTLASSFA_HAS_SM80
 // Built without any sm_80+ architecture: the tensor-core families are absent.
 cudaError_t launch_sm80(const FwdParams&, cudaStream_t) { return cudaErrorNoKernelImageForDevice; }
@@ -36,8 +23,7 @@ cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t s
       int device = 0;
       cudaError_t const err = cudaGetDevice(&device);
       if (err != cudaSuccess) return err;
-      bool const wgmma = tensorcore_family(device) == Family::kWgmma &&
-                         in_list(params.head_dim, {CUTLASSFA_SM90_HEAD_DIMS});
+      bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim);
       return wgmma ? launch_sm90(params, stream) : launch_sm80(params, stream);
     }
   }

@@ -32,4 +32,8 @@ std::string backend_unavailable_reason(Backend backend, int device);
 // True when this build has the backend's kernels for `head_dim` (the lists of cutlassfa/config.h).
 bool head_dim_compiled(Backend backend, int head_dim);
 
+// True when the wgmma family has kernels for `head_dim` (CUTLASSFA_SM90_HEAD_DIMS); other head dims of
+// `tensorcore` run on mma.sync even on sm_90.
+bool wgmma_head_dim(int head_dim);
+
 }  // namespace cutlassfa
