@@ -156,7 +156,11 @@ FwdParams make_params(const Problem& p, const void* q, const void* k, const void
   params.seqlen_q = p.seqlen_q, params.seqlen_k = p.seqlen_k, params.head_dim = p.head_dim;
   params.softmax_scale = p.scale;
   params.softmax_scale_log2 = p.scale * static_cast<float>(M_LOG2E);
-  params.causal = p.causal;
+  if (p.causal) params.window_right = 0;
+  if (lse != nullptr) {
+    params.lse_head_stride = p.seqlen_q;
+    params.lse_batch_stride = static_cast<long long>(p.heads_q) * p.seqlen_q;
+  }
   params.dtype = p.dtype;
   return params;
 }

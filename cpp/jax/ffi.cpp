@@ -110,7 +110,9 @@ ffi::Error forward(cudaStream_t stream, int32_t device, int32_t backend, double 
   // The scale comes as a double so that both are rounded from the same value as in the Python path.
   params.softmax_scale = static_cast<float>(softmax_scale);
   params.softmax_scale_log2 = static_cast<float>(softmax_scale * 1.4426950408889634);  // log2(e)
-  params.causal = causal;
+  if (causal) params.window_right = 0;
+  params.lse_head_stride = params.seqlen_q;
+  params.lse_batch_stride = static_cast<long long>(params.heads_q) * params.seqlen_q;
   params.dtype = dtype;
 
   // The launchers query the current device (shared-memory limits): make it XLA's for the launch.

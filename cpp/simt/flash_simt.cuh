@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   // Key steps: all of them, or under the causal mask up to the last key the block's last row sees.
   const int rows_valid = min(kBlockM, seqlen_q - m0);
   int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (params.causal) {
+  if ((params.window_right >= 0)) {
     const int last_key = causal_last_key(m0 + rows_valid - 1, seqlen_q, seqlen_k);
     n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / kBlockN + 1);
   }
@@ -342,13 +342,13 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
 
     // Mask keys past the end and, on the steps that cross the diagonal, keys after the causal limit.
     const bool need_mask =
-        n0 + kBlockN > seqlen_k || (params.causal && n0 + kBlockN - 1 > causal_last_key(m0, seqlen_q, seqlen_k));
+        n0 + kBlockN > seqlen_k || ((params.window_right >= 0) && n0 + kBlockN - 1 > causal_last_key(m0, seqlen_q, seqlen_k));
     if (need_mask) {
       // Offsets of this thread's first key past the last valid key and past the causal limit of its
       // first row; element (i, j) adds col_of(j) - row_of(i), an immediate. (Per-row limits were
       // hoisted out of the loop by the compiler and cost 8+ live registers.)
       const int past_end = n0 + tc * 4 - (seqlen_k - 1);
-      const int past_diag = params.causal ? n0 + tc * 4 - causal_last_key(m0 + row0, seqlen_q, seqlen_k)
+      const int past_diag = (params.window_right >= 0) ? n0 + tc * 4 - causal_last_key(m0 + row0, seqlen_q, seqlen_k)
                                           : -(1 << 30);
 #pragma unroll
       for (int i = 0; i < kTM; ++i) {

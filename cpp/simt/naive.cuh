@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
     const int b = static_cast<int>(bh / params.heads_q), h = static_cast<int>(bh % params.heads_q);
     const int h_kv = h / params.heads_ratio;
     const int m0 = m_tile * kNaiveTile, n0 = n_tile * kNaiveTile;
-    if (params.causal) {
+    if ((params.window_right >= 0)) {
       const int last_row = min(m0 + kNaiveTile, params.seqlen_q) - 1;
       if (n0 > causal_last_key(last_row, params.seqlen_q, params.seqlen_k)) continue;  // uniform per block
     }
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(256) naive_softmax_kernel(const FwdParams para
     const long long bh = r / params.seqlen_q;
     float* s = S + naive_s_offset(bh, row, params);
     const int visible =
-        params.causal
+        (params.window_right >= 0)
             ? max(0, min(params.seqlen_k, causal_last_key(row, params.seqlen_q, params.seqlen_k) + 1))
             : params.seqlen_k;
     float m = kNegInf;
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const 
     const int h_kv = h / params.heads_ratio;
     const int m0 = m_tile * kNaiveTile, c0 = d_tile * kNaiveTile;
     int n_end = params.seqlen_k;
-    if (params.causal) {
+    if ((params.window_right >= 0)) {
       const int last_row = min(m0 + kNaiveTile, params.seqlen_q) - 1;
       n_end = max(0, min(n_end, causal_last_key(last_row, params.seqlen_q, params.seqlen_k) + 1));
     }

@@ -145,7 +145,9 @@ static FwdParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.seqlen_q = q.n, p.seqlen_k = k.n, p.head_dim = q.d;
   p.softmax_scale = 1.f / std::sqrt((float)q.d);
   p.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  p.causal = causal;
+  if (causal) p.window_right = 0;
+  p.lse_head_stride = p.seqlen_q;
+  p.lse_batch_stride = static_cast<long long>(p.heads_q) * p.seqlen_q;
   p.dtype = q.t;
   return p;
 }
@@ -154,7 +156,7 @@ static FwdParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, 
 static void reference_row(const Tensor& q, const Tensor& k, const Tensor& v, const FwdParams& p, int ib, int ih,
                           int i, std::vector<double>& o_ref, double& lse_ref) {
   const int hk = ih / p.heads_ratio;
-  const int last = p.causal ? i + p.seqlen_k - p.seqlen_q : p.seqlen_k - 1;
+  const int last = p.window_right == 0 ? i + p.seqlen_k - p.seqlen_q : p.seqlen_k - 1;
   const int n_vis = std::max(0, std::min(p.seqlen_k, last + 1));
   o_ref.assign(p.head_dim, 0.0);
   if (n_vis == 0) {

@@ -1,4 +1,4 @@
-// Host side of one SM80 kernel instantiation: traits and the causal switch (the launch itself is
+// Host side of one SM80 kernel instantiation: traits and the mask switch (the launch itself is
 // common/launch_kernel.h). Included only by the instantiation files generated from
 // cpp/sm80/instantiate.cu.in, one per head dim.
 #pragma once
@@ -17,8 +17,8 @@ namespace cutlassfa::sm80 {
 template <class Traits>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
   static_assert(Traits::kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
-  return bool_switch(params.causal, [&](auto causal) {
-    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(causal)::value>, params, stream);
+  return bool_switch(params.has_mask(), [&](auto has_mask) {
+    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(has_mask)::value>, params, stream);
   });
 }
 

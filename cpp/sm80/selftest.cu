@@ -109,7 +109,9 @@ Buffers make_buffers(const Case& c, unsigned seed, float amplitude) {
   p.head_dim = c.head_dim;
   p.softmax_scale = 1.f / std::sqrt(float(c.head_dim));
   p.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  p.causal = c.causal;
+  if (c.causal) p.window_right = 0;
+  p.lse_head_stride = c.seqlen_q;
+  p.lse_batch_stride = static_cast<long long>(c.heads_q) * c.seqlen_q;
   p.dtype = c.dtype;
   return b;
 }

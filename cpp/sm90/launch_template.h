@@ -1,4 +1,4 @@
-// Host side of one SM90 kernel instantiation: traits and the causal switch (the launch itself is
+// Host side of one SM90 kernel instantiation: traits and the mask switch (the launch itself is
 // common/launch_kernel.h). Included only by the instantiation files generated from
 // cpp/sm90/instantiate.cu.in, one per head dim.
 #pragma once
@@ -16,8 +16,8 @@ namespace cutlassfa::sm90 {
 
 template <class Traits>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
-  return bool_switch(params.causal, [&](auto causal) {
-    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(causal)::value>, params, stream);
+  return bool_switch(params.has_mask(), [&](auto has_mask) {
+    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(has_mask)::value>, params, stream);
   });
 }
 

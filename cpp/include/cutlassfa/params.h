@@ -4,12 +4,19 @@
 // (the sm_61 build check), where the standard headers are not available.
 #pragma once
 
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define CUTLASSFA_HOST_DEVICE __host__ __device__
+#else
+#define CUTLASSFA_HOST_DEVICE
+#endif
+
 namespace cutlassfa {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 // Tensors are (batch, heads, seqlen, head_dim) with arbitrary strides in elements, except that the
-// head_dim stride is 1. lse is (batch, heads_q, seqlen_q) float32, contiguous.
+// head_dim stride is 1. lse is (batch, heads_q, seqlen_q) float32 with the strides below.
+// Members have defaults (`FwdParams p{};`): a plain dense call sets only the tensors, shapes and scale.
 struct FwdParams {
   const void* q;  // (batch, heads_q,  seqlen_q, head_dim)
   const void* k;  // (batch, heads_kv, seqlen_k, head_dim)
@@ -26,17 +33,66 @@ struct FwdParams {
   int heads_q;
   int heads_kv;     // heads_q is a multiple of heads_kv (GQA / MQA)
   int heads_ratio;  // heads_q / heads_kv: query head h reads key/value head h / heads_ratio
-  int seqlen_q;     // >= 1 when a kernel is launched
-  int seqlen_k;     // >= 1 when a kernel is launched
-  int head_dim;     // 32, 64 or 128
+  int seqlen_q;     // >= 1 when a kernel is launched; with cu_seqlens_q the longest sequence (grid size)
+  int seqlen_k;     // >= 1 when a kernel is launched; keys per entry, or the capacity of a KV cache
+  int head_dim;     // a multiple of 8, 8..256
 
-  float softmax_scale;       // usually 1/sqrt(head_dim)
+  float softmax_scale;       // usually 1/sqrt(head_dim); the cap when softcap_pre > 0
   float softmax_scale_log2;  // softmax_scale * log2(e): kernels use exp2f(x * scale_log2 - m)
 
-  // Bottom-right aligned causal mask, as FlashAttention-2: query i sees key j iff
-  // j <= i + seqlen_k - seqlen_q. A row that sees no key writes O = 0 and lse = -inf.
-  bool causal;
+  // Softcap: when > 0, every score s = q.k becomes tanh(s * softcap_pre) before the mask and the
+  // softmax, and softmax_scale is the cap c (softcap_pre = scale / c): c * tanh(scale * s / c) is
+  // then the capped score in softmax units, with no other change to the kernels. 0 disables it.
+  float softcap_pre = 0.f;
+
+  // Which keys a query sees (python/cutlassfa/masks.py is the definition): with offset = L - Nq for
+  // an entry of Nq queries and L keys, query i sees key j iff
+  //     i + offset - window_left <= j <= i + offset + window_right   and   leftpad <= j < L,
+  // -1 meaning unbounded on that side. Causal is (-1, 0). A row that sees no key writes O = 0 and
+  // lse = -inf.
+  int window_left = -1;
+  int window_right = -1;
+
+  // Per-entry lengths. Every pointer is a device array, nullptr when not given.
+  //  - cu_seqlens_q / cu_seqlens_k (batch + 1): varlen. Entry b's queries are rows
+  //    [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q, o (and of lse's row axis); its keys are rows
+  //    [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k, v. The batch strides are then 0.
+  //  - seqlens_k (batch): KV cache. Entry b has L = seqlens_k[b] + seqlens_k_added keys (the keys
+  //    appended this call), clamped to seqlen_k (the capacity) so that a bad length never reads
+  //    outside the cache.
+  //  - leftpad_k (batch): keys before leftpad_k[b] are hidden (clamped to [0, L]); alignment unchanged.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqlens_k = nullptr;
+  int seqlens_k_added = 0;
+  const int* leftpad_k = nullptr;
+
+  // Paged KV cache: k and v are (num_pages, heads_kv, page_size, d) with the batch strides above
+  // taken as page strides; key position p of entry b is row p % page_size of page
+  // block_table[b * block_table_stride + p / page_size], clamped to [0, num_pages). seqlen_k is
+  // then the capacity of one entry, max_pages * page_size.
+  const int* block_table = nullptr;
+  long long block_table_stride = 0;
+  int page_size = 0;
+  int num_pages = 0;
+
+  // lse strides (the row stride is 1): (batch, heads_q, seqlen_q) compact, or (heads_q, total_q) for
+  // varlen (batch stride 0, rows offset by cu_seqlens_q).
+  long long lse_batch_stride = 0;  // set with lse
+  long long lse_head_stride = 0;
+
+  // Split keys (Flash-Decoding): when num_splits > 1, split s of a tile attends to its share of the
+  // key tiles and writes its normalized fp32 O to o_accum[s][b][h][row][d] and its lse to
+  // lse_accum[s][b][h][row] (compact, seqlen_q rows); a combine kernel merges them into o and lse.
+  int num_splits = 1;
+  float* o_accum = nullptr;
+  float* lse_accum = nullptr;
+
   DType dtype;
+
+  CUTLASSFA_HOST_DEVICE bool has_mask() const {  // some keys below L are hidden from some row
+    return window_left >= 0 || window_right >= 0 || leftpad_k != nullptr;
+  }
 };
 
 }  // namespace cutlassfa
