@@ -10,18 +10,41 @@ namespace cutlassfa {
 
 using namespace cute;
 
-// lse of the tile's rows [row0, row0 + rows_valid): one thread of each quad (the one holding column
-// 0) writes the quad's rows. coords_rc is the (nrow, ncol) -> (row, col) view of this thread's
-// accumulator coordinates, lse its (nrow) values.
+// lse of the tile's rows [0, rows_valid), written from lse_row0 (the tile's first row in the lse
+// array): one thread of each quad (the one holding column 0) writes the quad's rows. coords_rc is the
+// (nrow, ncol) -> (row, col) view of this thread's accumulator coordinates, lse its (nrow) values.
 template <class TensorLse, class TensorCoord>
-__forceinline__ __device__ void write_lse(FwdParams const& params, int batch, int head, int row0, TensorLse const& lse,
-                                          TensorCoord const& coords_rc, int rows_valid) {
-  float* lse_row0 = params.lse + (static_cast<int64_t>(batch) * params.heads_q + head) * params.seqlen_q + row0;
+__forceinline__ __device__ void write_lse(float* lse_row0, TensorLse const& lse, TensorCoord const& coords_rc,
+                                          int rows_valid) {
   if (get<1>(coords_rc(0, 0)) == 0) {
     CUTE_UNROLL
     for (int mi = 0; mi < size(lse); ++mi) {
       int const row = get<0>(coords_rc(mi, 0));
       if (row < rows_valid) { lse_row0[row] = lse(mi); }
+    }
+  }
+}
+
+// Split keys: the normalized fp32 O of this split straight from the accumulator (acc_o, rowcol view
+// by coords_rc) to o_accum, and its lse to lse_accum (params.h), rows [0, rows_valid) of the tile
+// starting at query row0. Decode tiles hold few rows; the combine kernel reads these back.
+template <class TensorO, class TensorLse, class TensorCoord>
+__forceinline__ __device__ void store_split(FwdParams const& params, int batch, int head, int split, int row0,
+                                            int rows_valid, TensorO const& acc_o_rc, TensorLse const& lse,
+                                            TensorCoord const& coords_rc) {
+  int64_t const entry = (static_cast<int64_t>(split) * params.batch + batch) * params.heads_q + head;
+  float* lse_row0 = params.lse_accum + entry * params.seqlen_q + row0;
+  float* o_row0 = params.o_accum + (entry * params.seqlen_q + row0) * params.head_dim;
+  write_lse(lse_row0, lse, coords_rc, rows_valid);
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
+    int const row = get<0>(coords_rc(mi, 0));
+    if (row < rows_valid) {
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) {
+        int const col = get<1>(coords_rc(mi, ni));
+        if (col < params.head_dim) { o_row0[static_cast<int64_t>(row) * params.head_dim + col] = acc_o_rc(mi, ni); }
+      }
     }
   }
 }

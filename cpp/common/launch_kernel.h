@@ -40,8 +40,8 @@ cudaError_t opt_in_shared_memory(Kernel kernel, int bytes) {
   return cudaSuccess;
 }
 
-// One CTA per (m_block, head, batch), flattened into x (limit 2^31 - 1) so that neither batch nor
-// heads is bound by the 65535 limit of y and z; the kernel decodes it with m_block fastest.
+// One CTA per (split, m_block, head, batch), flattened into x (limit 2^31 - 1) so that neither batch
+// nor heads is bound by the 65535 limit of y and z; the kernel decodes it (common/tile.h).
 template <class Traits, class Kernel>
 cudaError_t launch_fwd_kernel(Kernel kernel, const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmemSize = Traits::kSmemSize;
@@ -50,7 +50,7 @@ cudaError_t launch_fwd_kernel(Kernel kernel, const FwdParams& params, cudaStream
     if (err != cudaSuccess) { return err; }
   }
   long long const num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  long long const num_ctas = num_m_blocks * params.heads_q * params.batch;
+  long long const num_ctas = num_m_blocks * params.heads_q * params.batch * params.num_splits;
   if (num_ctas > INT_MAX) { return cudaErrorInvalidConfiguration; }
   kernel<<<static_cast<unsigned>(num_ctas), Traits::kNThreads, kSmemSize, stream>>>(params);
   return cudaGetLastError();

@@ -1,8 +1,12 @@
-// Which keys a query row sees, and how many K/V tiles a Q tile visits: the bottom-right aligned
-// causal mask of FlashAttention-2 (query i sees key j iff j <= i + seqlen_k - seqlen_q) plus the
-// ragged end of the keys (j < seqlen_k). Trip counts (which K/V tiles a Q tile visits, which of them
-// need element masking) and the per-element mask live together, and every tensor-core family uses
-// this one struct.
+// Which keys a query row sees, and which K/V tiles a Q tile visits: the port of
+// python/cutlassfa/masks.py (row_range, tile_trips), the one definition of the mask. With
+// offset = seqlen_k - seqlen_q (bottom-right alignment, per entry), query i sees key j iff
+//     i + offset - window_left <= j <= i + offset + window_right   and   key_begin <= j < seqlen_k,
+// -1 meaning unbounded on a side (causal is (-1, 0)); key_begin is the left padding of a KV cache.
+// Each row sees one contiguous range [lo, hi), both ends non-decreasing in the row: the trip counts
+// of a tile follow from its first and last rows. Trip counts (which K/V tiles a Q tile visits, which
+// of them need element masking) and the per-element mask live together, and every tensor-core family
+// uses this one struct.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -13,33 +17,61 @@ namespace cutlassfa {
 
 using namespace cute;
 
-template <bool kIsCausal, int kBlockM, int kBlockN>
+// kHasMask = false: every row sees keys [0, seqlen_k) (the window is unbounded and there is no left
+// padding); only the ragged end of the keys is masked. The fields below the first two are then unused.
+template <bool kHasMask, int kBlockM, int kBlockN>
 struct Mask {
   int seqlen_q;
   int seqlen_k;
+  int key_begin;     // keys before it are hidden (KV-cache left padding); 0 otherwise
+  int window_left;   // -1: unbounded
+  int window_right;  // -1: unbounded
 
-  // K/V tiles [0, n_block_max) hold at least one key visible to some row of Q tile m_block. Zero
-  // when every row of the tile precedes the first key (causal with seqlen_q > seqlen_k).
-  __forceinline__ __device__ int n_block_max(int m_block) const {
-    int const n_blocks_k = (seqlen_k + kBlockN - 1) / kBlockN;
-    if constexpr (!kIsCausal) {
-      return n_blocks_k;
+  // First key row `row` sees (before clamping to the keys that exist).
+  __forceinline__ __device__ int row_lo(int row) const {
+    if constexpr (!kHasMask) {
+      return 0;
     } else {
-      int const last_row = min((m_block + 1) * kBlockM, seqlen_q) - 1;
-      int const last_col = last_row + seqlen_k - seqlen_q;  // last key the tile's last row sees
-      return last_col < 0 ? 0 : min(n_blocks_k, last_col / kBlockN + 1);
+      return window_left < 0 ? key_begin : max(key_begin, row + seqlen_k - seqlen_q - window_left);
+    }
+  }
+  // One past the last key row `row` sees.
+  __forceinline__ __device__ int row_hi(int row) const {
+    if constexpr (!kHasMask) {
+      return seqlen_k;
+    } else {
+      return window_right < 0 ? seqlen_k : min(seqlen_k, row + seqlen_k - seqlen_q + window_right + 1);
     }
   }
 
-  // K/V tiles [0, n_block_unmasked_end) are fully visible to every row of the tile: no element
-  // masking needed. The tiles above it (the diagonal ones, and the ragged last tile) are masked.
+  __forceinline__ __device__ int first_row(int m_block) const { return m_block * kBlockM; }
+  __forceinline__ __device__ int last_row(int m_block) const { return min((m_block + 1) * kBlockM, seqlen_q) - 1; }
+
+  // K/V tiles [n_block_min, n_block_max) hold every key some row of Q tile m_block sees; empty
+  // (n_block_max <= n_block_min) when no row of the tile sees a key.
+  __forceinline__ __device__ int n_block_min(int m_block) const { return max(0, row_lo(first_row(m_block))) / kBlockN; }
+  __forceinline__ __device__ int n_block_max(int m_block) const {
+    int const hi = row_hi(last_row(m_block));
+    return hi <= 0 ? 0 : (hi + kBlockN - 1) / kBlockN;
+  }
+
+  // K/V tiles [n_block_unmasked_begin, n_block_unmasked_end) are fully visible to every row of the
+  // tile: no element masking. The others (window edges, the causal diagonal, the left padding, the
+  // ragged last tile) are masked. The range may be empty (begin >= end).
+  __forceinline__ __device__ int n_block_unmasked_begin(int m_block) const {
+    if constexpr (!kHasMask) {
+      return 0;
+    } else {
+      return (max(0, row_lo(last_row(m_block))) + kBlockN - 1) / kBlockN;
+    }
+  }
   __forceinline__ __device__ int n_block_unmasked_end(int m_block) const {
     int const full_tiles_k = seqlen_k / kBlockN;
-    if constexpr (!kIsCausal) {
+    if constexpr (!kHasMask) {
       return full_tiles_k;
     } else {
-      int const first_col_end = m_block * kBlockM + seqlen_k - seqlen_q + 1;  // keys [0, end) seen by the first row
-      return first_col_end <= 0 ? 0 : min(full_tiles_k, first_col_end / kBlockN);
+      int const hi = row_hi(first_row(m_block));
+      return hi <= 0 ? 0 : min(full_tiles_k, hi / kBlockN);
     }
   }
 
@@ -49,34 +81,41 @@ struct Mask {
   __forceinline__ __device__ void apply(TensorS& acc_s, TensorC const& tScS, int m_block, int n_block) const {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (nrow, ncol)
     Tensor coords = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));    // (nrow, ncol) -> (row, col)
-    // Compare compile-time offsets from this thread's first element against a limit made relative
-    // to it. The limit goes through opaque(): otherwise the compiler folds the subtraction back into
+    // Compare compile-time offsets from this thread's first element against limits made relative
+    // to it. The limits go through opaque(): otherwise the compiler folds the subtraction back into
     // a compare of the absolute column (loop invariant) with a uniform limit, and hoists all 64 of
     // them (rows x cols of the thread) out of the K/V loop as registers, which spilled.
     int const row0 = get<0>(coords(0, 0));
     int const col0 = get<1>(coords(0, 0));
+    int const col_base = n_block * kBlockN + col0;
     CUTE_UNROLL
     for (int mi = 0; mi < size<0>(scores); ++mi) {
       int const row = m_block * kBlockM + row0 + (get<0>(coords(mi, 0)) - row0);
-      int col_end = seqlen_k;  // keys [0, col_end) are visible to this row
-      if constexpr (kIsCausal) { col_end = min(col_end, row + 1 + seqlen_k - seqlen_q); }
-      int const col_end_rel = opaque(col_end - n_block * kBlockN - col0);
+      int const col_end_rel = opaque(row_hi(row) - col_base);  // keys [lo, hi) are visible to this row
+      int const col_begin_rel = opaque(row_lo(row) - col_base);
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) {
-        if (get<1>(coords(mi, ni)) - col0 >= col_end_rel) { scores(mi, ni) = -INFINITY; }
+        int const c = get<1>(coords(mi, ni)) - col0;
+        bool const hidden = kHasMask ? (c >= col_end_rel || c < col_begin_rel) : c >= col_end_rel;
+        if (hidden) { scores(mi, ni) = -INFINITY; }
       }
     }
   }
 };
 
-// The K/V loop order every family uses: from the last visible tile down to tile 0, the tiles that need
-// element masking (the ragged last tile, the causal diagonal) first, then the mask-free ones.
+// The K/V loop order every family uses: from the last visible tile down to n_block_min, the tiles
+// that need element masking first (the ragged last tile, the right window edge / causal diagonal),
+// then the mask-free ones, then the masked ones of the left window edge.
 // step(n_block, std::true_type / std::false_type) runs one tile, masked or not.
 template <class Step>
-__forceinline__ __device__ void for_each_kv_tile(int n_block_max, int n_block_unmasked_end, Step&& step) {
+__forceinline__ __device__ void for_each_kv_tile(int n_block_min, int n_block_max, int n_block_unmasked_begin,
+                                                 int n_block_unmasked_end, Step&& step) {
   int n_block = n_block_max - 1;
-  for (; n_block >= n_block_unmasked_end; --n_block) { step(n_block, cute::true_type{}); }
-  for (; n_block >= 0; --n_block) { step(n_block, cute::false_type{}); }
+  int const unmasked_end = max(n_block_unmasked_end, n_block_min);
+  int const unmasked_begin = max(n_block_unmasked_begin, n_block_min);
+  for (; n_block >= unmasked_end; --n_block) { step(n_block, cute::true_type{}); }
+  for (; n_block >= unmasked_begin; --n_block) { step(n_block, cute::false_type{}); }
+  for (; n_block >= n_block_min; --n_block) { step(n_block, cute::true_type{}); }
 }
 
 }  // namespace cutlassfa

@@ -72,23 +72,31 @@ __forceinline__ __device__ int opaque_volatile(int x) {
   return x;
 }
 
-// Copy the rows of a (CPY, CPY_ROWS, CPY_K) partition whose tile row is < rows_valid and zero the
-// others, so rows past the end of the sequence never read out of bounds nor leave stale data
+// Copy the rows of a (CPY, CPY_ROWS, CPY_K) partition whose tile row is in [row_begin, row_end) and
+// zero the others, so rows past the end of the sequence never read out of bounds nor leave stale data
 // (a NaN left in a V row would survive the P = 0 weight: 0 * NaN = NaN).
 template <class TiledCopy, class TensorSrc, class TensorDst, class TensorCoord>
 __forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tiled_copy, TensorSrc const& src, TensorDst& dst,
-                                                TensorCoord const& coords, int rows_valid) {
+                                                TensorCoord const& coords, int row_begin, int row_end) {
   // Relative to this thread's first row, behind opaque(): see Mask::apply.
   int const row0 = get<0>(coords(0, 0, 0));
-  int const rows_valid_rel = opaque(rows_valid - row0);
+  int const row_end_rel = opaque(row_end - row0);
+  int const row_begin_rel = opaque(row_begin - row0);
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
-    if (get<0>(coords(0, m, 0)) - row0 < rows_valid_rel) {
+    int const r = get<0>(coords(0, m, 0)) - row0;
+    if (r < row_end_rel && r >= row_begin_rel) {
       copy(tiled_copy, src(_, m, _), dst(_, m, _));
     } else {
       clear(dst(_, m, _));
     }
   }
+}
+
+template <class TiledCopy, class TensorSrc, class TensorDst, class TensorCoord>
+__forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tiled_copy, TensorSrc const& src, TensorDst& dst,
+                                                TensorCoord const& coords, int rows_valid) {
+  copy_rows_zfill(tiled_copy, src, dst, coords, 0, rows_valid);
 }
 
 }  // namespace cutlassfa

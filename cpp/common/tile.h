@@ -17,18 +17,54 @@ struct TileCoord {
   int head;     // query head
   int batch;
   int head_kv;  // the K/V head query head `head` reads (GQA)
+  int split;    // which share of the key tiles (split keys); 0 without
 };
 
-// The CTA's tile, from the 1-D grid of common/launch_kernel.h. m_block varies fastest so the CTAs
-// sharing one K/V head run together and re-read it from L2; within a head the tiles go last-first,
-// which under a causal mask launches the longest first.
+// The CTA's tile, from the 1-D grid of common/launch_kernel.h: the split varies fastest, then m_block,
+// so the CTAs sharing one K/V head run together and re-read it from L2; within a head the tiles go
+// last-first, which under a causal mask launches the longest first.
 template <int kBlockM>
 __forceinline__ __device__ TileCoord tile_of_this_block(FwdParams const& params) {
   int const num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
-  int const m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
-  int const bh = static_cast<int>(blockIdx.x / num_m_blocks);
+  int const split = static_cast<int>(blockIdx.x % params.num_splits);
+  int const tile = static_cast<int>(blockIdx.x / params.num_splits);
+  int const m_block = num_m_blocks - 1 - tile % num_m_blocks;
+  int const bh = tile / num_m_blocks;
   int const head = bh % params.heads_q;
-  return {m_block, head, bh / params.heads_q, head / params.heads_ratio};
+  return {m_block, head, bh / params.heads_q, head / params.heads_ratio, split};
+}
+
+// The lengths and row offsets of one batch entry (params.h: varlen, KV cache, left padding).
+struct SeqInfo {
+  int seqlen_q;      // queries of this entry
+  int seqlen_k;      // keys of this entry (L), within the capacity
+  int key_begin;     // keys [0, key_begin) are hidden (left padding), 0 <= key_begin <= seqlen_k
+  int q_row_offset;  // first row of this entry in q, o and lse (varlen); 0 otherwise
+  int k_row_offset;  // first row of this entry in k and v (varlen); 0 otherwise
+};
+
+__forceinline__ __device__ SeqInfo seq_info(FwdParams const& params, int batch) {
+  SeqInfo s{params.seqlen_q, params.seqlen_k, 0, 0, 0};
+  if (params.cu_seqlens_q != nullptr) {
+    s.q_row_offset = params.cu_seqlens_q[batch];
+    s.seqlen_q = params.cu_seqlens_q[batch + 1] - s.q_row_offset;
+  }
+  if (params.cu_seqlens_k != nullptr) {
+    s.k_row_offset = params.cu_seqlens_k[batch];
+    s.seqlen_k = max(0, params.cu_seqlens_k[batch + 1] - s.k_row_offset);
+  } else if (params.seqlens_k != nullptr) {
+    s.seqlen_k = min(params.seqlen_k, max(0, params.seqlens_k[batch] + params.seqlens_k_added));
+  }
+  if (params.leftpad_k != nullptr) { s.key_begin = min(max(0, params.leftpad_k[batch]), s.seqlen_k); }
+  return s;
+}
+
+// Split keys: the share [n_block_min, n_block_max) of split `split` out of num_splits, as whole tiles
+// (empty when the split has none: it then writes O = 0, lse = -inf for the combine).
+__forceinline__ __device__ void split_kv_range(int& n_block_min, int& n_block_max, int split, int num_splits) {
+  int const per_split = (max(0, n_block_max - n_block_min) + num_splits - 1) / num_splits;
+  n_block_min += split * per_split;
+  n_block_max = min(n_block_max, n_block_min + per_split);
 }
 
 // One head of a (batch, heads, seqlen, kCols) tensor as (seqlen, kCols), row stride from params
@@ -43,41 +79,102 @@ __forceinline__ __device__ auto head_tensor(Element* base, long long batch_strid
 
 // (gQ, gK, gV, gO) of the tile: gQ (kBlockM, kHeadDimQK), gK (kBlockN, kHeadDimQK, n_blocks),
 // gV (kBlockN, kHeadDim, n_blocks), gO (kBlockM, kHeadDim). Q and K may be wider than V and O
-// (fp32 inputs pre-split into [hi | lo] columns).
+// (fp32 inputs pre-split into [hi | lo] columns). gK and gV are those of a contiguous cache; a paged
+// one is read through PagedRows.
 template <int kBlockM, int kBlockN, int kHeadDimQK, int kHeadDim, class ElementIn, class ElementOut>
-__forceinline__ __device__ auto global_tiles(FwdParams const& params, TileCoord const& t) {
-  auto const* q = static_cast<ElementIn const*>(params.q);
-  auto const* k = static_cast<ElementIn const*>(params.k);
-  auto const* v = static_cast<ElementIn const*>(params.v);
-  auto* o = static_cast<ElementOut*>(params.o);
+__forceinline__ __device__ auto global_tiles(FwdParams const& params, TileCoord const& t, SeqInfo const& seq) {
+  auto const* q = static_cast<ElementIn const*>(params.q) + static_cast<int64_t>(seq.q_row_offset) * params.q_row_stride;
+  auto const* k = static_cast<ElementIn const*>(params.k) + static_cast<int64_t>(seq.k_row_offset) * params.k_row_stride;
+  auto const* v = static_cast<ElementIn const*>(params.v) + static_cast<int64_t>(seq.k_row_offset) * params.v_row_stride;
+  auto* o = static_cast<ElementOut*>(params.o) + static_cast<int64_t>(seq.q_row_offset) * params.o_row_stride;
+  int const kv_batch = params.block_table != nullptr ? 0 : t.batch;
   Tensor mQ = head_tensor<kHeadDimQK>(q, params.q_batch_stride, params.q_head_stride, params.q_row_stride, t.batch,
-                                      t.head, params.seqlen_q);  // (seqlen_q, dQK)
-  Tensor mK = head_tensor<kHeadDimQK>(k, params.k_batch_stride, params.k_head_stride, params.k_row_stride, t.batch,
-                                      t.head_kv, params.seqlen_k);  // (seqlen_k, dQK)
-  Tensor mV = head_tensor<kHeadDim>(v, params.v_batch_stride, params.v_head_stride, params.v_row_stride, t.batch,
-                                    t.head_kv, params.seqlen_k);  // (seqlen_k, d)
+                                      t.head, seq.seqlen_q);  // (seqlen_q, dQK)
+  Tensor mK = head_tensor<kHeadDimQK>(k, params.k_batch_stride, params.k_head_stride, params.k_row_stride, kv_batch,
+                                      t.head_kv, seq.seqlen_k);  // (seqlen_k, dQK)
+  Tensor mV = head_tensor<kHeadDim>(v, params.v_batch_stride, params.v_head_stride, params.v_row_stride, kv_batch,
+                                    t.head_kv, seq.seqlen_k);  // (seqlen_k, d)
   Tensor mO = head_tensor<kHeadDim>(o, params.o_batch_stride, params.o_head_stride, params.o_row_stride, t.batch,
-                                    t.head, params.seqlen_q);  // (seqlen_q, d)
+                                    t.head, seq.seqlen_q);  // (seqlen_q, d)
   return make_tuple(local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}, make_coord(t.m_block, 0)),
                     local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}, make_coord(_, 0)),
                     local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0)),
                     local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, 0)));
 }
 
+// Rows of one K/V head of a paged cache (params.h): key position p of the entry lives in page
+// table[p / page_size] (clamped to the pages that exist, so a bad table never reads outside the
+// cache), row p % page_size.
+template <class Element>
+struct PagedRows {
+  Element const* head_base;  // the K/V head's rows in page 0
+  long long page_stride;
+  long long row_stride;
+  int const* table;  // this entry's row of the block table
+  int page_size;
+  int num_pages;
+
+  __forceinline__ __device__ Element const* row(int p) const {
+    int const page = min(max(table[p / page_size], 0), num_pages - 1);
+    return head_base + page * page_stride + (p % page_size) * row_stride;
+  }
+};
+
+template <class Element>
+__forceinline__ __device__ PagedRows<Element> paged_rows(FwdParams const& params, void const* cache, long long page_stride,
+                                                         long long head_stride, long long row_stride,
+                                                         TileCoord const& t) {
+  return {static_cast<Element const*>(cache) + t.head_kv * head_stride, page_stride, row_stride,
+          params.block_table + t.batch * params.block_table_stride, params.page_size, params.num_pages};
+}
+
 // Copy of one K or V tile gX (kBlockN, d) into sX through this thread's slice of tiled_copy (cp.async);
-// kPredicated zero-fills the rows >= rows_valid (the ragged end of the keys). cX: the identity tensor
-// of the tile.
+// kPredicated copies only the tile rows [row_begin, row_end) and zero-fills the others (the ragged end
+// of the keys, the left padding: hidden keys must load as zeros, a NaN there would survive P = 0).
+// cX: the identity tensor of the tile.
 template <bool kPredicated, class TiledCopy, class ThrCopy, class TensorG, class TensorS, class TensorC>
 __forceinline__ __device__ void copy_kv_tile(TiledCopy const& tiled_copy, ThrCopy const& thr_copy, TensorG const& gX,
-                                             TensorS& sX, TensorC const& cX, int rows_valid) {
+                                             TensorS& sX, TensorC const& cX, int row_begin, int row_end) {
   Tensor tXgX = thr_copy.partition_S(gX);  // (KCPY, KCPY_N, KCPY_K)
   Tensor tXsX = thr_copy.partition_D(sX);  // (KCPY, KCPY_N, KCPY_K)
   if constexpr (kPredicated) {
     Tensor tXcX = thr_copy.partition_S(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
-    copy_rows_zfill(tiled_copy, tXgX, tXsX, tXcX, rows_valid);
+    copy_rows_zfill(tiled_copy, tXgX, tXsX, tXcX, row_begin, row_end);
   } else {
     copy(tiled_copy, tXgX, tXsX);
   }
+}
+
+// The same copy from a paged cache: the tile's rows start at key position key0 and each row has its
+// own address (rows.row). Rows outside [row_begin, row_end) are zero-filled and never addressed.
+template <class TiledCopy, class ThrCopy, class Element, class TensorS, class TensorC>
+__forceinline__ __device__ void copy_kv_tile_paged(TiledCopy const& tiled_copy, ThrCopy const& thr_copy,
+                                                   PagedRows<Element> const& rows, int key0, TensorS& sX,
+                                                   TensorC const& cX, int row_begin, int row_end) {
+  Tensor tXsX = thr_copy.partition_D(sX);  // (KCPY, KCPY_N, KCPY_K)
+  Tensor tXcX = thr_copy.partition_D(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
+  constexpr int kVec = decltype(size<0>(tXsX))::value;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tXsX); ++m) {
+    int const row = get<0>(tXcX(0, m, 0));
+    if (row >= row_begin && row < row_end) {
+      Element const* src_row = rows.row(key0 + row);
+      CUTE_UNROLL
+      for (int kk = 0; kk < size<2>(tXsX); ++kk) {
+        Tensor src = make_tensor(make_gmem_ptr(src_row + get<1>(tXcX(0, m, kk))), Layout<Shape<Int<kVec>>>{});
+        copy(tiled_copy, src, tXsX(_, m, kk));
+      }
+    } else {
+      clear(tXsX(_, m, _));
+    }
+  }
+}
+
+// Where the lse of the tile's first row goes (params.h: lse strides, varlen rows), nullptr when not asked.
+__forceinline__ __device__ float* lse_tile_row0(FwdParams const& params, TileCoord const& t, SeqInfo const& seq,
+                                                int row0) {
+  if (params.lse == nullptr) { return nullptr; }
+  return params.lse + t.batch * params.lse_batch_stride + t.head * params.lse_head_stride + seq.q_row_offset + row0;
 }
 
 // End of the tile: rO (the normalized O accumulator, converted to the output type) staged through sO
@@ -86,7 +183,7 @@ __forceinline__ __device__ void copy_kv_tile(TiledCopy const& tiled_copy, ThrCop
 // tensor of the O tile.
 template <class SmemCopyAtomO, class GmemTiledCopyO, class TiledMmaO, class TensorRO, class TensorSO, class TensorGO,
           class TensorLse, class TensorCoordRC, class TensorCO>
-__forceinline__ __device__ void store_tile(FwdParams const& params, TileCoord const& t, int row0, int rows_valid,
+__forceinline__ __device__ void store_tile(float* lse_row0, int rows_valid,
                                            TiledMmaO const& tiled_mma_o, TensorRO const& rO, TensorSO& sO,
                                            TensorGO& gO, TensorLse const& lse, TensorCoordRC const& coords_rc,
                                            TensorCO const& cO, int tidx) {
@@ -99,7 +196,7 @@ __forceinline__ __device__ void store_tile(FwdParams const& params, TileCoord co
   Tensor taccOsO = smem_thr_copy_O.partition_D(sO);  // (CPY, CPY_M, CPY_N)
   copy(smem_tiled_copy_O, taccOrO, taccOsO);
 
-  if (params.lse != nullptr) { write_lse(params, t.batch, t.head, row0, lse, coords_rc, rows_valid); }
+  if (lse_row0 != nullptr) { write_lse(lse_row0, lse, coords_rc, rows_valid); }
 
   __syncthreads();  // sO complete before it is read back with another thread mapping
   store_o_rows<GmemTiledCopyO>(sO, gO, cO, rows_valid, tidx);

@@ -20,6 +20,7 @@
 #include "common/epilogue.h"
 #include "common/mask.h"
 #include "common/online_softmax.h"
+#include "common/softcap.h"
 #include "common/tensor_utils.h"
 #include "common/tile.h"
 #include "sm80/gemm.h"
@@ -29,7 +30,7 @@ namespace cutlassfa::sm80 {
 
 using namespace cute;
 
-template <class Traits, bool kIsCausal>
+template <class Traits, bool kHasMask>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
   using Element = typename Traits::Element;
   using ElementOut = typename Traits::ElementOut;
@@ -43,14 +44,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   int const tidx = threadIdx.x;
 
   TileCoord const tile = tile_of_this_block<kBlockM>(params);
+  SeqInfo const seq = seq_info(params, tile.batch);
   int const m_block = tile.m_block;
-  Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
-  int const n_block_max = mask.n_block_max(m_block);  // 0: no row of this tile sees a key
+  if (m_block * kBlockM >= seq.seqlen_q) { return; }  // varlen: past this entry's queries
+  Mask<kHasMask, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, params.window_left,
+                                              params.window_right};
+  int n_block_min = mask.n_block_min(m_block);
+  int n_block_max = mask.n_block_max(m_block);  // <= n_block_min: no row of this tile sees a key
+  if (params.num_splits > 1) { split_kv_range(n_block_min, n_block_max, tile.split, params.num_splits); }
+  int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
   int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
-  int const rows_q = params.seqlen_q - m_block * kBlockM;  // valid rows of this Q tile (may exceed kBlockM)
+  int const rows_q = seq.seqlen_q - m_block * kBlockM;  // valid rows of this Q tile (may exceed kBlockM)
 
   // ---- Global tensors --------------------------------------------------------------------------------
-  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDim, kHeadDim, ElementIn, ElementOut>(params, tile);
+  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDim, kHeadDim, ElementIn, ElementOut>(params, tile, seq);
   Tensor gQ = get<0>(tiles);  // (kBlockM, d)
   Tensor gK = get<1>(tiles);  // (kBlockN, d, n_blocks)
   Tensor gV = get<2>(tiles);  // (kBlockN, d, n_blocks)
@@ -83,14 +90,33 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, d) -> (row, col)
   Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);    // (QCPY, QCPY_M, QCPY_K)
 
-  // cp.async of K or V tile n_block into sX; is_predicated zero-fills the rows >= seqlen_k. The
+  // A paged cache is read row by row (common/tile.h); pages of K and V share the table.
+  bool const paged = params.block_table != nullptr;
+  auto const pages_k = paged_rows<ElementIn>(params, params.k, params.k_batch_stride, params.k_head_stride,
+                                             params.k_row_stride, tile);
+  auto const pages_v = paged_rows<ElementIn>(params, params.v, params.v_batch_stride, params.v_head_stride,
+                                             params.v_row_stride, tile);
+  // Tiles holding a hidden key below seqlen_k (left padding) or past it (the ragged end) load
+  // predicated, zero-filling those rows.
+  auto needs_predicate = [&](int n_block) {
+    return n_block * kBlockN < seq.key_begin || (n_block + 1) * kBlockN > seq.seqlen_k;
+  };
+
+  // cp.async of K or V tile n_block into sX; is_predicated zero-fills the hidden rows. The
   // partitions are rebuilt at each call from tid, as the ldmatrix ones in kv_step, so that the
   // per-row global addresses are not held in registers across the K/V loop.
   // kSplit: the fp32 tile goes to sStage instead of sX.
-  auto load_kv = [&](auto const& gX, auto& sX, int const n_block, int const tid, auto is_predicated) {
+  auto load_kv = [&](auto const& gX, auto const& pages, auto& sX, int const n_block, int const tid, auto is_predicated) {
     auto load = [&](auto const& gmem_tiled_copy_KV, auto& sDst) {
-      copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_KV, gmem_tiled_copy_KV.get_thread_slice(tid),
-                                                   gX(_, _, n_block), sDst, cKV, params.seqlen_k - n_block * kBlockN);
+      int const key0 = n_block * kBlockN;
+      auto gmem_thr_copy_KV = gmem_tiled_copy_KV.get_thread_slice(tid);
+      if (paged) {
+        copy_kv_tile_paged(gmem_tiled_copy_KV, gmem_thr_copy_KV, pages, key0, sDst, cKV, seq.key_begin - key0,
+                           seq.seqlen_k - key0);
+      } else {
+        copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_KV, gmem_thr_copy_KV, gX(_, _, n_block), sDst,
+                                                     cKV, seq.key_begin - key0, seq.seqlen_k - key0);
+      }
     };
     if constexpr (kSplit) {
       load(typename Traits::GmemTiledCopyKVIn{}, sStage);
@@ -135,8 +161,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   } else {
     copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
   }
-  if (n_block_max > 0) {
-    load_kv(gK, sK, n_block_max - 1, tidx, cute::true_type{});
+  if (n_block_max > n_block_min) {
+    load_kv(gK, pages_k, sK, n_block_max - 1, tidx, cute::true_type{});
   }
   cute::cp_async_fence();
 
@@ -166,10 +192,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     cute::cp_async_wait<0>();
     if constexpr (kSplit) { split_stage(sK, sKlo, tid, cute::true_type{}); }
     __syncthreads();  // K[n] (and Q) have landed; every warp is done reading V[n+1] from sV
-    if constexpr (kMasked) {  // only a masked step can hold the ragged last tile
-      load_kv(gV, sV, n_block, tid, cute::true_type{});
+    if constexpr (kMasked) {  // only a masked step can hold hidden keys
+      load_kv(gV, pages_v, sV, n_block, tid, cute::true_type{});
     } else {
-      load_kv(gV, sV, n_block, tid, cute::false_type{});
+      load_kv(gV, pages_v, sV, n_block, tid, cute::false_type{});
     }
     cute::cp_async_fence();
 
@@ -182,14 +208,19 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
               smem_thr_copy_K);
     }
+    if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }  // before the mask's -inf
     if constexpr (kMasked) { mask.apply(acc_s, tScS, m_block, n_block); }
 
     cute::cp_async_wait<0>();
     // kSplit: sV is free, every warp passed the barrier above after its P V[n+1].
     if constexpr (kSplit) { split_stage(sV, sV, tid, cute::false_type{}); }
     __syncthreads();  // V[n] has landed; every warp is done reading K[n] from sK
-    if (n_block > 0) {  // tiles below the last are full: no predicate
-      load_kv(gK, sK, n_block - 1, tid, cute::false_type{});
+    if (n_block > n_block_min) {  // tiles below the last are full; only the left padding may need a predicate
+      if (needs_predicate(n_block - 1)) {
+        load_kv(gK, pages_k, sK, n_block - 1, tid, cute::true_type{});
+      } else {
+        load_kv(gK, pages_k, sK, n_block - 1, tid, cute::false_type{});
+      }
       cute::cp_async_fence();
     }
 
@@ -200,15 +231,21 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
   };
 
-  for_each_kv_tile(n_block_max, n_block_unmasked_end, kv_step);
+  for_each_kv_tile(n_block_min, n_block_max, n_block_unmasked_begin, n_block_unmasked_end, kv_step);
 
   // ---- Epilogue --------------------------------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o, params.softmax_scale);  // (nrow)
-  Tensor rO = convert_type<ElementOut>(acc_o);                 // (MMA, MMA_M, MMA_K)
   Tensor taccOcO = thr_mma.partition_C(cQ);                    // (MMA, MMA_M, MMA_K) -> (row, col)
   Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(taccOcO.layout()));  // (nrow, ncol)
+  if (params.num_splits > 1) {
+    cute::cp_async_wait<0>();  // nothing left in flight at exit
+    Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (nrow, ncol)
+    store_split(params, tile.batch, tile.head, tile.split, m_block * kBlockM, rows_q, acc_o_rc, lse, taccOcO_rc);
+    return;
+  }
+  Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_K)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
-      params, tile, m_block * kBlockM, rows_q, tiled_mma, rO, sO, gO, lse, taccOcO_rc, cQ, tidx);
+      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, tiled_mma, rO, sO, gO, lse, taccOcO_rc, cQ, tidx);
 }
 
 }  // namespace cutlassfa::sm80

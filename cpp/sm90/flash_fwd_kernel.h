@@ -18,6 +18,7 @@
 #include "common/epilogue.h"
 #include "common/mask.h"
 #include "common/online_softmax.h"
+#include "common/softcap.h"
 #include "common/tensor_utils.h"
 #include "common/tile.h"
 #include "sm90/kernel_traits.h"
@@ -27,7 +28,7 @@ namespace cutlassfa::sm90 {
 
 using namespace cute;
 
-template <class Traits, bool kIsCausal>
+template <class Traits, bool kHasMask>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_fwd_kernel(__grid_constant__ const FwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -42,14 +43,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   int const tidx = threadIdx.x;
 
   TileCoord const tile = tile_of_this_block<kBlockM>(params);  // grid order: common/tile.h
+  SeqInfo const seq = seq_info(params, tile.batch);
   int const m_block = tile.m_block;
-  Mask<kIsCausal, kBlockM, kBlockN> const mask{params.seqlen_q, params.seqlen_k};
-  int const n_block_max = mask.n_block_max(m_block);
+  if (m_block * kBlockM >= seq.seqlen_q) { return; }  // varlen: past this entry's queries
+  Mask<kHasMask, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, params.window_left,
+                                              params.window_right};
+  int n_block_min = mask.n_block_min(m_block);
+  int n_block_max = mask.n_block_max(m_block);  // <= n_block_min: no row of this tile sees a key
+  if (params.num_splits > 1) { split_kv_range(n_block_min, n_block_max, tile.split, params.num_splits); }
+  int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
   int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
-  int const rows_q = params.seqlen_q - m_block * kBlockM;
+  int const rows_q = seq.seqlen_q - m_block * kBlockM;
 
   // ---- Global tensors: Q and K of kHeadDimQK columns, V and O of kHeadDim ----------------------------
-  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDimQK, kHeadDim, Element, ElementOut>(params, tile);
+  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDimQK, kHeadDim, Element, ElementOut>(params, tile, seq);
   Tensor gQ = get<0>(tiles);  // (kBlockM, dQK)
   Tensor gK = get<1>(tiles);  // (kBlockN, dQK, n_blocks)
   Tensor gV = get<2>(tiles);  // (kBlockN, d, n_blocks)
@@ -77,10 +84,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   Tensor cV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});    // (kBlockN, d) -> (row, col)
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});    // (kBlockM, d) -> (row, col)
 
-  // cp.async of K or V tile n_block into sX; is_predicated zero-fills the rows >= seqlen_k.
-  auto load_kv = [&](auto const& gX, auto& sX, auto const& cX, int const n_block, auto is_predicated) {
-    copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_QKV, gmem_thr_copy_QKV, gX(_, _, n_block), sX, cX,
-                                                 params.seqlen_k - n_block * kBlockN);
+  // A paged cache is read row by row (common/tile.h); pages of K and V share the table.
+  bool const paged = params.block_table != nullptr;
+  auto const pages_k = paged_rows<Element>(params, params.k, params.k_batch_stride, params.k_head_stride,
+                                           params.k_row_stride, tile);
+  auto const pages_v = paged_rows<Element>(params, params.v, params.v_batch_stride, params.v_head_stride,
+                                           params.v_row_stride, tile);
+  // Tiles holding a hidden key below seqlen_k (left padding) or past it (the ragged end) load
+  // predicated, zero-filling those rows.
+  auto needs_predicate = [&](int n_block) {
+    return n_block * kBlockN < seq.key_begin || (n_block + 1) * kBlockN > seq.seqlen_k;
+  };
+
+  // cp.async of K or V tile n_block into sX; is_predicated zero-fills the hidden rows.
+  auto load_kv = [&](auto const& gX, auto const& pages, auto& sX, auto const& cX, int const n_block,
+                     auto is_predicated) {
+    int const key0 = n_block * kBlockN;
+    if (paged) {
+      copy_kv_tile_paged(gmem_tiled_copy_QKV, gmem_thr_copy_QKV, pages, key0, sX, cX, seq.key_begin - key0,
+                         seq.seqlen_k - key0);
+    } else {
+      copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_QKV, gmem_thr_copy_QKV, gX(_, _, n_block), sX, cX,
+                                                   seq.key_begin - key0, seq.seqlen_k - key0);
+    }
   };
 
   typename Traits::TiledMmaS tiled_mma_s;
@@ -103,7 +129,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
     copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
   }
-  if (n_block_max > 0) { load_kv(gK, sK, cK, n_block_max - 1, cute::true_type{}); }
+  if (n_block_max > n_block_min) { load_kv(gK, pages_k, sK, cK, n_block_max - 1, cute::true_type{}); }
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -118,7 +144,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     cute::cp_async_wait<0>();
     fence_shared_to_async();
     __syncthreads();  // K[n] (and Q) have landed; every warpgroup is done reading V[n+1]
-    load_kv(gV, sV, cV, n_block, cute::bool_constant<kMasked>{});  // only a masked step holds the ragged tile
+    load_kv(gV, pages_v, sV, cV, n_block, cute::bool_constant<kMasked>{});  // only a masked step holds hidden keys
     cute::cp_async_fence();
 
     if constexpr (Traits::kSplitQK) {
@@ -126,13 +152,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     } else {
       gemm</*kZeroInit=*/true, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
     }
+    if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }  // before the mask's -inf
     if constexpr (kMasked) { mask.apply(acc_s80, tScS80, m_block, n_block); }
 
     cute::cp_async_wait<0>();
     fence_shared_to_async();
     __syncthreads();  // V[n] has landed; every warpgroup is done reading K[n]
-    if (n_block > 0) {  // tiles below the last are full: no predicate
-      load_kv(gK, sK, cK, n_block - 1, cute::false_type{});
+    if (n_block > n_block_min) {  // tiles below the last are full; only the left padding may need a predicate
+      if (needs_predicate(n_block - 1)) {
+        load_kv(gK, pages_k, sK, cK, n_block - 1, cute::true_type{});
+      } else {
+        load_kv(gK, pages_k, sK, cK, n_block - 1, cute::false_type{});
+      }
       cute::cp_async_fence();
     }
 
@@ -143,15 +174,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     gemm</*kZeroInit=*/false, /*kARegisters=*/true>(tiled_mma_o, tOrP, tOrVt, acc_o);
   };
 
-  for_each_kv_tile(n_block_max, n_block_unmasked_end, kv_step);
+  for_each_kv_tile(n_block_min, n_block_max, n_block_unmasked_begin, n_block_unmasked_end, kv_step);
 
   // ---- Epilogue (common/tile.h) ----------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o80, params.softmax_scale);  // (nrow)
-  Tensor rO = convert_type<ElementOut>(acc_o);                   // (MMA, MMA_M, MMA_N)
   Tensor taccOcO = thr_mma_o.partition_C(cO);                    // (MMA, MMA_M, MMA_N) -> (row, col)
   Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
+  if (params.num_splits > 1) {
+    cute::cp_async_wait<0>();  // nothing left in flight at exit
+    Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_as_sm80(acc_o.layout())));  // (nrow, ncol)
+    store_split(params, tile.batch, tile.head, tile.split, m_block * kBlockM, rows_q, acc_o_rc, lse, taccOcO_rc);
+    return;
+  }
+  Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_N)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
-      params, tile, m_block * kBlockM, rows_q, tiled_mma_o, rO, sO, gO, lse, taccOcO_rc, cO, tidx);
+      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, tiled_mma_o, rO, sO, gO, lse, taccOcO_rc, cO,
+      tidx);
 #endif
 }
 
