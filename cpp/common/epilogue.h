@@ -50,10 +50,11 @@ __forceinline__ __device__ void store_split(FwdParams const& params, int batch, 
 }
 
 // sO -> gO, 16-byte coalesced stores of whole rows, rows >= rows_valid skipped (the ragged end of
-// the queries). cO is the identity tensor of the tile's shape. sO must be complete (barrier first).
+// the queries), and columns >= col_end (zero padding of a narrower head dim). cO is the identity tensor
+// of the tile's shape. sO must be complete (barrier first).
 template <class GmemTiledCopyO, class TensorS, class TensorG, class TensorC>
 __forceinline__ __device__ void store_o_rows(TensorS const& sO, TensorG& gO, TensorC const& cO, int rows_valid,
-                                             int tidx) {
+                                             int col_end, int tidx) {
   using ElementOut = typename TensorS::value_type;
   GmemTiledCopyO gmem_tiled_copy_O;
   auto gmem_thr_copy_O = gmem_tiled_copy_O.get_thread_slice(tidx);
@@ -64,7 +65,12 @@ __forceinline__ __device__ void store_o_rows(TensorS const& sO, TensorG& gO, Ten
   Tensor tOcO = gmem_thr_copy_O.partition_D(cO);  // (OCPY, OCPY_M, OCPY_K) -> (row, col)
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOrO); ++m) {
-    if (get<0>(tOcO(0, m, 0)) < rows_valid) { copy(gmem_tiled_copy_O, tOrO(_, m, _), tOgO(_, m, _)); }
+    if (get<0>(tOcO(0, m, 0)) < rows_valid) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrO); ++k) {
+        if (get<1>(tOcO(0, m, k)) < col_end) { copy(gmem_tiled_copy_O, tOrO(_, m, k), tOgO(_, m, k)); }
+      }
+    }
   }
 }
 

@@ -30,6 +30,22 @@ cudaError_t head_dim_switch(int head_dim, F&& f) {
   return result;
 }
 
+// Whether head_dim is one of kHeadDims (a kernel compiled for exactly that width).
+template <int... kHeadDims>
+constexpr bool head_dim_listed(int head_dim) {
+  return ((head_dim == kHeadDims) || ...);
+}
+
+// head_dim -> the smallest d in kHeadDims (ascending) with d >= head_dim: the kernel then runs with
+// its columns past head_dim zero-padded (QK^T is unchanged by zero columns; the extra output columns
+// are not written). A head dim above every listed one is an error (cudaErrorInvalidValue).
+template <int... kHeadDims, class F>
+cudaError_t padded_head_dim_switch(int head_dim, F&& f) {
+  cudaError_t result = cudaErrorInvalidValue;
+  ((head_dim <= kHeadDims ? (result = f(std::integral_constant<int, kHeadDims>{}), true) : false) || ...);
+  return result;
+}
+
 // fp16 / bf16 -> the MMA element type, f(cutlass::half_t{}) or f(cutlass::bfloat16_t{}). fp32 never
 // reaches this switch: the tensor-core families run it as fp16 products with fp32 output.
 template <class F>

@@ -93,10 +93,22 @@ __forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tiled_copy, Ten
   }
 }
 
+// The Q tile, loaded once per CTA: rows < rows_valid and columns < col_end (a head dim narrower than
+// the tile: zero padding) are copied, the rest zero-filled and never addressed.
 template <class TiledCopy, class TensorSrc, class TensorDst, class TensorCoord>
-__forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tiled_copy, TensorSrc const& src, TensorDst& dst,
-                                                TensorCoord const& coords, int rows_valid) {
-  copy_rows_zfill(tiled_copy, src, dst, coords, 0, rows_valid);
+__forceinline__ __device__ void copy_tile_zfill(TiledCopy const& tiled_copy, TensorSrc const& src, TensorDst& dst,
+                                                TensorCoord const& coords, int rows_valid, int col_end) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(src); ++k) {
+      if (get<0>(coords(0, m, k)) < rows_valid && get<1>(coords(0, m, k)) < col_end) {
+        copy(tiled_copy, src(_, m, k), dst(_, m, k));
+      } else {
+        clear(dst(_, m, k));
+      }
+    }
+  }
 }
 
 }  // namespace cutlassfa

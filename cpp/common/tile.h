@@ -102,30 +102,38 @@ __forceinline__ __device__ auto global_tiles(FwdParams const& params, TileCoord 
                     local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, 0)));
 }
 
-// Rows of one K/V head of a paged cache (params.h): key position p of the entry lives in page
-// table[p / page_size] (clamped to the pages that exist, so a bad table never reads outside the
-// cache), row p % page_size.
+// Rows of one K/V head, one address per key position: a paged cache (params.h: key position p of the
+// entry lives in page table[p / page_size], clamped to the pages that exist so that a bad table never
+// reads outside the cache, row p % page_size), or a contiguous one (table == nullptr) read this way
+// when its head dim is narrower than the kernel's (column-predicated copies).
 template <class Element>
-struct PagedRows {
-  Element const* head_base;  // the K/V head's rows in page 0
+struct KvRows {
+  Element const* head_base;  // the K/V head's row 0 (of page 0 when paged)
   long long page_stride;
   long long row_stride;
-  int const* table;  // this entry's row of the block table
+  int const* table;  // this entry's row of the block table; nullptr: contiguous
   int page_size;
   int num_pages;
 
   __forceinline__ __device__ Element const* row(int p) const {
+    if (table == nullptr) { return head_base + p * row_stride; }
     int const page = min(max(table[p / page_size], 0), num_pages - 1);
     return head_base + page * page_stride + (p % page_size) * row_stride;
   }
 };
 
+// The K or V rows of tile t: `cache` is params.k or params.v with its strides.
 template <class Element>
-__forceinline__ __device__ PagedRows<Element> paged_rows(FwdParams const& params, void const* cache, long long page_stride,
-                                                         long long head_stride, long long row_stride,
-                                                         TileCoord const& t) {
-  return {static_cast<Element const*>(cache) + t.head_kv * head_stride, page_stride, row_stride,
-          params.block_table + t.batch * params.block_table_stride, params.page_size, params.num_pages};
+__forceinline__ __device__ KvRows<Element> kv_rows(FwdParams const& params, SeqInfo const& seq, void const* cache,
+                                                   long long batch_stride, long long head_stride,
+                                                   long long row_stride, TileCoord const& t) {
+  Element const* head = static_cast<Element const*>(cache) + t.head_kv * head_stride;
+  if (params.block_table == nullptr) {
+    head += t.batch * batch_stride + static_cast<int64_t>(seq.k_row_offset) * row_stride;
+    return {head, 0, row_stride, nullptr, 0, 0};
+  }
+  return {head, batch_stride, row_stride, params.block_table + t.batch * params.block_table_stride, params.page_size,
+          params.num_pages};
 }
 
 // Copy of one K or V tile gX (kBlockN, d) into sX through this thread's slice of tiled_copy (cp.async);
@@ -145,12 +153,13 @@ __forceinline__ __device__ void copy_kv_tile(TiledCopy const& tiled_copy, ThrCop
   }
 }
 
-// The same copy from a paged cache: the tile's rows start at key position key0 and each row has its
-// own address (rows.row). Rows outside [row_begin, row_end) are zero-filled and never addressed.
+// The same copy one row address at a time (KvRows: paged caches, narrow head dims): the tile's rows
+// start at key position key0. Rows outside [row_begin, row_end) and columns >= col_end (a head dim
+// narrower than the tile: zero padding) are zero-filled and never addressed.
 template <class TiledCopy, class ThrCopy, class Element, class TensorS, class TensorC>
-__forceinline__ __device__ void copy_kv_tile_paged(TiledCopy const& tiled_copy, ThrCopy const& thr_copy,
-                                                   PagedRows<Element> const& rows, int key0, TensorS& sX,
-                                                   TensorC const& cX, int row_begin, int row_end) {
+__forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, ThrCopy const& thr_copy,
+                                                  KvRows<Element> const& rows, int key0, TensorS& sX,
+                                                  TensorC const& cX, int row_begin, int row_end, int col_end) {
   Tensor tXsX = thr_copy.partition_D(sX);  // (KCPY, KCPY_N, KCPY_K)
   Tensor tXcX = thr_copy.partition_D(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
   constexpr int kVec = decltype(size<0>(tXsX))::value;
@@ -161,8 +170,12 @@ __forceinline__ __device__ void copy_kv_tile_paged(TiledCopy const& tiled_copy, 
       Element const* src_row = rows.row(key0 + row);
       CUTE_UNROLL
       for (int kk = 0; kk < size<2>(tXsX); ++kk) {
-        Tensor src = make_tensor(make_gmem_ptr(src_row + get<1>(tXcX(0, m, kk))), Layout<Shape<Int<kVec>>>{});
-        copy(tiled_copy, src, tXsX(_, m, kk));
+        int const col = get<1>(tXcX(0, m, kk));
+        if (col < col_end) {
+          copy(tiled_copy, make_tensor(make_gmem_ptr(src_row + col), Layout<Shape<Int<kVec>>>{}), tXsX(_, m, kk));
+        } else {
+          clear(tXsX(_, m, kk));
+        }
       }
     } else {
       clear(tXsX(_, m, _));
@@ -179,11 +192,11 @@ __forceinline__ __device__ float* lse_tile_row0(FwdParams const& params, TileCoo
 
 // End of the tile: rO (the normalized O accumulator, converted to the output type) staged through sO
 // (which overlays the Q tile: every thread must be done with the K/V loop), lse rows, then O rows to
-// global memory. coords_rc: this thread's accumulator (nrow, ncol) -> (row, col); cO: the identity
+// global memory (columns < col_end). coords_rc: this thread's accumulator (nrow, ncol) -> (row, col); cO: the identity
 // tensor of the O tile.
 template <class SmemCopyAtomO, class GmemTiledCopyO, class TiledMmaO, class TensorRO, class TensorSO, class TensorGO,
           class TensorLse, class TensorCoordRC, class TensorCO>
-__forceinline__ __device__ void store_tile(float* lse_row0, int rows_valid,
+__forceinline__ __device__ void store_tile(float* lse_row0, int rows_valid, int col_end,
                                            TiledMmaO const& tiled_mma_o, TensorRO const& rO, TensorSO& sO,
                                            TensorGO& gO, TensorLse const& lse, TensorCoordRC const& coords_rc,
                                            TensorCO const& cO, int tidx) {
@@ -199,7 +212,7 @@ __forceinline__ __device__ void store_tile(float* lse_row0, int rows_valid,
   if (lse_row0 != nullptr) { write_lse(lse_row0, lse, coords_rc, rows_valid); }
 
   __syncthreads();  // sO complete before it is read back with another thread mapping
-  store_o_rows<GmemTiledCopyO>(sO, gO, cO, rows_valid, tidx);
+  store_o_rows<GmemTiledCopyO>(sO, gO, cO, rows_valid, col_end, tidx);
 }
 
 }  // namespace cutlassfa

@@ -36,8 +36,10 @@ struct TileCopyTraits {
   // ---- Shared memory: O staging for the epilogue (aliases Q, and K too when O is fp32) ------------
   // 128-byte rows again: 64 x 16-bit with Swizzle<3,3,3>, 32 x fp32 with Swizzle<3,2,3> (4-float
   // chunks), 32 x 16-bit for d = 32 with Swizzle<2,3,3>.
-  static constexpr int kBlockKSmemO =
-      cute::min(kHeadDim, 128 / static_cast<int>(sizeof(ElementOut)));
+  // 16-bit rows of d = 96 take the 64-byte (32-column) atom: 96 is not a multiple of 64.
+  static constexpr int kBlockKSmemO = sizeof(ElementOut) == 2 && kHeadDim % 64 != 0
+                                          ? 32
+                                          : cute::min(kHeadDim, 128 / static_cast<int>(sizeof(ElementOut)));
   static constexpr int kSwizzleO = kBlockKSmemO * static_cast<int>(sizeof(ElementOut)) == 64 ? 2 : 3;
   static constexpr int kSwizzleBaseO = sizeof(ElementOut) == 4 ? 2 : 3;
   using SmemLayoutAtomO = decltype(composition(

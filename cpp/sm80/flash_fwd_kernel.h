@@ -90,12 +90,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});  // (kBlockN, d) -> (row, col)
   Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);    // (QCPY, QCPY_M, QCPY_K)
 
-  // A paged cache is read row by row (common/tile.h); pages of K and V share the table.
-  bool const paged = params.block_table != nullptr;
-  auto const pages_k = paged_rows<ElementIn>(params, params.k, params.k_batch_stride, params.k_head_stride,
-                                             params.k_row_stride, tile);
-  auto const pages_v = paged_rows<ElementIn>(params, params.v, params.v_batch_stride, params.v_head_stride,
-                                             params.v_row_stride, tile);
+  // A paged cache, or a head dim narrower than the kernel's (zero padding), is read one row address
+  // at a time with column predicates (common/tile.h).
+  bool const by_rows = params.block_table != nullptr || params.head_dim != kHeadDim;
+  auto const rows_k = kv_rows<ElementIn>(params, seq, params.k, params.k_batch_stride, params.k_head_stride,
+                                  params.k_row_stride, tile);
+  auto const rows_v = kv_rows<ElementIn>(params, seq, params.v, params.v_batch_stride, params.v_head_stride,
+                                  params.v_row_stride, tile);
   // Tiles holding a hidden key below seqlen_k (left padding) or past it (the ragged end) load
   // predicated, zero-filling those rows.
   auto needs_predicate = [&](int n_block) {
@@ -106,13 +107,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   // partitions are rebuilt at each call from tid, as the ldmatrix ones in kv_step, so that the
   // per-row global addresses are not held in registers across the K/V loop.
   // kSplit: the fp32 tile goes to sStage instead of sX.
-  auto load_kv = [&](auto const& gX, auto const& pages, auto& sX, int const n_block, int const tid, auto is_predicated) {
+  auto load_kv = [&](auto const& gX, auto const& rows, auto& sX, int const n_block, int const tid, auto is_predicated) {
     auto load = [&](auto const& gmem_tiled_copy_KV, auto& sDst) {
       int const key0 = n_block * kBlockN;
       auto gmem_thr_copy_KV = gmem_tiled_copy_KV.get_thread_slice(tid);
-      if (paged) {
-        copy_kv_tile_paged(gmem_tiled_copy_KV, gmem_thr_copy_KV, pages, key0, sDst, cKV, seq.key_begin - key0,
-                           seq.seqlen_k - key0);
+      if (by_rows) {
+        copy_kv_tile_rows(gmem_tiled_copy_KV, gmem_thr_copy_KV, rows, key0, sDst, cKV, seq.key_begin - key0,
+                          seq.seqlen_k - key0, params.head_dim);
       } else {
         copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_KV, gmem_thr_copy_KV, gX(_, _, n_block), sDst,
                                                      cKV, seq.key_begin - key0, seq.seqlen_k - key0);
@@ -156,13 +157,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     Tensor tQgQin = gmem_thr_copy_Qin.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K) fp32
     Tensor tQcQin = gmem_thr_copy_Qin.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
     Tensor tQrQin = make_fragment_like(tQgQin);        // (QCPY, QCPY_M, QCPY_K) fp32
-    copy_rows_zfill(gmem_tiled_copy_Qin, tQgQin, tQrQin, tQcQin, rows_q);
+    copy_tile_zfill(gmem_tiled_copy_Qin, tQgQin, tQrQin, tQcQin, rows_q, params.head_dim);
     store_split_fp16<true>(tQrQin, gmem_thr_copy_Qin.partition_D(sQ), gmem_thr_copy_Qin.partition_D(sQlo));
   } else {
-    copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
+    copy_tile_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q, params.head_dim);
   }
   if (n_block_max > n_block_min) {
-    load_kv(gK, pages_k, sK, n_block_max - 1, tidx, cute::true_type{});
+    load_kv(gK, rows_k, sK, n_block_max - 1, tidx, cute::true_type{});
   }
   cute::cp_async_fence();
 
@@ -193,9 +194,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     if constexpr (kSplit) { split_stage(sK, sKlo, tid, cute::true_type{}); }
     __syncthreads();  // K[n] (and Q) have landed; every warp is done reading V[n+1] from sV
     if constexpr (kMasked) {  // only a masked step can hold hidden keys
-      load_kv(gV, pages_v, sV, n_block, tid, cute::true_type{});
+      load_kv(gV, rows_v, sV, n_block, tid, cute::true_type{});
     } else {
-      load_kv(gV, pages_v, sV, n_block, tid, cute::false_type{});
+      load_kv(gV, rows_v, sV, n_block, tid, cute::false_type{});
     }
     cute::cp_async_fence();
 
@@ -217,9 +218,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     __syncthreads();  // V[n] has landed; every warp is done reading K[n] from sK
     if (n_block > n_block_min) {  // tiles below the last are full; only the left padding may need a predicate
       if (needs_predicate(n_block - 1)) {
-        load_kv(gK, pages_k, sK, n_block - 1, tid, cute::true_type{});
+        load_kv(gK, rows_k, sK, n_block - 1, tid, cute::true_type{});
       } else {
-        load_kv(gK, pages_k, sK, n_block - 1, tid, cute::false_type{});
+        load_kv(gK, rows_k, sK, n_block - 1, tid, cute::false_type{});
       }
       cute::cp_async_fence();
     }
@@ -245,7 +246,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   }
   Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_K)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
-      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, tiled_mma, rO, sO, gO, lse, taccOcO_rc, cQ, tidx);
+      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, params.head_dim, tiled_mma, rO, sO, gO, lse,
+      taccOcO_rc, cQ, tidx);
 }
 
 }  // namespace cutlassfa::sm80

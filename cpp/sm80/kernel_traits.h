@@ -28,7 +28,10 @@ using namespace cute;
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<32>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
 template <> struct TileConfig<64>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
+template <> struct TileConfig<96>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
 template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
+// d = 256: 64-row Q tiles (one 16-row slab a warp) keep the O accumulator at 128 registers a thread.
+template <> struct TileConfig<256> { static constexpr int kBlockM = 64,  kBlockN = 64,  kNWarps = 4; };
 // Adding a head dim: a TileConfig line here (when none fits) and the head dim in CMakeLists.txt's
 // CUTLASSFA_SM80_HEAD_DIMS (cpp/README.md).
 
@@ -37,6 +40,7 @@ template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN
 // fp32 K/V tile. d = 32, 64 keep the fp16 tiles (36 KB, 72 KB); d = 128 at 64 x 128 would need
 // 192 KB, so it drops to 64 x 32 (72 KB, under the 99 KB of sm_86/sm_89; not a tuned shape).
 template <int kHeadDim> struct TileConfigFp32 : TileConfig<kHeadDim> {};
+template <> struct TileConfigFp32<96>  { static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4; };
 template <> struct TileConfigFp32<128> { static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4; };
 
 // Element    : the MMA input type, cutlass::half_t or cutlass::bfloat16_t.
@@ -111,7 +115,10 @@ struct FwdTraits : TileCopyTraits<kHeadDim_, kBlockM_, kBlockN_, kNWarps_ * 32, 
   // Q: the same partition, loaded to registers (LDG.128) once in the prologue.
   // (Defined for every traits type; only kSplitQK ones use it. 8 otherwise keeps it well-formed
   // for head dims wider than 128, which the SM90 kernel's pre-split fp32 Q and K have.)
-  static constexpr int kGmemThreadsPerRowIn = kSplitQK ? kHeadDim / 4 : 8;
+  // d = 96 (24 chunks a row) does not tile 128 threads: 8 threads a row, 3 chunks each (bank conflicts
+  // on the staging tile, accepted for that one size).
+  static constexpr int kGmemThreadsPerRowIn =
+      kSplitQK && kNThreads % (kHeadDim / 4) == 0 && kHeadDim / 4 <= 32 ? kHeadDim / 4 : 8;
   static_assert(kNThreads % kGmemThreadsPerRowIn == 0 && kGmemThreadsPerRowIn <= 32);
   using GmemLayoutAtomIn = Layout<Shape<Int<kNThreads / kGmemThreadsPerRowIn>, Int<kGmemThreadsPerRowIn>>,
                                   Stride<Int<kGmemThreadsPerRowIn>, _1>>;

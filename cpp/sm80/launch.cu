@@ -22,13 +22,18 @@ cudaError_t launch_sm80(const FwdParams& params, cudaStream_t stream) {
   if (!tensorcore_aligned(params)) { return cudaErrorInvalidValue; }
   if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
   if (params.dtype == DType::kFloat32) {
-    return head_dim_switch<CUTLASSFA_SM80_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
-      return sm80::run_fwd_fp32<decltype(head_dim)::value>(params, stream);
+    return padded_head_dim_switch<CUTLASSFA_SM80_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+      constexpr int kHeadDim = decltype(head_dim)::value;
+      if constexpr (kHeadDim <= CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM) {
+        return sm80::run_fwd_fp32<kHeadDim>(params, stream);
+      } else {
+        return cudaErrorInvalidValue;
+      }
     });
   }
   return fp16_switch(params.dtype, [&](auto element) {
     using Element = decltype(element);
-    return head_dim_switch<CUTLASSFA_SM80_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+    return padded_head_dim_switch<CUTLASSFA_SM80_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
       return sm80::run_fwd<decltype(head_dim)::value, Element, Element>(params, stream);
     });
   });

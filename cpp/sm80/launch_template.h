@@ -1,4 +1,4 @@
-// Host side of one SM80 kernel instantiation: traits and the mask switch (the launch itself is
+// Host side of one SM80 kernel instantiation: traits and the kernel (the launch itself is
 // common/launch_kernel.h). Included only by the instantiation files generated from
 // cpp/sm80/instantiate.cu.in, one per head dim.
 #pragma once
@@ -6,7 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "common/launch_kernel.h"
-#include "common/static_switch.h"
+#include "cutlassfa/config.h"
 #include "cutlassfa/params.h"
 #include "sm80/flash_fwd_kernel.h"
 #include "sm80/kernel_traits.h"
@@ -17,9 +17,10 @@ namespace cutlassfa::sm80 {
 template <class Traits>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
   static_assert(Traits::kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
-  return bool_switch(params.has_mask(), [&](auto has_mask) {
-    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(has_mask)::value>, params, stream);
-  });
+  // One instantiation for every mask: the window, left padding and ragged end are run-time values
+  // that only the masked K/V steps read, so a second, mask-free kernel would save nothing measurable
+  // and double the build.
+  return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, /*kHasMask=*/true>, params, stream);
 }
 
 template <int kHeadDim, class Element, class ElementOut>

@@ -76,37 +76,49 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                           typename Traits::SmemLayoutO{});  // (kBlockM, d), over sQ
 
   // ---- Partitions ---------------------------------------------------------------------------------------
-  typename Traits::GmemTiledCopyQKV gmem_tiled_copy_QKV;
-  auto gmem_thr_copy_QKV = gmem_tiled_copy_QKV.get_thread_slice(tidx);
+  typename Traits::GmemTiledCopyQK gmem_tiled_copy_QK;
+  auto gmem_thr_copy_QK = gmem_tiled_copy_QK.get_thread_slice(tidx);
+  typename Traits::GmemTiledCopyV gmem_tiled_copy_V;
+  auto gmem_thr_copy_V = gmem_tiled_copy_V.get_thread_slice(tidx);
   // (row, col) of every copied element, for the row predicates of ragged tiles.
   Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimQK>>{});  // (kBlockM, dQK) -> (row, col)
   Tensor cK = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDimQK>>{});  // (kBlockN, dQK) -> (row, col)
   Tensor cV = make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{});    // (kBlockN, d) -> (row, col)
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});    // (kBlockM, d) -> (row, col)
 
-  // A paged cache is read row by row (common/tile.h); pages of K and V share the table.
-  bool const paged = params.block_table != nullptr;
-  auto const pages_k = paged_rows<Element>(params, params.k, params.k_batch_stride, params.k_head_stride,
-                                           params.k_row_stride, tile);
-  auto const pages_v = paged_rows<Element>(params, params.v, params.v_batch_stride, params.v_head_stride,
-                                           params.v_row_stride, tile);
+  // A paged cache, or a head dim narrower than the kernel's (zero padding), is read one row address
+  // at a time with column predicates (common/tile.h).
+  bool const by_rows = params.block_table != nullptr || params.head_dim != kHeadDim;
+  auto const rows_k = kv_rows<Element>(params, seq, params.k, params.k_batch_stride, params.k_head_stride,
+                                  params.k_row_stride, tile);
+  auto const rows_v = kv_rows<Element>(params, seq, params.v, params.v_batch_stride, params.v_head_stride,
+                                  params.v_row_stride, tile);
   // Tiles holding a hidden key below seqlen_k (left padding) or past it (the ragged end) load
   // predicated, zero-filling those rows.
   auto needs_predicate = [&](int n_block) {
     return n_block * kBlockN < seq.key_begin || (n_block + 1) * kBlockN > seq.seqlen_k;
   };
 
-  // cp.async of K or V tile n_block into sX; is_predicated zero-fills the hidden rows.
-  auto load_kv = [&](auto const& gX, auto const& pages, auto& sX, auto const& cX, int const n_block,
-                     auto is_predicated) {
+  // Columns of Q and K that hold data: the head dim, or all of them for pre-split fp32 (never padded).
+  int const cols_qk = Traits::kSplitQK ? kHeadDimQK : params.head_dim;
+
+  // cp.async of K or V tile n_block into sX through its tiled copy; is_predicated zero-fills the
+  // hidden rows, col_end the padding columns.
+  auto load_tile = [&](auto const& tiled_copy, auto const& thr_copy, auto const& gX, auto const& rows, auto& sX,
+                       auto const& cX, int const col_end, int const n_block, auto is_predicated) {
     int const key0 = n_block * kBlockN;
-    if (paged) {
-      copy_kv_tile_paged(gmem_tiled_copy_QKV, gmem_thr_copy_QKV, pages, key0, sX, cX, seq.key_begin - key0,
-                         seq.seqlen_k - key0);
+    if (by_rows) {
+      copy_kv_tile_rows(tiled_copy, thr_copy, rows, key0, sX, cX, seq.key_begin - key0, seq.seqlen_k - key0, col_end);
     } else {
-      copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_QKV, gmem_thr_copy_QKV, gX(_, _, n_block), sX, cX,
+      copy_kv_tile<decltype(is_predicated)::value>(tiled_copy, thr_copy, gX(_, _, n_block), sX, cX,
                                                    seq.key_begin - key0, seq.seqlen_k - key0);
     }
+  };
+  auto load_k = [&](int const n_block, auto is_predicated) {
+    load_tile(gmem_tiled_copy_QK, gmem_thr_copy_QK, gK, rows_k, sK, cK, cols_qk, n_block, is_predicated);
+  };
+  auto load_v = [&](int const n_block, auto is_predicated) {
+    load_tile(gmem_tiled_copy_V, gmem_thr_copy_V, gV, rows_v, sV, cV, params.head_dim, n_block, is_predicated);
   };
 
   typename Traits::TiledMmaS tiled_mma_s;
@@ -124,12 +136,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // ---- Prologue: Q and the first (highest) K tile in flight -------------------------------------------
   {
-    Tensor tQgQ = gmem_thr_copy_QKV.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
-    Tensor tQsQ = gmem_thr_copy_QKV.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
-    Tensor tQcQ = gmem_thr_copy_QKV.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
-    copy_rows_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q);
+    Tensor tQgQ = gmem_thr_copy_QK.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
+    Tensor tQsQ = gmem_thr_copy_QK.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
+    Tensor tQcQ = gmem_thr_copy_QK.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
+    copy_tile_zfill(gmem_tiled_copy_QK, tQgQ, tQsQ, tQcQ, rows_q, cols_qk);
   }
-  if (n_block_max > n_block_min) { load_kv(gK, pages_k, sK, cK, n_block_max - 1, cute::true_type{}); }
+  if (n_block_max > n_block_min) { load_k(n_block_max - 1, cute::true_type{}); }
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -144,7 +156,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     cute::cp_async_wait<0>();
     fence_shared_to_async();
     __syncthreads();  // K[n] (and Q) have landed; every warpgroup is done reading V[n+1]
-    load_kv(gV, pages_v, sV, cV, n_block, cute::bool_constant<kMasked>{});  // only a masked step holds hidden keys
+    load_v(n_block, cute::bool_constant<kMasked>{});  // only a masked step holds hidden keys
     cute::cp_async_fence();
 
     if constexpr (Traits::kSplitQK) {
@@ -160,9 +172,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     __syncthreads();  // V[n] has landed; every warpgroup is done reading K[n]
     if (n_block > n_block_min) {  // tiles below the last are full; only the left padding may need a predicate
       if (needs_predicate(n_block - 1)) {
-        load_kv(gK, pages_k, sK, cK, n_block - 1, cute::true_type{});
+        load_k(n_block - 1, cute::true_type{});
       } else {
-        load_kv(gK, pages_k, sK, cK, n_block - 1, cute::false_type{});
+        load_k(n_block - 1, cute::false_type{});
       }
       cute::cp_async_fence();
     }
@@ -188,8 +200,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   }
   Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_N)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
-      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, tiled_mma_o, rO, sO, gO, lse, taccOcO_rc, cO,
-      tidx);
+      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, params.head_dim, tiled_mma_o, rO, sO, gO, lse,
+      taccOcO_rc, cO, tidx);
 #endif
 }
 

@@ -23,7 +23,11 @@ using namespace cute;
 //   d = 128: 64 x 128, 2/SM: 510/441, 484/491   128 x 128: 449/407, 444/449   128 x 64: 406/393, 421/423
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<64>  { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 3; };
+template <> struct TileConfig<96>  { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 2; };
 template <> struct TileConfig<128> { static constexpr int kBlockM = 64, kBlockN = 128, kMinBlocksPerSm = 2; };
+// d = 192, 256: 64-key tiles keep S (32 registers a thread) beside the wide O accumulator (96, 128).
+template <> struct TileConfig<192> { static constexpr int kBlockM = 64, kBlockN = 64, kMinBlocksPerSm = 2; };
+template <> struct TileConfig<256> { static constexpr int kBlockM = 64, kBlockN = 64, kMinBlocksPerSm = 2; };
 
 // fp32 inputs: Q and K carry 2 d fp16 columns, [hi | lo] (launch_fp32.cu). d = 64: two warpgroups
 // share each 64-row K/V tile, 2 CTAs per SM (128 registers); measured on an H100 (ms,
@@ -35,6 +39,7 @@ template <> struct TileConfig<128> { static constexpr int kBlockM = 64, kBlockN 
 // to keep two CTAs per SM (smem 32 + 32 + 16 KB).
 template <int kHeadDim> struct TileConfigFp32;
 template <> struct TileConfigFp32<64>  { static constexpr int kBlockM = 128, kBlockN = 64, kMinBlocksPerSm = 2; };
+template <> struct TileConfigFp32<96>  { static constexpr int kBlockM = 64, kBlockN = 64, kMinBlocksPerSm = 2; };
 template <> struct TileConfigFp32<128> { static constexpr int kBlockM = 64, kBlockN = 64, kMinBlocksPerSm = 2; };
 
 // kHeadDimQK : columns of Q and K (the K dimension of S = Q K^T).
@@ -59,14 +64,16 @@ struct FwdTraits {
   static constexpr bool kSplitQK = cute::is_same_v<ElementOut, float>;
   static_assert(kHeadDimQK == (kSplitQK ? 2 : 1) * kHeadDim, "Q and K: d columns, or [hi | lo] for fp32 inputs");
   static_assert(kBlockM % 64 == 0, "a warpgroup MMA covers 64 rows");
-  static_assert(kHeadDim % 64 == 0 && kHeadDimQK % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
+  static_assert(kHeadDim % 32 == 0 && kHeadDimQK % 32 == 0, "a 64- or 128-byte swizzle atom spans the columns");
 
   // ---- Copy side: the Q/K tiles and the V/O tiles (cp.async partitions, swizzled layouts, O epilogue)
   using CopyQK = TileCopyTraits<kHeadDimQK, kBlockM, kBlockN, kNThreads, Element, Element>;
   using CopyVO = TileCopyTraits<kHeadDim, kBlockM, kBlockN, kNThreads, Element, ElementOut>;
   static_assert(CopyQK::kNThreads == kNThreads);
-  using GmemTiledCopyQKV = typename CopyQK::GmemTiledCopyQKV;  // 8 threads x 16 B per 64-column row block
-  static_assert(cute::is_same_v<GmemTiledCopyQKV, typename CopyVO::GmemTiledCopyQKV>);
+  // 16 B a thread, the threads of a row covering one swizzle-atom row: Q and K (kHeadDimQK columns)
+  // and V (kHeadDim) differ when fp32's [hi | lo] Q and K are 128-byte rows and V is not (d = 96).
+  using GmemTiledCopyQK = typename CopyQK::GmemTiledCopyQKV;
+  using GmemTiledCopyV = typename CopyVO::GmemTiledCopyQKV;
   using SmemLayoutQ = typename CopyQK::SmemLayoutQ;   // (kBlockM, kHeadDimQK)
   using SmemLayoutK = typename CopyQK::SmemLayoutKV;  // (kBlockN, kHeadDimQK)
   using SmemLayoutV = typename CopyVO::SmemLayoutKV;  // (kBlockN, kHeadDim)
@@ -92,10 +99,14 @@ struct FwdTraits {
   // Layout_K_SW128 for 16-bit types is 8 rows x 64 columns with the 16-byte chunk XORed by the row:
   // byte for byte the Swizzle<3,3,3> tile the cp.async copies write (common/tile_copy.h) (same tile_to_shape
   // order), carried here with the flag wgmma descriptors are built from.
-  using SmemLayoutAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
-  using SmemLayoutKMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));
-  using SmemLayoutVMma = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // 128-byte swizzle for rows of 64k 16-bit columns, 64-byte for the others (d = 96): the same atoms
+  // as the copy layouts of common/tile_copy.h, so both views address the same bytes.
+  template <int kCols>
+  using SmemLayoutAtom = cute::conditional_t<kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                             GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQMma = decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
+  using SmemLayoutKMma = decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));
+  using SmemLayoutVMma = decltype(tile_to_shape(SmemLayoutAtom<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutVtMma = decltype(composition(
       SmemLayoutVMma{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));  // (d, kBlockN)
   static_assert(cosize(SmemLayoutQMma{}) == cosize(SmemLayoutQ{}));

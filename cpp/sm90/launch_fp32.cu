@@ -100,7 +100,14 @@ cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream) {
     p.v_head_stride = static_cast<long long>(d) * params.seqlen_k;
     p.v_batch_stride = p.v_head_stride * params.heads_kv;
     err = head_dim_switch<CUTLASSFA_SM90_HEAD_DIMS>(
-        d, [&](auto head_dim) { return run_fwd_split<decltype(head_dim)::value>(p, stream); });
+        d, [&](auto head_dim) {
+          constexpr int kHeadDim = decltype(head_dim)::value;
+          if constexpr (kHeadDim <= CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM) {
+            return run_fwd_split<kHeadDim>(p, stream);
+          } else {
+            return cudaErrorInvalidValue;
+          }
+        });
   }
   // Stream-ordered: released once the kernel that reads it has finished.
   cudaError_t const free_err = workspace_free(workspace, stream);

@@ -1,4 +1,4 @@
-// Host side of one SM90 kernel instantiation: traits and the mask switch (the launch itself is
+// Host side of one SM90 kernel instantiation: traits and the kernel (the launch itself is
 // common/launch_kernel.h). Included only by the instantiation files generated from
 // cpp/sm90/instantiate.cu.in, one per head dim.
 #pragma once
@@ -6,7 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "common/launch_kernel.h"
-#include "common/static_switch.h"
+#include "cutlassfa/config.h"
 #include "cutlassfa/params.h"
 #include "sm90/flash_fwd_kernel.h"
 #include "sm90/kernel_traits.h"
@@ -16,9 +16,10 @@ namespace cutlassfa::sm90 {
 
 template <class Traits>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
-  return bool_switch(params.has_mask(), [&](auto has_mask) {
-    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(has_mask)::value>, params, stream);
-  });
+  // One instantiation for every mask: the window, left padding and ragged end are run-time values
+  // that only the masked K/V steps read, so a second, mask-free kernel would save nothing measurable
+  // and double the build.
+  return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, /*kHasMask=*/true>, params, stream);
 }
 
 template <int kHeadDim, class Element>
