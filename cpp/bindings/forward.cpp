@@ -596,6 +596,8 @@ void run_variant(const VariantProblem& vp, Backend backend, Output& o, Output* l
   if (err != cudaSuccess) throw_cuda_error(err, uploads.failed_bytes ? "cutlassfa workspace" : what, uploads.failed_bytes);
 }
 
+}  // namespace
+
 nb::object forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, double scale, int backend,
                    bool return_lse, nb::handle alloc, int64_t stream, bool sync) {
   Problem const p = validate(q, k, v, out, causal, scale);
