@@ -1,7 +1,8 @@
 """The attention variants through the public API, on every backend: sliding windows, softcap, head
 dims 8..256, KV caches (contiguous, paged, appended keys, split counts) and varlen, each against the
-float64 reference. GPU backends get PyTorch CUDA tensors (numpy where PyTorch has no CUDA) and skip
-with the reason where they cannot run; `cpu` gets numpy.
+float64 reference. GPU backends get PyTorch CUDA tensors (numpy where PyTorch has no CUDA: the plain
+calls, and the refusals that come before any array is read) and skip with the reason where they
+cannot run; `cpu` gets numpy.
 
 Until `forward` takes an argument (`window`, `cache_seqlens`, ...) or `varlen_forward` exists, the
 tests that need it skip saying so."""
@@ -32,6 +33,8 @@ def _need(backend, *args, varlen=False):
         pytest.skip(f"cutlassfa.forward has no {', '.join(missing)} argument yet")
     if varlen and not hasattr(cutlassfa, "varlen_forward"):
         pytest.skip("cutlassfa.varlen_forward does not exist yet")
+    if backend != "cpu" and (args or varlen) and _torch() is None:
+        pytest.skip("optional package torch with CUDA: GPU backends take the variants on CUDA arrays")
     if not args and not varlen and not cutlassfa.supports("cpu", "float32", 64):  # a plain call
         pytest.skip(cutlassfa.supports("cpu", "float32", 64).reason)
 

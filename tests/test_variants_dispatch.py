@@ -1,8 +1,9 @@
 """How `forward` and `varlen_forward` dispatch the variant arguments (window, softcap, KV caches,
 num_splits, varlen): values checked on every backend before anything runs or is written; values that
 ask for nothing take the plain path; the cpu backend computes the rest for numpy, PyTorch CPU tensors
-and JAX arrays; GPU backends and CUDA arrays refuse, naming the argument and the backends that take
-it; `supports` answers the same in advance. Results against the float64 reference."""
+and JAX arrays; GPU backends asked for by name on host arrays refuse, naming the argument and saying
+where it runs (CUDA arrays; tests/test_variants_api.py runs them there); `supports` answers the same
+in advance. Results against the float64 reference."""
 
 from __future__ import annotations
 
@@ -91,20 +92,21 @@ def test_variants_run_without_the_extension(rng, monkeypatch):
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_gpu_backends_refuse_naming_the_argument(rng, backend, name):
+def test_gpu_backends_send_host_arrays_to_cpu_naming_the_argument(rng, backend, name):
     q, k, v = _qkv(rng)
     out = np.full(q.shape, 7.0, np.float32)
-    with pytest.raises(NotImplementedError, match=rf"{name}=.*{backend}.*GPU kernels.*take it: cpu"):
+    with pytest.raises(NotImplementedError, match=rf"{name}=.*{backend}.*CUDA arrays.*cpu backend"):
         cutlassfa.forward(q, k, v, backend=backend, out=out, **VARIANTS[name])
     assert (out == 7.0).all()
-    assert not cutlassfa.supports(backend, "float32", 32, **_mode_of(name))
+    # On CUDA arrays the GPU backend takes it: supports answers as for the plain call.
+    assert cutlassfa.supports(backend, "float32", 32, **_mode_of(name)) == cutlassfa.supports(backend, "float32", 32)
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_gpu_backends_refuse_varlen(rng, backend):
+def test_gpu_backends_send_host_varlen_to_cpu(rng, backend):
     q = rng.standard_normal((9, 2, 32)).astype(np.float32)
     cu = np.array([0, 4, 9], np.int32)
-    with pytest.raises(NotImplementedError, match=rf"varlen_forward is not supported.*{backend}.*take it: cpu"):
+    with pytest.raises(NotImplementedError, match=rf"varlen_forward runs on backend '{backend}' for CUDA arrays"):
         cutlassfa.varlen_forward(q, q, q, cu, cu, backend=backend)
 
 
@@ -176,9 +178,9 @@ def test_supports_the_variants_on_cpu_for_every_head_dim(name):
     for d in (4, 12, 100, 264):
         answer = cutlassfa.supports("cpu", "float16", d, **mode)
         assert not answer and "head dim" in answer.reason
-    for backend in GPU_BACKENDS:
-        answer = cutlassfa.supports(backend, "float16", 64, **mode)
-        assert not answer and "not implemented on GPU kernels yet" in answer.reason
+    for backend in GPU_BACKENDS:  # every GPU backend takes every mode where it takes the plain call
+        assert cutlassfa.supports(backend, "float16", 64, **mode) == cutlassfa.supports(backend, "float16", 64)
+        assert not cutlassfa.supports(backend, "float16", 12, **mode)
 
 
 def test_supports_reads_the_values():
@@ -268,8 +270,11 @@ def test_torch_autograd_goes_through_the_operator(rng):
     assert out.grad_fn is not None  # recorded, so that backward raises instead of dropping the gradient
     with pytest.raises(NotImplementedError, match="backward"):
         out.sum().backward()
-    with pytest.raises(NotImplementedError, match="num_splits"):
-        cutlassfa.forward(q, k, v, num_splits=2)
+    with pytest.raises(NotImplementedError, match="k_new"):
+        cutlassfa.forward(q, k, v, cache_seqlens=torch.tensor([4], dtype=torch.int32), k_new=k[:, :, :1],
+                          v_new=v[:, :, :1])
+    out = cutlassfa.forward(q, k, v, num_splits=2, block_table=None)
+    assert out.grad_fn is not None
     with pytest.raises(NotImplementedError, match="torch operator"):
         cutlassfa.varlen_forward(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), [0, 8], [0, 8])
 
@@ -283,7 +288,7 @@ def test_jax_arrays(rng):
     with pytest.raises(TypeError, match="immutable"):
         cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), cache_seqlens=[4], k_new=jnp.asarray(k[:, :, :1]),
                           v_new=jnp.asarray(v[:, :, :1]))
-    with pytest.raises(NotImplementedError, match="softcap=.*'naive'.*take it: cpu"):
+    with pytest.raises(NotImplementedError, match="softcap=.*'naive'.*CUDA arrays"):
         cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), softcap=2.0, backend="naive")
     with pytest.raises(NotImplementedError, match="JAX"):
         cutlassfa.varlen_forward(jnp.asarray(q[0]), jnp.asarray(k[0]), jnp.asarray(v[0]), [0, 2], [0, 2])
@@ -328,21 +333,18 @@ def test_merge_is_exported():
 
 
 @pytest.mark.gpu
-def test_cuda_tensors_refused_until_a_gpu_backend_takes_the_variant(rng):
+def test_cuda_tensors_run_the_variants(rng):
     torch = pytest.importorskip("torch", reason="optional package torch")
     if not torch.cuda.is_available():
         pytest.skip("optional package torch: no CUDA device visible to PyTorch")
     q, k, v = (torch.from_numpy(x).cuda() for x in _qkv(rng))
-    if any(cutlassfa.supports(b, "float32", 32, window=(2, 0)) for b in GPU_BACKENDS):
-        out = cutlassfa.forward(q, k, v, window=(2, 0))
-        ref, _ = attention_reference(*(x.cpu().numpy() for x in (q, k, v)), window=(2, 0))
-        assert rel_l2(out.cpu().numpy(), ref) <= bound_for(cutlassfa.select_backend(q, k, v), "float32").rel_l2
-        return
-    with pytest.raises(NotImplementedError, match=r"window=.*CUDA arrays.*take it: cpu"):
-        cutlassfa.forward(q, k, v, window=(2, 0))
+    out = cutlassfa.forward(q, k, v, window=(2, 0))
+    assert out.device == q.device
+    ref, _ = attention_reference(*(x.cpu().numpy() for x in (q, k, v)), window=(2, 0))
+    assert rel_l2(out.cpu().numpy(), ref) <= bound_for(cutlassfa.select_backend(q, k, v), "float32").rel_l2
     with pytest.raises(ValueError, match="backend 'cpu' needs host arrays"):
         cutlassfa.forward(q, k, v, window=(2, 0), backend="cpu")
-    with pytest.raises(NotImplementedError, match=r"varlen_forward is not supported on CUDA arrays"):
-        cutlassfa.varlen_forward(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                                 torch.tensor([0, 8], dtype=torch.int32, device="cuda"),
-                                 torch.tensor([0, 8], dtype=torch.int32, device="cuda"))
+    cu = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
+    out = cutlassfa.varlen_forward(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu)
+    ref, _ = attention_reference(*(x.cpu().numpy() for x in (q, k, v)))
+    assert rel_l2(out.transpose(0, 1)[None].cpu().numpy(), ref) <= bound_for("tensorcore", "float32").rel_l2

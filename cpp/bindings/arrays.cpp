@@ -60,6 +60,7 @@ void fill_from_dltensor(ArrayRef& a, const dlpack::Tensor& t) {
     step *= t.shape[i];
   }
   a.dtype = dtype_from_dlpack(t.dtype.code, t.dtype.bits);
+  if (t.dtype.lanes == 1) a.dl_code = t.dtype.code, a.dl_bits = t.dtype.bits;
   if (a.dtype < 0 || t.dtype.lanes != 1) {
     a.dtype = -1;
     a.dtype_name = "dlpack(code=" + std::to_string(t.dtype.code) + ", bits=" + std::to_string(t.dtype.bits) + ")";
@@ -73,6 +74,11 @@ void describe_numpy(ArrayRef& a, nb::handle object) {
   int64_t const itemsize = nb::cast<int64_t>(dtype.attr("itemsize"));
   a.dtype = name == "float32" ? 0 : name == "float16" ? 1 : name == "bfloat16" ? 2 : -1;
   a.dtype_name = name;
+  std::string const kind = nb::cast<std::string>(dtype.attr("kind"));
+  if (kind == "i" || kind == "u" || kind == "f") {
+    a.dl_code = kind == "i" ? dlpack::kInt : kind == "u" ? dlpack::kUInt : dlpack::kFloat;
+    a.dl_bits = static_cast<uint8_t>(8 * itemsize);
+  }
   nb::dict interface = nb::cast<nb::dict>(object.attr("__array_interface__"));
   nb::tuple data = nb::cast<nb::tuple>(interface["data"]);
   a.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(data[0]));
@@ -105,6 +111,7 @@ void describe_dlpack(ArrayRef& a, nb::handle object, const char* name) {
   }
   nb::dlpack::dtype const dt = view.dtype();
   a.dtype = dtype_from_dlpack(dt.code, dt.bits);
+  if (dt.lanes == 1) a.dl_code = dt.code, a.dl_bits = dt.bits;
   if (a.dtype < 0) a.dtype_name = "dlpack(code=" + std::to_string(dt.code) + ", bits=" + std::to_string(dt.bits) + ")";
   int const device_type = view.device_type();
   if (device_type == dlpack::kCPU) {

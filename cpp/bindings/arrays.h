@@ -30,6 +30,7 @@ struct ArrayRef {
   int64_t strides[kMaxDims] = {};  // in elements
   bool whole_strides = true;          // false: a byte stride that is not a multiple of the item size
   int dtype = -1;                     // a DType, or -1 when unsupported (dtype_name says which)
+  uint8_t dl_code = 255, dl_bits = 0;  // the DLPack type (code, bits): integer arrays are told apart by it
   std::string dtype_name;
   int device = -1;  // CUDA ordinal, -1 on the host
   bool readonly = false;

@@ -2,6 +2,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -10,8 +11,10 @@
 #include "bindings/cuda_errors.h"
 #include "bindings/device_buffer.h"
 #include "bindings/problem.h"
+#include "bindings/variant.h"
 #include "cutlassfa/dispatch.h"
 #include "cutlassfa/fill.h"
+#include "cutlassfa/launch.h"
 #include "cutlassfa/workspace.h"
 
 namespace cutlassfa::bindings {
@@ -85,28 +88,27 @@ void compact_strides(const Problem& p, bool lse, int64_t* strides) {
   }
 }
 
-nb::tuple shape_tuple(const Problem& p, bool lse) {
-  if (p.rank == 4) {
-    return lse ? nb::make_tuple(p.batch, p.heads_q, p.seqlen_q) : nb::make_tuple(p.batch, p.heads_q, p.seqlen_q, p.head_dim);
-  }
-  return lse ? nb::make_tuple(p.batch, p.seqlen_q) : nb::make_tuple(p.batch, p.seqlen_q, p.head_dim);
-}
-
-// Allocates O (lse = false) or lse like q: through the framework's exchange API, numpy, or `alloc`.
-void allocate(Output& o, const Problem& p, bool lse, nb::handle alloc) {
-  int const ndim = p.rank - (lse ? 1 : 0);
-  int64_t strides[4];
+// Allocates an array of `shape` (ndim dims) like q (fp32 when `fp32`, else q's dtype): through the
+// framework's exchange API, numpy, or `alloc`; `strides` receives its strides in elements.
+void allocate_array(Output& o, const Problem& p, const int64_t* shape, int ndim, bool fp32, nb::handle alloc,
+                    int64_t* strides) {
+  auto compact = [&] {
+    int64_t step = 1;
+    for (int i = ndim - 1; i >= 0; --i) strides[i] = step, step *= shape[i];
+  };
+  auto shape_tuple = [&] {
+    nb::list items;
+    for (int i = 0; i < ndim; ++i) items.append(shape[i]);
+    return nb::steal<nb::tuple>(PySequence_Tuple(items.ptr()));
+  };
   if (p.q.exchange != nullptr) {
-    int64_t shape[4] = {p.batch, p.rank == 4 ? p.heads_q : p.seqlen_q, 0, 0};
-    if (p.rank == 4) shape[2] = p.seqlen_q, shape[3] = p.head_dim;
-    else shape[2] = p.head_dim;
     dlpack::Tensor prototype{};
     prototype.device = {p.device < 0 ? dlpack::kCPU : dlpack::kCUDA, p.device < 0 ? 0 : p.device};
     prototype.ndim = ndim;
-    prototype.dtype = lse ? dlpack::DataType{dlpack::kFloat, 32, 1}
-                          : (p.dtype == DType::kBFloat16 ? dlpack::DataType{dlpack::kBfloat, 16, 1}
-                                                         : dlpack::DataType{dlpack::kFloat, uint8_t(8 * item_bytes(p.dtype)), 1});
-    prototype.shape = shape;
+    prototype.dtype = fp32 ? dlpack::DataType{dlpack::kFloat, 32, 1}
+                           : (p.dtype == DType::kBFloat16 ? dlpack::DataType{dlpack::kBfloat, 16, 1}
+                                                          : dlpack::DataType{dlpack::kFloat, uint8_t(8 * item_bytes(p.dtype)), 1});
+    prototype.shape = const_cast<int64_t*>(shape);
     o.api = p.q.exchange;
     if (o.api->managed_tensor_allocator(&prototype, &o.managed, nullptr, set_allocator_error) != 0 || o.managed == nullptr) {
       o.managed = nullptr;
@@ -117,28 +119,39 @@ void allocate(Output& o, const Problem& p, bool lse, nb::handle alloc) {
     if (t.strides != nullptr) {
       for (int i = 0; i < ndim; ++i) strides[i] = t.strides[i];
     } else {
-      compact_strides(p, lse, strides);
+      compact();
     }
   } else if (p.q.framework == Framework::kNumpy) {
-    nb::object dtype = lse ? nb::module_::import_("numpy").attr("float32") : p.q.object.attr("dtype");
-    o.result = nb::module_::import_("numpy").attr("empty")(shape_tuple(p, lse), dtype);
+    nb::object dtype = fp32 ? nb::module_::import_("numpy").attr("float32") : p.q.object.attr("dtype");
+    o.result = nb::module_::import_("numpy").attr("empty")(shape_tuple(), dtype);
     ArrayRef const a = describe(o.result, "out");
     o.data = a.data;
     for (int i = 0; i < ndim; ++i) strides[i] = a.strides[i];
   } else {
-    nb::tuple made =
-        nb::cast<nb::tuple>(alloc(shape_tuple(p, lse), lse ? "float32" : p.q.dtype_name.c_str(), p.device));
+    nb::tuple made = nb::cast<nb::tuple>(alloc(shape_tuple(), fp32 ? "float32" : p.q.dtype_name.c_str(), p.device));
     o.result = nb::borrow(made[0]);
     nb::handle target = made[1];
     if (nb::isinstance<DeviceBuffer>(target)) {
       o.data = reinterpret_cast<void*>(nb::cast<DeviceBuffer&>(target).ptr());
-      compact_strides(p, lse, strides);
+      compact();
     } else {
       ArrayRef const a = describe(target, "out");
       o.data = a.data;
       for (int i = 0; i < ndim; ++i) strides[i] = a.strides[i];
     }
   }
+}
+
+// Allocates O (lse = false) or lse like q: (B, H, N, d) / (B, H, N), or (B, N, d) / (B, N).
+void allocate(Output& o, const Problem& p, bool lse, nb::handle alloc) {
+  int64_t shape[4];
+  int n = 0;
+  shape[n++] = p.batch;
+  if (p.rank == 4) shape[n++] = p.heads_q;
+  shape[n++] = p.seqlen_q;
+  if (!lse) shape[n++] = p.head_dim;
+  int64_t strides[4];
+  allocate_array(o, p, shape, n, lse, alloc, strides);
   o.view = view_of(p, strides, lse);
 }
 
@@ -423,16 +436,21 @@ void run_host(const Problem& p, Backend backend, Output& o, Output* lse) {
   if (err != cudaSuccess) throw_cuda_error(err, failed_bytes ? "cutlassfa workspace" : what, failed_bytes);
 }
 
-void run_device(const Problem& p, Backend backend, Output& o, Output* lse, int64_t stream_arg, bool sync) {
-  DeviceGuard guard(p.device);
-  cudaStream_t stream = cudaStreamPerThread;
-  if (stream_arg >= 0) {
-    stream = reinterpret_cast<cudaStream_t>(stream_arg);
-  } else if (p.q.exchange != nullptr) {
+// The stream to launch on: `stream_arg` when given (>= 0), else the framework's current stream
+// (DLPack exchange API), else the calling thread's default stream.
+cudaStream_t launch_stream(const Problem& p, int64_t stream_arg) {
+  if (stream_arg >= 0) return reinterpret_cast<cudaStream_t>(stream_arg);
+  if (p.q.exchange != nullptr) {
     void* current = nullptr;
     if (p.q.exchange->current_work_stream(dlpack::kCUDA, p.device, &current) != 0) throw nb::python_error();
-    stream = static_cast<cudaStream_t>(current);
+    return static_cast<cudaStream_t>(current);
   }
+  return cudaStreamPerThread;
+}
+
+void run_device(const Problem& p, Backend backend, Output& o, Output* lse, int64_t stream_arg, bool sync) {
+  DeviceGuard guard(p.device);
+  cudaStream_t const stream = launch_stream(p, stream_arg);
   cudaError_t err;
   {
     nb::gil_scoped_release no_gil;
@@ -450,6 +468,132 @@ void run_device(const Problem& p, Backend backend, Output& o, Output* lse, int64
     if (err == cudaSuccess && sync) err = cudaStreamSynchronize(stream);
   }
   if (err != cudaSuccess) throw_cuda_error(err, "cutlassfa kernel launch");
+}
+
+// ---- The variant path ----------------------------------------------------------------------------
+
+// The (1, H, total, cols) view of a varlen array (total, H, cols) (lse: (H, total), cols 1).
+Strided4 varlen_view(int heads, int total, const int64_t* strides, int cols, bool lse) {
+  Strided4 v{};
+  v.shape[0] = 1, v.shape[1] = heads, v.shape[2] = total, v.shape[3] = cols;
+  v.strides[0] = 0;
+  if (lse) {
+    v.strides[1] = strides[0], v.strides[2] = strides[1], v.strides[3] = 1;
+  } else {
+    v.strides[1] = strides[1], v.strides[2] = strides[0], v.strides[3] = strides[2];
+  }
+  return v;
+}
+
+// Host index values copied to the device in one buffer of the workspace pool (released in stream
+// order after the launches that read it).
+struct IndexUpload {
+  void* buffer = nullptr;
+  size_t failed_bytes = 0;
+
+  cudaError_t upload(const std::vector<const IndexArray*>& indices, std::vector<const int*>& pointers,
+                     cudaStream_t stream) {
+    std::vector<int32_t> packed;
+    std::vector<size_t> offsets;
+    for (const IndexArray* index : indices) {
+      offsets.push_back(packed.size());
+      if (index->on_host()) {
+        packed.insert(packed.end(), index->values.begin(), index->values.end());
+        packed.resize((packed.size() + 3) / 4 * 4);  // each array 16-byte aligned
+      }
+    }
+    pointers.clear();
+    if (!packed.empty()) {
+      size_t const bytes = packed.size() * sizeof(int32_t);
+      cudaError_t err = workspace_alloc(&buffer, bytes, stream);
+      if (err != cudaSuccess) {
+        failed_bytes = bytes;
+        return err;
+      }
+      // From pageable memory: the call returns once `packed` is staged, so it may go out of scope.
+      err = cudaMemcpyAsync(buffer, packed.data(), bytes, cudaMemcpyHostToDevice, stream);
+      if (err != cudaSuccess) return err;
+    }
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const IndexArray* index = indices[i];
+      pointers.push_back(!index->given ? nullptr
+                         : index->on_host() ? static_cast<const int*>(buffer) + offsets[i]
+                                            : index->device_data);
+    }
+    return cudaSuccess;
+  }
+};
+
+// The FwdParams fields of the variant arguments (make_params has set the dense ones).
+void apply_variant(FwdParams& params, const VariantProblem& vp, const std::vector<const int*>& index, const Output* lse) {
+  const Problem& p = vp.problem;
+  const Variant& w = vp.variant;
+  params.window_left = w.window_left;
+  params.window_right = w.window_right;
+  if (w.softcap > 0.f) {  // c * tanh(scale * s / c): the cap becomes the softmax scale (params.h)
+    params.softcap_pre = p.scale / w.softcap;
+    params.softmax_scale = w.softcap;
+    params.softmax_scale_log2 = w.softcap * static_cast<float>(M_LOG2E);
+  }
+  params.cu_seqlens_q = index[0];
+  params.cu_seqlens_k = index[1];
+  params.seqlens_k = index[2];
+  params.leftpad_k = index[3];
+  params.seqlens_k_added = w.n_new;
+  if (w.paged) {
+    params.block_table = index[4];
+    params.block_table_stride = w.block_table.row_stride;
+    params.page_size = w.page_size;
+    params.num_pages = w.num_pages;
+  }
+  if (p.varlen && lse != nullptr) {  // (Hq, total_q)
+    params.lse_batch_stride = 0;
+    params.lse_head_stride = lse->view.strides[1];
+  }
+}
+
+void run_variant(const VariantProblem& vp, Backend backend, Output& o, Output* lse, int64_t stream_arg, bool sync) {
+  const Problem& p = vp.problem;
+  const Variant& w = vp.variant;
+  DeviceGuard guard(p.device);
+  cudaStream_t const stream = launch_stream(p, stream_arg);
+  cudaError_t err = cudaSuccess;
+  const char* what = "cutlassfa index upload";
+  IndexUpload uploads;
+  {
+    nb::gil_scoped_release no_gil;
+    std::vector<const int*> index;
+    err = uploads.upload({&w.cu_seqlens_q, &w.cu_seqlens_k, &w.cache_seqlens, &w.cache_leftpad, &w.block_table}, index,
+                         stream);
+    long long strides[3][3];
+    p.strides4(p.q, &strides[0][0], &strides[0][1], &strides[0][2]);
+    p.strides4(p.k, &strides[1][0], &strides[1][1], &strides[1][2]);
+    p.strides4(p.v, &strides[2][0], &strides[2][1], &strides[2][2]);
+    FwdParams params = make_params(p, p.q.data, p.k.data, p.v.data, o, lse, strides);
+    if (err == cudaSuccess) apply_variant(params, vp, index, lse);
+    if (err == cudaSuccess && w.k_new) {  // appended first, on the same stream: the kernel reads them
+      what = "cutlassfa KV-cache append";
+      AppendKV append{w.k_new->data, w.v_new->data, {}, {}, w.n_new};
+      for (int i = 0; i < 3; ++i) append.k_new_strides[i] = w.k_new->strides[i], append.v_new_strides[i] = w.v_new->strides[i];
+      err = launch_append_kv(params, append, stream);
+    }
+    if (err == cudaSuccess) {
+      what = "cutlassfa kernel launch";
+      if (p.empty() || p.seqlen_k == 0) {
+        err = fill_device(o.data, p.dtype, o.view, 0.f, stream);
+        if (err == cudaSuccess && lse != nullptr) err = fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream);
+      } else {
+        int splits = splits_keys(backend) ? w.num_splits : 1;
+        if (splits == 0) splits = choose_num_splits(p.device, p.batch * p.heads_q, p.seqlen_q, p.seqlen_k);
+        // More splits than key tiles of 128 would only add empty partials.
+        params.num_splits = std::max(1, std::min(splits, (p.seqlen_k + 127) / 128));
+        err = run_forward(backend, params, stream);
+      }
+    }
+    workspace_free(uploads.buffer, stream);
+    if (err == cudaSuccess && sync) err = cudaStreamSynchronize(stream);
+  }
+  if (err != cudaSuccess) throw_cuda_error(err, uploads.failed_bytes ? "cutlassfa workspace" : what, uploads.failed_bytes);
 }
 
 }  // namespace
@@ -485,6 +629,51 @@ nb::object forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, boo
   } else {
     run_device(p, static_cast<Backend>(resolved), o, return_lse ? &lse : nullptr, stream, sync);
   }
+  nb::object result = o.finish();
+  return nb::make_tuple(result, return_lse ? lse.finish() : nb::none());
+}
+
+nb::object forward_variant(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, double scale,
+                           int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync,
+                           const VariantArgs& args) {
+  VariantProblem const vp = validate_variant(q, k, v, out, causal, scale, args);
+  const Problem& p = vp.problem;
+  int const resolved = resolve_backend(p, backend);
+  if (resolved == kBackendCpu) return nb::none();
+  if (p.device < 0) {
+    PyErr_SetString(PyExc_NotImplementedError,
+                    "the variant arguments run on GPU backends for CUDA arrays (PyTorch, CuPy); host arrays run them "
+                    "on the cpu backend");
+    throw nb::python_error();
+  }
+  Output o;
+  if (p.out) {
+    o.result = nb::borrow(out);
+    o.data = p.out->data;
+    o.view = p.varlen ? varlen_view(p.heads_q, vp.variant.total_q, p.out->strides, p.head_dim, false)
+                      : view_of(p, p.out->strides, false);
+  } else if (p.varlen) {
+    int64_t const shape[3] = {vp.variant.total_q, p.heads_q, p.head_dim};
+    int64_t strides[3];
+    allocate_array(o, p, shape, 3, false, alloc, strides);
+    o.view = varlen_view(p.heads_q, vp.variant.total_q, strides, p.head_dim, false);
+  } else {
+    allocate(o, p, false, alloc);
+  }
+  Output lse;
+  if (return_lse) {
+    if (p.varlen) {
+      int64_t const shape[2] = {p.heads_q, vp.variant.total_q};
+      int64_t strides[2];
+      allocate_array(lse, p, shape, 2, true, alloc, strides);
+      if (vp.variant.total_q > 1 && strides[1] != 1) throw std::runtime_error("internal: the lse output is not compact");
+      lse.view = varlen_view(p.heads_q, vp.variant.total_q, strides, 1, true);
+    } else {
+      allocate(lse, p, true, alloc);
+      check_lse_compact(lse, p);
+    }
+  }
+  run_variant(vp, static_cast<Backend>(resolved), o, return_lse ? &lse : nullptr, stream, sync);
   nb::object result = o.finish();
   return nb::make_tuple(result, return_lse ? lse.finish() : nb::none());
 }

@@ -18,6 +18,16 @@ namespace nb = nanobind;
 nb::object forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, double scale,
                    int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync);
 
+struct VariantArgs;
+
+// forward() with variant arguments (bindings/variant.h): windows, softcap, KV caches (contiguous or paged,
+// keys appended first), split keys, and varlen batches (cu_seqlens given: out (total_q, Hq, d), lse
+// (Hq, total_q)). Returns None when the resolved backend is `cpu`; raises NotImplementedError for host
+// arrays on a GPU backend.
+nb::object forward_variant(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, double scale,
+                           int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync,
+                           const VariantArgs& args);
+
 // The backend `forward` would run for these arguments (validates them the same way).
 int select_backend(nb::handle q, nb::handle k, nb::handle v, bool causal, double scale, int backend);
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bindings/problem.h"
+#include "bindings/variant.h"
 #include "cutlassfa/backends.h"
 #include "cutlassfa/config.h"
 
@@ -43,6 +44,26 @@ nb::tuple int_tuple(std::initializer_list<int> values) {
 double scale_or_default(nb::handle scale) {
   return scale.is_none() ? std::numeric_limits<double>::quiet_NaN() : nb::cast<double>(scale);
 }
+
+// The variant arguments of validate_variant / forward_variant, as Python passes them (keywords).
+cutlassfa::bindings::VariantArgs variant_args(int window_left, int window_right, double softcap, nb::handle cache_seqlens,
+                                              nb::handle cache_leftpad, nb::handle block_table, nb::handle k_new,
+                                              nb::handle v_new, int64_t num_splits, nb::handle cu_seqlens_q,
+                                              nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  cutlassfa::bindings::VariantArgs args;
+  args.window_left = window_left, args.window_right = window_right, args.softcap = softcap;
+  args.cache_seqlens = cache_seqlens, args.cache_leftpad = cache_leftpad, args.block_table = block_table;
+  args.k_new = k_new, args.v_new = v_new, args.num_splits = num_splits;
+  args.cu_seqlens_q = cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_k;
+  args.max_seqlen_q = max_seqlen_q, args.max_seqlen_k = max_seqlen_k;
+  return args;
+}
+
+#define CUTLASSFA_VARIANT_ARGS                                                                                   \
+  "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.0, "cache_seqlens"_a.none() = nb::none(),          \
+      "cache_leftpad"_a.none() = nb::none(), "block_table"_a.none() = nb::none(), "k_new"_a.none() = nb::none(), \
+      "v_new"_a.none() = nb::none(), "num_splits"_a = 0, "cu_seqlens_q"_a.none() = nb::none(),                  \
+      "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = -1, "max_seqlen_k"_a = -1
 
 #if CUTLASSFA_HAS_CUDA
 nb::dict device_properties(int device) {
@@ -134,6 +155,18 @@ NB_MODULE(_C, m) {
         cutlassfa::bindings::validate(q, k, v, out, causal, scale_or_default(scale)), backend);
   }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a,
         "Validates the arguments of forward and returns the backend it would run (BACKEND_CPU for cpu).");
+  m.def("validate_variant", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
+                               int backend, int window_left, int window_right, double softcap, nb::handle cache_seqlens,
+                               nb::handle cache_leftpad, nb::handle block_table, nb::handle k_new, nb::handle v_new,
+                               int64_t num_splits, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k) {
+    auto const args = variant_args(window_left, window_right, softcap, cache_seqlens, cache_leftpad, block_table, k_new,
+                                   v_new, num_splits, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    auto const vp = cutlassfa::bindings::validate_variant(q, k, v, out, causal, scale_or_default(scale), args);
+    return cutlassfa::bindings::resolve_backend(vp.problem, backend);
+  }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, CUTLASSFA_VARIANT_ARGS,
+        "validate for forward with variant arguments (window, softcap, KV caches, num_splits) and varlen_forward "
+        "(cu_seqlens_q / cu_seqlens_k given).");
 
 #if CUTLASSFA_HAS_CUDA
   m.attr("stream_per_thread") = reinterpret_cast<uintptr_t>(cudaStreamPerThread);
@@ -153,6 +186,18 @@ NB_MODULE(_C, m) {
                                         stream, sync);
   }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, "return_lse"_a,
         "alloc"_a.none(), "stream"_a, "sync"_a);
+  m.def("forward_variant", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
+                              int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync, int window_left,
+                              int window_right, double softcap, nb::handle cache_seqlens, nb::handle cache_leftpad,
+                              nb::handle block_table, nb::handle k_new, nb::handle v_new, int64_t num_splits,
+                              nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
+                              int64_t max_seqlen_k) {
+    auto const args = variant_args(window_left, window_right, softcap, cache_seqlens, cache_leftpad, block_table, k_new,
+                                   v_new, num_splits, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    return cutlassfa::bindings::forward_variant(q, k, v, out, causal, scale_or_default(scale), backend, return_lse,
+                                                alloc, stream, sync, args);
+  }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, "return_lse"_a,
+        "alloc"_a.none(), "stream"_a, "sync"_a, CUTLASSFA_VARIANT_ARGS);
 #endif
 #if CUTLASSFA_HAS_JAX_FFI
   cutlassfa::register_jax_ffi(m);

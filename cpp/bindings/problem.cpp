@@ -9,8 +9,6 @@
 #include "cutlassfa/config.h"
 
 namespace cutlassfa::bindings {
-namespace {
-
 // Python exceptions set from a copy of the message (nb::value_error keeps only the pointer in some
 // nanobind versions, and the message is a temporary).
 [[noreturn]] void value_error(const std::string& message) {
@@ -30,10 +28,14 @@ std::string tuple_text(const int64_t* values, int n) {
   return text + (n == 1 ? ",)" : ")");
 }
 
+namespace {
 int recorded(const ArrayRef& a) { return a.ndim < ArrayRef::kMaxDims ? a.ndim : ArrayRef::kMaxDims; }
+}  // namespace
 std::string shape_text(const ArrayRef& a) { return tuple_text(a.shape, recorded(a)); }
 std::string strides_text(const ArrayRef& a) { return tuple_text(a.strides, recorded(a)); }
 std::string where(const ArrayRef& a) { return a.on_host() ? "host" : "cuda:" + std::to_string(a.device); }
+
+namespace {
 
 // (B, H, N, d) of a 3-D or 4-D array.
 void dims4(const ArrayRef& a, int64_t* dims) {
@@ -68,16 +70,20 @@ bool tensorcore_accepts(const Problem& p) {
   if (!(p.scale > 0.f)) return false;
   if (p.device < 0) return true;
   int const bytes = p.dtype == DType::kFloat32 ? 4 : 2;
-  auto aligned = [&](const ArrayRef& a, int heads, int seqlen) {
+  auto aligned = [&](const ArrayRef& a, int extent, int heads, int seqlen) {
     long long b = 0, h = 0, n = 0;
     p.strides4(a, &b, &h, &n);
-    return tensor_aligned16(a.data, b, h, n, p.batch, heads, seqlen, bytes);
+    return tensor_aligned16(a.data, b, h, n, extent, heads, seqlen, bytes);
   };
-  return aligned(p.q, p.heads_q, p.seqlen_q) && aligned(p.k, p.heads_kv, p.seqlen_k) &&
-         aligned(p.v, p.heads_kv, p.seqlen_k) && (!p.out || aligned(*p.out, p.heads_q, p.seqlen_q));
+  int const kv_extent = p.kv_extent >= 0 ? p.kv_extent : p.batch;
+  int const kv_rows = p.kv_rows >= 0 ? p.kv_rows : p.seqlen_k;
+  return aligned(p.q, p.batch, p.heads_q, p.seqlen_q) && aligned(p.k, kv_extent, p.heads_kv, kv_rows) &&
+         aligned(p.v, kv_extent, p.heads_kv, kv_rows) && (!p.out || aligned(*p.out, p.batch, p.heads_q, p.seqlen_q));
 }
 
-void validate_out(Problem& p, nb::handle out) {
+}  // namespace
+
+void validate_out(Problem& p, nb::handle out, const int64_t* expected, int n) {
   ArrayRef o = describe(out, "out");
   if (o.framework == Framework::kBuffer) {  // our own output buffer (JAX): compact by construction
     p.out = o;
@@ -88,12 +94,6 @@ void validate_out(Problem& p, nb::handle out) {
                framework_name(o.framework));
   }
   if (o.framework == Framework::kJax) type_error("out is not supported for JAX arrays (they are immutable)");
-  int64_t expected[4];
-  int n = 0;
-  expected[n++] = p.batch;
-  if (p.rank == 4) expected[n++] = p.heads_q;
-  expected[n++] = p.seqlen_q;
-  expected[n++] = p.head_dim;
   bool same = o.ndim == n;
   for (int i = 0; same && i < n; ++i) same = o.shape[i] == expected[i];
   if (!same) value_error("out must have shape " + tuple_text(expected, n) + ", got " + shape_text(o));
@@ -108,8 +108,6 @@ void validate_out(Problem& p, nb::handle out) {
   p.out = o;
 }
 
-}  // namespace
-
 void Problem::strides4(const ArrayRef& a, long long* batch_stride, long long* head_stride,
                        long long* row_stride) const {
   if (a.framework == Framework::kBuffer) {  // compact (B, H, N, d)
@@ -118,7 +116,9 @@ void Problem::strides4(const ArrayRef& a, long long* batch_stride, long long* he
     *batch_stride = *head_stride * heads_q;
     return;
   }
-  if (a.ndim == 3) {
+  if (varlen) {  // (total, H, d): entries are located by cu_seqlens, not by a batch stride
+    *batch_stride = 0, *head_stride = a.strides[1], *row_stride = a.strides[0];
+  } else if (a.ndim == 3) {
     *batch_stride = a.strides[0], *head_stride = 0, *row_stride = a.strides[1];
   } else {
     *batch_stride = a.strides[0], *head_stride = a.strides[1], *row_stride = a.strides[2];
@@ -131,8 +131,7 @@ std::string head_dims_text() {
   return tuple_text(values.data(), static_cast<int>(values.size()));
 }
 
-Problem validate(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, double scale) {
-  Problem p;
+void describe_qkv(Problem& p, nb::handle q, nb::handle k, nb::handle v, int rank, const char* layout) {
   p.q = describe(q, "q");
   p.k = describe(k, "k");
   p.v = describe(v, "v");
@@ -140,8 +139,8 @@ Problem validate(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool 
   const char* names[3] = {"q", "k", "v"};
   for (int i = 0; i < 3; ++i) {
     const ArrayRef& a = *arrays[i];
-    if (a.ndim != 3 && a.ndim != 4) {
-      value_error(std::string(names[i]) + " must be 4-D (B, H, N, d) or 3-D (B, N, d), got shape " + shape_text(a));
+    if (rank == 0 ? (a.ndim != 3 && a.ndim != 4) : a.ndim != rank) {
+      value_error(std::string(names[i]) + " must be " + layout + ", got shape " + shape_text(a));
     }
     if (a.dtype < 0) {
       type_error(std::string(names[i]) + " has dtype " + a.dtype_name +
@@ -163,6 +162,45 @@ Problem validate(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool 
     type_error(std::string("q, k and v must be arrays of the same framework, got ") + framework_name(p.q.framework) +
                ", " + framework_name(p.k.framework) + ", " + framework_name(p.v.framework));
   }
+  for (int i = 0; i < 3; ++i) check_row_contiguous(*arrays[i], names[i]);
+  p.rank = p.q.ndim;
+  p.dtype = static_cast<DType>(p.q.dtype);
+  p.device = p.q.device;
+}
+
+void check_row_contiguous(const ArrayRef& a, const char* name) {
+  if (a.empty()) return;  // nothing is read from an empty array; numpy gives it zero strides
+  if (a.strides[a.ndim - 1] != 1) {
+    value_error(std::string(name) + " must be contiguous in its last dim (stride 1), got strides " + strides_text(a));
+  }
+  if (!a.whole_strides) {
+    value_error(std::string(name) + " has strides that are not whole elements: " + strides_text(a));
+  }
+}
+
+void check_heads_and_head_dim(int64_t heads_q, int64_t heads_kv, int64_t head_dim, const char* kv_name) {
+  if ((heads_kv == 0 && heads_q != 0) || (heads_kv != 0 && heads_q % heads_kv != 0)) {
+    value_error("the heads of q (" + std::to_string(heads_q) + ") must be a multiple of the heads of " + kv_name +
+                " (" + std::to_string(heads_kv) + ")");
+  }
+  // Every multiple of 8 up to 256 is a valid problem (the cpu backend takes them all); which backends have
+  // kernels for it is resolve_backend's question.
+  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
+    value_error("head dim (last dim of q, k, v) must be a multiple of 8 from 8 to 256, got " + std::to_string(head_dim));
+  }
+}
+
+float resolve_scale(double scale, int head_dim) {
+  if (std::isnan(scale)) return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (!std::isfinite(scale)) {
+    value_error(std::string("softmax_scale must be finite, got ") + (scale > 0 ? "inf" : "-inf"));
+  }
+  return static_cast<float>(scale);
+}
+
+Problem validate(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, double scale) {
+  Problem p;
+  describe_qkv(p, q, k, v, 0, "4-D (B, H, N, d) or 3-D (B, N, d)");
   int64_t dq[4], dk[4], dv[4];
   dims4(p.q, dq), dims4(p.k, dk), dims4(p.v, dv);
   if (!(dq[0] == dk[0] && dk[0] == dv[0])) {
@@ -181,48 +219,29 @@ Problem validate(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool 
     value_error("k and v must have the same sequence length, got " + std::to_string(dk[2]) + " and " +
                 std::to_string(dv[2]));
   }
-  if ((dk[1] == 0 && dq[1] != 0) || (dk[1] != 0 && dq[1] % dk[1] != 0)) {
-    value_error("the heads of q (" + std::to_string(dq[1]) + ") must be a multiple of the heads of k and v (" +
-                std::to_string(dk[1]) + ")");
-  }
-  // Every multiple of 8 up to 256 is a valid problem (the cpu backend takes them all); which backends have
-  // kernels for it is resolve_backend's question.
-  if (dq[3] < 8 || dq[3] > 256 || dq[3] % 8 != 0) {
-    value_error("head dim (last dim of q, k, v) must be a multiple of 8 from 8 to 256, got " + std::to_string(dq[3]));
-  }
-  for (int i = 0; i < 3; ++i) {
-    const ArrayRef& a = *arrays[i];
-    if (a.empty()) continue;  // nothing is read from an empty array; numpy gives it zero strides
-    if (a.strides[a.ndim - 1] != 1) {
-      value_error(std::string(names[i]) + " must be contiguous in its last dim (stride 1), got strides " +
-                  strides_text(a));
-    }
-    if (!a.whole_strides) {
-      value_error(std::string(names[i]) + " has strides that are not whole elements: " + strides_text(a));
-    }
-  }
+  check_heads_and_head_dim(dq[1], dk[1], dq[3], "k and v");
   int64_t const limit = (int64_t{1} << 31) - 1;
   if (dq[2] > limit || dk[2] > limit || dq[0] * dq[1] > limit) {
     value_error("sizes too large: N must be < 2^31 and B*H < 2^31, got B=" + std::to_string(dq[0]) +
                 ", H=" + std::to_string(dq[1]) + ", Nq=" + std::to_string(dq[2]) + ", Nk=" + std::to_string(dk[2]));
   }
-  if (std::isnan(scale)) {
-    scale = 1.0 / std::sqrt(static_cast<double>(dq[3]));
-  } else if (!std::isfinite(scale)) {
-    value_error(std::string("softmax_scale must be finite, got ") + (std::isnan(scale) ? "nan" : scale > 0 ? "inf" : "-inf"));
-  }
-  p.rank = p.q.ndim;
   p.batch = static_cast<int>(dq[0]);
   p.heads_q = static_cast<int>(dq[1]);
   p.heads_kv = static_cast<int>(dk[1]);
   p.seqlen_q = static_cast<int>(dq[2]);
   p.seqlen_k = static_cast<int>(dk[2]);
   p.head_dim = static_cast<int>(dq[3]);
-  p.dtype = static_cast<DType>(p.q.dtype);
-  p.device = p.q.device;
   p.causal = causal;
-  p.scale = static_cast<float>(scale);
-  if (!out.is_none()) validate_out(p, out);
+  p.scale = resolve_scale(scale, p.head_dim);
+  if (!out.is_none()) {
+    int64_t expected[4];
+    int n = 0;
+    expected[n++] = p.batch;
+    if (p.rank == 4) expected[n++] = p.heads_q;
+    expected[n++] = p.seqlen_q;
+    expected[n++] = p.head_dim;
+    validate_out(p, out, expected, n);
+  }
   return p;
 }
 

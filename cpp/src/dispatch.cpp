@@ -1,8 +1,14 @@
 // The one run-time dispatch from a backend to its kernel family. The tensor-core family was chosen
 // once per device (backends.cpp).
-#include "cutlassfa/config.h"
 #include "cutlassfa/dispatch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cutlassfa/config.h"
 #include "cutlassfa/launch.h"
+#include "cutlassfa/workspace.h"
 
 namespace cutlassfa {
 #if !CUTLASSFA_HAS_SM80
@@ -13,21 +19,84 @@ cudaError_t launch_sm80(const FwdParams&, cudaStream_t) { return cudaErrorNoKern
 cudaError_t launch_sm90(const FwdParams&, cudaStream_t) { return cudaErrorNoKernelImageForDevice; }
 #endif
 
+namespace {
+
+// The tensor-core kernel of `backend` for these params. The sm_90 fp32 path pre-splits dense q, k, v
+// into fp16 hi/lo copies (launch_fp32.cu) and cannot follow a page table or cu_seqlens: those calls
+// run on mma.sync.
+cudaError_t launch_tensorcore(Backend backend, const FwdParams& params, cudaStream_t stream) {
+  if (backend == Backend::kTensorCoreSm80) return launch_sm80(params, stream);
+  int device = 0;
+  cudaError_t const err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  bool const fp32_indirect = params.dtype == DType::kFloat32 &&
+                             (params.block_table != nullptr || params.cu_seqlens_q != nullptr);
+  bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim) && !fp32_indirect;
+  return wgmma ? launch_sm90(params, stream) : launch_sm80(params, stream);
+}
+
+// Split keys: fp32 partials (num_splits, B, Hq, Nq, d) and their lse (num_splits, B, Hq, Nq) from the
+// workspace pool, the kernel, then the combine into o and lse; the partials are released in stream order.
+cudaError_t run_split(Backend backend, const FwdParams& params, cudaStream_t stream) {
+  size_t const rows = static_cast<size_t>(params.num_splits) * params.batch * params.heads_q * params.seqlen_q;
+  size_t const o_bytes = rows * params.head_dim * sizeof(float);
+  void* buffer = nullptr;
+  cudaError_t err = workspace_alloc(&buffer, o_bytes + rows * sizeof(float), stream);
+  if (err != cudaSuccess) return err;
+  FwdParams split = params;
+  split.o_accum = static_cast<float*>(buffer);
+  split.lse_accum = reinterpret_cast<float*>(static_cast<char*>(buffer) + o_bytes);  // o_bytes is a multiple of 16
+  err = launch_tensorcore(backend, split, stream);
+  if (err == cudaSuccess) err = launch_split_combine(split, stream);
+  cudaError_t const free_err = workspace_free(buffer, stream);
+  return err != cudaSuccess ? err : free_err;
+}
+
+}  // namespace
+
+bool splits_keys(Backend backend) { return backend == Backend::kTensorCore || backend == Backend::kTensorCoreSm80; }
+
 cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream) {
+  if (params.num_splits > 1 && !splits_keys(backend)) {
+    FwdParams one_pass = params;
+    one_pass.num_splits = 1;
+    return run_forward(backend, one_pass, stream);
+  }
   switch (backend) {
     case Backend::kNaive: return launch_naive(params, stream);
     case Backend::kSmallTile: return launch_small_tile(params, stream);
     case Backend::kLargeTile: return launch_large_tile(params, stream);
-    case Backend::kTensorCoreSm80: return launch_sm80(params, stream);
-    case Backend::kTensorCore: {
-      int device = 0;
-      cudaError_t const err = cudaGetDevice(&device);
-      if (err != cudaSuccess) return err;
-      bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim);
-      return wgmma ? launch_sm90(params, stream) : launch_sm80(params, stream);
-    }
+    case Backend::kTensorCoreSm80:
+    case Backend::kTensorCore:
+      return params.num_splits > 1 ? run_split(backend, params, stream) : launch_tensorcore(backend, params, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+int choose_num_splits(int device, int batch_heads, int seqlen_q, int seqlen_k) {
+  constexpr int kBlockM = 64, kBlockN = 128, kMaxSplits = 128;
+  int const sms = device_multiprocessors(device);
+  long long const ctas = static_cast<long long>(batch_heads) * ((seqlen_q + kBlockM - 1) / kBlockM);
+  int const key_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+  if (sms <= 0 || ctas >= 0.8 * sms) return 1;  // the unsplit grid fills the device
+  int const max_splits = std::min({kMaxSplits, sms, key_tiles});
+  auto ceil_div = [](int a, int b) { return (a + b - 1) / b; };
+  // A split count is worth trying only when it changes the tiles per split (otherwise a smaller count
+  // does the same work with fewer partials).
+  auto eligible = [&](int s) { return s == 1 || ceil_div(key_tiles, s) != ceil_div(key_tiles, s - 1); };
+  std::vector<float> efficiency(std::max(max_splits, 1), 0.f);
+  float best = 0.f;
+  for (int s = 1; s <= max_splits; ++s) {
+    if (!eligible(s)) continue;
+    float const waves = static_cast<float>(ctas * s) / sms;
+    efficiency[s - 1] = waves / std::ceil(waves);
+    best = std::max(best, efficiency[s - 1]);
+  }
+  // The fewest splits within 85% of the best wave efficiency.
+  for (int s = 1; s <= max_splits; ++s) {
+    if (eligible(s) && efficiency[s - 1] >= 0.85f * best) return s;
+  }
+  return 1;
 }
 
 }  // namespace cutlassfa

@@ -96,7 +96,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache and paged (bool:
     forward with cache_seqlens / block_table ...), varlen (bool: varlen_forward), num_splits (int or
     None); values as forward takes them (a value that asks for nothing, such as window=(-1, -1) or
-    softcap=0, is the plain case). Other keys name features this version does not have."""
+    softcap=0, is the plain case). Other keys name features this version does not have. GPU backends
+    take the variant modes on CUDA arrays (PyTorch, CuPy); on host arrays they run on the cpu backend."""
     if backend not in BACKENDS:
         return Support(False, f"unknown backend {backend!r}")
     if dtype not in _arrays.DTYPES:
@@ -112,8 +113,11 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
         asked = _variants.requested(mode)
     except (TypeError, ValueError) as error:
         return Support(False, str(error))
-    if asked:
-        return _variants.support(backend, head_dim, asked)
+    if asked and backend == "cpu":
+        return _variants.support(head_dim)
+    # GPU backends take every variant mode (on CUDA arrays) for the head dims they have kernels for, so
+    # they answer as for the plain call. num_splits > 1 is a schedule of the tensor-core backends; the
+    # CUDA-core ones run the keys in one pass, with the same result up to rounding.
     if _C is None:
         return Support(False, _EXTENSION_ERROR)
     if backend == "cpu":
@@ -240,8 +244,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     that sees no key gives 0 (and lse = -inf). softmax_scale defaults to 1/sqrt(d).
     Returns out, or (out, lse) when return_lse; lse is float32 (B, Hq, Nq) (or (B, Nq)), natural log.
 
-    Variants (the `cpu` backend only for now, on host arrays; `auto` picks it for them, and d may be
-    any multiple of 8 from 8 to 256):
+    Variants: every GPU backend on CUDA arrays (PyTorch, CuPy), through one call into the extension;
+    the `cpu` backend on host arrays (`auto` picks it for them, and d may be any multiple of 8 from 8
+    to 256):
     window=(left, right): query i sees key j iff i + Nk - Nq - left <= j <= i + Nk - Nq + right (-1:
     unbounded on that side); causal=True is (-1, 0) and combines with a left bound.
     softcap=c > 0: scores become c * tanh(s / c) before the softmax (lse of the capped scores).
@@ -250,7 +255,14 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     block_table[b, p // page_size]); q must be 4-D. cache_seqlens (B,): entry b attends keys
     [cache_leftpad[b], cache_seqlens[b] + Nnew), aligned bottom-right against that length. k_new, v_new
     (B, Hkv, Nnew, d) are written into the caches at cache_seqlens[b] first (cache_seqlens itself is
-    not modified). num_splits: None (the backend chooses) or n >= 1 parts of the keys, merged by lse.
+    not modified). Index arrays are int32 on q's device, or host ints (copied). Host values are checked
+    in full; device values are not (that would need a synchronization): the kernels clamp lengths to
+    the capacity, leftpad to the length, skip page indices outside [0, num_pages), and drop appended
+    keys past the capacity.
+    num_splits: None (the backend chooses: FlashAttention-2's heuristic from the batch, heads, key
+    tiles and multiprocessors) or n >= 1 parts of the keys, merged by lse. The split is a schedule of
+    the tensor-core backends; the CUDA-core backends (and varlen batches) run the keys in one pass.
+    It changes nothing beyond rounding.
     """
     if not (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
             and block_table is None and k_new is None and v_new is None and num_splits is None):

@@ -2,11 +2,11 @@
 (contiguous, paged, appended keys), split keys and batches of sequences of different lengths.
 
 `forward` hands a call over here only when one of those arguments is given, so that its plain path
-stays one call into the extension. Here every argument is validated first, on every backend and before
-anything is written (cutlassfa._options); a call that asks for nothing beyond the plain path
-(window=(-1, -1), softcap=0, num_splits=1) goes back to it. The rest runs on the backend that takes
-it: today the `cpu` backend, on host arrays (numpy, PyTorch CPU tensors). The GPU kernels do not have
-these modes yet; `supports` says so, and so do the errors.
+stays one call into the extension. The options are checked first, on every backend and before anything
+is written (cutlassfa._options); a call that asks for nothing beyond the plain path (window=(-1, -1),
+softcap=0, num_splits=1) goes back to it. CUDA arrays (PyTorch, CuPy) then go to the extension in one
+call (`_C.forward_variant`: it validates the arrays, appends k_new / v_new, splits the keys and
+launches on every GPU backend). Host arrays (numpy, PyTorch CPU tensors) run on the `cpu` backend.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import _arrays
-from ._api import BACKENDS, Support, _backend_code, _flag, _scale, _torch_integration, supports
+from ._api import Support, _backend_code, _flag, _scale, _torch_integration
 from ._options import check_head_dim, check_kvcache, check_num_splits, check_softcap, check_varlen, check_window
 from .cpu import forward_cpu, kvcache_forward_cpu, varlen_forward_cpu
 from .masks import resolve_window
@@ -28,8 +28,8 @@ _KV_ARGUMENTS = ("cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_ne
 # Mode keys of `supports` that ask for more than the plain path; each with the argument that asks.
 VARIANT_MODES = {"window": "window", "softcap": "softcap", "kv_cache": "cache_seqlens", "paged": "block_table",
                  "varlen": "varlen_forward", "num_splits": "num_splits"}
-_GPU_REASON = "not implemented on GPU kernels yet"
-_HOST = "host arrays: numpy, PyTorch CPU tensors"
+_HOST = "host arrays (numpy, PyTorch CPU tensors)"
+_DEVICE = "CUDA arrays (PyTorch, CuPy)"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -57,10 +57,9 @@ def requested(mode: dict[str, Any]) -> list[str]:
     return asked
 
 
-def support(backend: str, head_dim: Any, asked: list[str]) -> Support:
-    """`supports` for a query that asks for the variant modes `asked`."""
-    if backend != "cpu":
-        return Support(False, f"{', '.join(asked)}: {_GPU_REASON}")
+def support(head_dim: Any) -> Support:
+    """`supports` of the cpu backend for a query that asks for variant modes: every head dim the
+    validator takes. (GPU backends take every variant mode for the head dims they have kernels for.)"""
     try:
         check_head_dim(head_dim)
     except ValueError as error:
@@ -68,16 +67,11 @@ def support(backend: str, head_dim: Any, asked: list[str]) -> Support:
     return Support(True)
 
 
-def _refusal(argument: str, mode: dict[str, Any], backend: str, dtype: str, head_dim: int, on_device: bool) -> str:
-    """Why `backend` (on CUDA arrays: every backend) does not take the call, and which backends do, as
-    `supports` says."""
-    takers = [b for b in BACKENDS if supports(b, dtype, head_dim, **mode)]
-    judged = backend if backend in BACKENDS and backend != "cpu" else "tensorcore"
-    reason = supports(judged, dtype, head_dim, **mode).reason
-    where = "on CUDA arrays" if on_device else f"by backend {backend!r}"
+def _host_refusal(argument: str, backend: str) -> str:
+    """Why a GPU backend asked for by name does not take a variant call on host arrays."""
     what = argument if argument == "varlen_forward" else f"{argument}="
-    return (f"{what} is not supported {where} ({reason}); backends that take it: "
-            f"{', '.join(takers) or 'none'}, on {_HOST}")
+    return (f"{what} runs on backend {backend!r} for {_DEVICE}; on {_HOST} it runs on the cpu backend "
+            f"(backend='auto' or 'cpu')")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -92,19 +86,18 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
     _backend_code(backend)
     causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
     scale = _scale(softmax_scale)
-    win, cap, splits = check_window(window, causal), check_softcap(softcap), check_num_splits(num_splits) or 1
+    win, cap, asked_splits = check_window(window, causal), check_softcap(softcap), check_num_splits(num_splits)
+    splits = asked_splits or 1
     kv = {name: value for name, value in zip(_KV_ARGUMENTS, (cache_seqlens, cache_leftpad, block_table, k_new, v_new))
           if value is not None}
-    # What the call asks for beyond the plain path: the mode of `supports`, and the arguments that ask.
-    mode, given = {"causal": causal}, dict(kv)
+    # The arguments that ask for more than the plain path.
+    given = dict(kv)
     if win != resolve_window(causal):
-        mode["window"], given["window"] = win, (win.left, win.right)
+        given["window"] = (win.left, win.right)
     if cap > 0:
-        mode["softcap"], given["softcap"] = cap, cap
-    if kv:
-        mode["kv_cache"], mode["paged"] = True, block_table is not None
+        given["softcap"] = cap
     if splits > 1:
-        mode["num_splits"], given["num_splits"] = splits, splits
+        given["num_splits"] = splits
     if not given:
         return PLAIN
     argument = next(iter(given))
@@ -113,8 +106,10 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
     if framework == "jax":
         if k_new is not None or v_new is not None:
             raise TypeError("k_new / v_new are appended into k and v in place; JAX arrays are immutable")
-        if backend not in ("auto", "cpu") or _on_jax_device(q):
-            _refuse_device(q, backend, argument, mode, on_device=_on_jax_device(q))
+        if _on_jax_device(q):
+            raise NotImplementedError(f"{argument}= does not take JAX arrays on a GPU yet; pass {_DEVICE}")
+        if backend not in ("auto", "cpu"):
+            raise NotImplementedError(_host_refusal(argument, backend))
         from .integrations import jax as jax_integration
 
         return jax_integration.forward(q, k, v, causal=causal, softmax_scale=scale, backend=backend,
@@ -125,7 +120,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
         if routed is not None:
             return routed
     if not _is_host(q):
-        _refuse_device(q, backend, argument, mode)
+        return _on_device(q, k, v, out, causal, scale, backend, return_lse, window_left=win.left,
+                          window_right=win.right, softcap=cap, num_splits=asked_splits or 0, **kv)
 
     like = q
     q, k, v = _host_arrays(("q", q), ("k", k), ("v", v))
@@ -139,7 +135,7 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
     check_head_dim(d)
     out_host, out_np = _output(out, like, q)
     if backend not in ("auto", "cpu"):
-        raise NotImplementedError(_refusal(argument, mode, backend, q.dtype.name, d, on_device=False))
+        raise NotImplementedError(_host_refusal(argument, backend))
 
     options = dict(causal=causal, softmax_scale=scale, window=win, softcap=cap, num_splits=splits, return_lse=True)
     if kv:
@@ -182,7 +178,10 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     q (total_q, Hq, d); k, v (total_k, Hkv, d), Hq a multiple of Hkv; dtypes as `forward`, d a multiple
     of 8 from 8 to 256, any strides. cu_seqlens_q / cu_seqlens_k: (B+1,) int prefix sums, 0 first,
     non-decreasing, ending at total_q / total_k: sequence b is rows [cu[b], cu[b+1]); empty sequences
-    are allowed. max_seqlen_q / max_seqlen_k: None or at least each sequence's length.
+    are allowed (int32 arrays on q's device, or host ints, copied). max_seqlen_q / max_seqlen_k: None
+    or at least each sequence's length; they size the GPU grid: with cu_seqlens on the device and
+    None, the grid covers the totals (correct, slower). Device values are not checked (that would
+    need a synchronization): the kernels clamp each sequence to [0, total) and to max_seqlen.
     causal, window, softcap, softmax_scale: as `forward`, aligned bottom-right within each sequence.
     Returns out (total_q, Hq, d), or (out, lse) when return_lse, lse float32 (Hq, total_q).
     """
@@ -197,9 +196,13 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
         if _torch_integration()._must_use_op(q, k, v):
             raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, "
                                       "autograd, tensor subclasses)")
-    mode = {"causal": causal, "varlen": True}
     if not _is_host(q):
-        _refuse_device(q, backend, "varlen_forward", mode)
+        if framework is None:
+            raise TypeError(f"q must be a numpy, PyTorch, CuPy or JAX array, got {type(q).__name__}")
+        return _on_device(q, k, v, out, causal, scale, backend, return_lse, window_left=win.left,
+                          window_right=win.right, softcap=cap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          max_seqlen_q=-1 if max_seqlen_q is None else _max_seqlen(max_seqlen_q, "max_seqlen_q"),
+                          max_seqlen_k=-1 if max_seqlen_k is None else _max_seqlen(max_seqlen_k, "max_seqlen_k"))
 
     like = q
     q, k, v = _host_arrays(("q", q), ("k", k), ("v", v))
@@ -208,8 +211,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     check_head_dim(q.shape[-1])
     out_host, out_np = _output(out, like, q)
     if backend not in ("auto", "cpu"):
-        raise NotImplementedError(_refusal("varlen_forward", mode, backend, q.dtype.name, q.shape[-1],
-                                           on_device=False))
+        raise NotImplementedError(_host_refusal("varlen_forward", backend))
     _, lse = varlen_forward_cpu(q, k, v, cu_q, cu_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                 causal=causal, softmax_scale=scale, window=win, softcap=cap, return_lse=True,
                                 out=out_np)
@@ -232,15 +234,33 @@ def _on_jax_device(q: Any) -> bool:
     return not isinstance(q, jax.core.Tracer) and any(d.platform != "cpu" for d in q.devices())
 
 
-def _refuse_device(q: Any, backend: str, argument: str, mode: dict[str, Any], on_device: bool = True) -> None:
-    """Raises for a variant call the cpu backend cannot take: arrays on a CUDA device (or no arrays at
-    all), or a GPU backend asked for by name."""
+def _on_device(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None, backend: str, return_lse: bool,
+               **variant: Any) -> Any:
+    """A variant call on CUDA arrays: one call into the extension, which validates the arrays (naming
+    the argument), appends new keys, splits the keys and launches on the framework's stream."""
+    from . import _api
+
     if _arrays.framework_of(q) is None:
         raise TypeError(f"q must be a numpy, PyTorch, CuPy or JAX array, got {type(q).__name__}")
-    if backend == "cpu" and on_device:
+    if backend == "cpu":
         raise ValueError("backend 'cpu' needs host arrays (numpy, PyTorch CPU tensors); q is on a CUDA device")
-    dtype = str(getattr(q, "dtype", "")).replace("torch.", "")
-    raise NotImplementedError(_refusal(argument, mode, backend, dtype, int(q.shape[-1]), on_device=on_device))
+    extension = _api._C
+    if extension is None or not extension.has_cuda:
+        raise RuntimeError(_api._EXTENSION_ERROR or "cutlassfa was installed without its CUDA extension")
+    alloc, stream = None, -1  # PyTorch: allocation and stream through its DLPack exchange API
+    if _arrays.framework_of(q) == "cupy":
+        alloc, stream = _arrays.cupy_empty, _arrays.cupy_stream(q)
+    result = extension.forward_variant(q, k, v, out, causal, scale, _backend_code(backend), return_lse, alloc, stream,
+                                       False, **variant)
+    return result if return_lse else result[0]
+
+
+def _max_seqlen(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if not 0 <= value < 2**31:
+        raise ValueError(f"{name} = {value} must be >= the longest sequence and < 2^31")
+    return int(value)
 
 
 def _host_arrays(*named: tuple[str, Any], like: Any = None, optional: bool = False) -> list[Any]:

@@ -36,7 +36,7 @@ cudaError_t run_forward(Backend backend, const FwdParams& p, cudaStream_t) {
         std::vector<double> s(p.seqlen_k, -INFINITY);
         double m = -INFINITY;
         for (int j = 0; j < p.seqlen_k; ++j) {
-          if (p.causal && j > i + p.seqlen_k - p.seqlen_q) continue;
+          if (p.window_right >= 0 && j > i + p.seqlen_k - p.seqlen_q + p.window_right) continue;
           float const* kj = k + b * p.k_batch_stride + hk * p.k_head_stride + j * p.k_row_stride;
           double dot = 0;
           for (int c = 0; c < p.head_dim; ++c) dot += double(qi[c]) * kj[c];
@@ -112,7 +112,7 @@ NB_MODULE(jax_ffi_harness, m) {
     d["o_strides"] = nanobind::make_tuple(p.o_batch_stride, p.o_head_stride, p.o_row_stride);
     d["softmax_scale"] = p.softmax_scale;
     d["softmax_scale_log2"] = p.softmax_scale_log2;
-    d["causal"] = p.causal;
+    d["causal"] = p.window_left < 0 && p.window_right == 0;  // causal is the window (-1, 0)
     d["dtype"] = static_cast<int>(p.dtype);
     return d;
   });

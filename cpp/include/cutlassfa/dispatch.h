@@ -9,6 +9,18 @@
 namespace cutlassfa {
 
 // Enqueues the backend's kernels on `stream` (on the current device); returns the first CUDA error.
+// params.num_splits > 1 on a tensor-core backend: the kernel writes every split into fp32 partials taken
+// from the workspace pool, and a combine kernel merges them into o and lse. The split is a schedule of
+// the tensor-core kernels only: the CUDA-core backends run the same call in one pass, and the result is
+// the same up to rounding either way.
 cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream);
+
+// Whether `backend` runs params.num_splits > 1 as a split (the tensor-core families).
+bool splits_keys(Backend backend);
+
+// The number of key splits for num_splits=None: FlashAttention-2's wave-efficiency heuristic over the
+// CTAs of one pass (batch * heads * query tiles of 64 rows), the key tiles (128 keys each) and the
+// multiprocessors of `device`. 1 when the unsplit grid already fills the device.
+int choose_num_splits(int device, int batch_heads, int seqlen_q, int seqlen_k);
 
 }  // namespace cutlassfa

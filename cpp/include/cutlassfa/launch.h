@@ -26,4 +26,25 @@ cudaError_t launch_sm80(const FwdParams& params, cudaStream_t stream);
 // pre-split into fp16 hi/lo. cpp/sm90/launch.cu.
 cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream);
 
+// ---- Steps around the attention kernels (built for every architecture, beside fill.cu) ----
+
+// Keys appended to a KV cache this call: k_new / v_new (batch, heads_kv, n_new, head_dim) of the
+// params' dtype, strides in elements (the head_dim stride is 1).
+struct AppendKV {
+  const void* k_new;
+  const void* v_new;
+  long long k_new_strides[3];  // batch, head, row
+  long long v_new_strides[3];
+  int n_new;
+};
+
+// Writes k_new / v_new into params.k / params.v (contiguous or paged) at position seqlens_k[b] + j of
+// entry b; a position past the capacity (seqlen_k) or through a page index outside [0, num_pages) is
+// dropped. params.seqlens_k itself is not modified. cpp/src/append_kv.cu.
+cudaError_t launch_append_kv(const FwdParams& params, const AppendKV& append, cudaStream_t stream);
+
+// Merges the num_splits partial results of o_accum / lse_accum into params.o and params.lse (when not
+// nullptr) by their lse. cpp/src/split_combine.cu.
+cudaError_t launch_split_combine(const FwdParams& params, cudaStream_t stream);
+
 }  // namespace cutlassfa

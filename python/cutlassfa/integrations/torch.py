@@ -32,12 +32,14 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
 
 # Keyword arguments of cutlassfa.forward that the operator carries beside q, k, v, with their defaults
 # (a default is not passed on, so that forward need not know a mode it is not asked for). Variable-length
-# batches and KV-cache appends (k_new / v_new write into the cache) get operators of their own.
-_MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None}
+# batches and KV-cache appends (k_new / v_new write into the cache, a mutation the schema would have to
+# declare) are not operators yet: they run eagerly only.
+_MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None,
+                                   "block_table": None, "num_splits": None}
 _FORWARD_SCHEMA = (
     "forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, str backend='auto', "
-    "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None) "
-    "-> (Tensor out, Tensor lse)"
+    "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None, "
+    "Tensor? block_table=None, int? num_splits=None) -> (Tensor out, Tensor lse)"
 )
 # The backward of `forward`: an operator that raises when it runs, so that tracing a training graph
 # (torch.compile traces the backward ahead of time) still works and only running the backward fails.
@@ -151,9 +153,11 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                   softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
                   softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
-                  cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                  num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     given = {"window": None if window is None else tuple(window), "softcap": softcap,
-             "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad}
+             "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad, "block_table": block_table,
+             "num_splits": num_splits}
     modes = {name: value for name, value in given.items() if not _is_default(name, value)}
     _state.inside_op = True
     try:
@@ -171,7 +175,8 @@ def _is_default(name: str, value: Any) -> bool:
 def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                   softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
                   softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
-                  cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                  num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes of the results (out like q, compact; lse float32 q.shape[:-1]). The checks that
     need only shapes run here too, so that a traced call fails where it is written."""
     if not q.dim() == k.dim() == v.dim() or q.dim() not in (3, 4):
