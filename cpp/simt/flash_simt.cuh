@@ -378,25 +378,14 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     }
 
     // Boundary steps: keys outside [leftpad, L) and outside the window of each row. Element (i, j) is
-    // key n0 + tc*4 + col_of(j) of row m0 + row0 + row_of(i); the limits are made relative to this
-    // thread's first element so that each compare adds an immediate. (Per-row limits were hoisted
-    // out of the loop by the compiler and cost 8+ live registers.)
+    // key n0 + tc*4 + col_of(j) of row m0 + row0 + row_of(i): offsets from this thread's first element.
     if (trips.is_masked(n_block)) {
-      // Visible keys: (unsigned)(key - leftpad) < L - leftpad, one compare for both ends.
-      const int key_rel = n0 + tc * 4 - entry.leftpad;
-      const unsigned key_count = static_cast<unsigned>(entry.nk - entry.leftpad);
-      // Window: offset - left <= key - row <= offset + right. Clamped to +-2^30, far beyond any
-      // col_of(j) - row_of(i), so a side that is unbounded or far away never masks.
-      const long long diag = static_cast<long long>(n0 + tc * 4) - (m0 + row0) - entry.offset();
-      const int past_right = entry.window_right < 0 ? -(1 << 30) : clamp_2e30(diag - entry.window_right);
-      const int before_left = entry.window_left < 0 ? (1 << 30) : clamp_2e30(diag + entry.window_left);
+      const ElementMask mask(entry, m0 + row0, n0 + tc * 4);
 #pragma unroll
       for (int i = 0; i < kTM; ++i) {
 #pragma unroll
         for (int j = 0; j < kTNS; ++j) {
-          if (static_cast<unsigned>(key_rel + col_of(j)) >= key_count || past_right + col_of(j) - row_of(i) > 0 ||
-              before_left + col_of(j) - row_of(i) < 0)
-            tSrS[i][j] = kNegInf;
+          if (mask.hidden(col_of(j), row_of(i))) tSrS[i][j] = kNegInf;
         }
       }
     }

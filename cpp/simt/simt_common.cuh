@@ -137,11 +137,12 @@ __device__ __forceinline__ float group_sum(float x) {
 // ------------------------------------------------------------------------------------------------
 // Per-entry extents and the mask: a line-by-line port of python/cutlassfa/masks.py (row_range,
 // tile_trips) with the per-entry lengths of params.h (varlen, KV cache, leftpad). Everything here is
-// evaluated once per tile, never per element.
+// evaluated once per tile, never per element. Host-callable too: selftest.cu checks the tile trips
+// and the element mask against the pair-by-pair rule without a GPU.
 // ------------------------------------------------------------------------------------------------
 struct TileTrips {
   int first, unmasked_begin, unmasked_end, last;  // first <= unmasked_begin <= unmasked_end <= last
-  __device__ __forceinline__ bool is_masked(int n_block) const {
+  __host__ __device__ __forceinline__ bool is_masked(int n_block) const {
     return n_block < unmasked_begin || n_block >= unmasked_end;
   }
 };
@@ -156,10 +157,10 @@ struct EntryMask {
   long long k_row0;  // first row of the entry in k and v (varlen without pages), else 0
 
   // Bottom-right alignment: the last query lines up with the last key.
-  __device__ __forceinline__ int offset() const { return nk - nq; }
+  __host__ __device__ __forceinline__ int offset() const { return nk - nq; }
 
   // Keys [lo, hi) that query `row` sees, lo == hi when none. 64-bit: a window side may be near 2^31.
-  __device__ __forceinline__ void row_range(int row, int& lo, int& hi) const {
+  __host__ __device__ __forceinline__ void row_range(int row, int& lo, int& hi) const {
     const long long aligned = static_cast<long long>(row) + offset();
     long long l = window_left < 0 ? leftpad : max(static_cast<long long>(leftpad), aligned - window_left);
     long long u = window_right < 0 ? nk : min(static_cast<long long>(nk), aligned + window_right + 1);
@@ -170,7 +171,7 @@ struct EntryMask {
 
   // Key tiles of block_n keys that rows [row_start, row_stop) visit; see masks.tile_trips for why the
   // first and last rows suffice (lo and hi never decrease with the row).
-  __device__ __forceinline__ TileTrips tile_trips(int row_start, int row_stop, int block_n) const {
+  __host__ __device__ __forceinline__ TileTrips tile_trips(int row_start, int row_stop, int block_n) const {
     TileTrips t{0, 0, 0, 0};
     if (row_stop <= row_start) return t;
     int lo_first, hi_first, lo_last, hi_last;
@@ -228,9 +229,32 @@ __device__ __forceinline__ float tanh_accurate(float x) {
 
 // x clamped to [-2^30, 2^30]: mask limits relative to a tile, where only the sign of limit + a small
 // offset matters.
-__device__ __forceinline__ int clamp_2e30(long long x) {
+__host__ __device__ __forceinline__ int clamp_2e30(long long x) {
   return static_cast<int>(min(max(x, -(1ll << 30)), 1ll << 30));
 }
+
+// The element mask of a boundary tile for one thread, relative to its first element (row, key):
+// element (row + dr, key + dc) is hidden iff hidden(dc, dr), which adds dc - dr (compile-time in
+// the kernels) to three limits. (Absolute per-row limits get hoisted out of the key loop by the
+// compiler and cost 8+ live registers.)
+struct ElementMask {
+  int key_rel;         // key - leftpad: visible keys are (unsigned)(key_rel + dc) < key_count
+  unsigned key_count;  // L - leftpad
+  int past_right;      // (key - row) - (offset + right), +-2^30 clamped; > 0 past the window's right
+  int before_left;     // (key - row) - (offset - left); < 0 before the window's left
+
+  __host__ __device__ __forceinline__ ElementMask(const EntryMask& e, int row, int key) {
+    key_rel = key - e.leftpad;
+    key_count = static_cast<unsigned>(e.nk - e.leftpad);
+    // Clamped to +-2^30, far beyond any dc - dr, so a side that is unbounded or far away never masks.
+    const long long diag = static_cast<long long>(key) - row - e.offset();
+    past_right = e.window_right < 0 ? -(1 << 30) : clamp_2e30(diag - e.window_right);
+    before_left = e.window_left < 0 ? (1 << 30) : clamp_2e30(diag + e.window_left);
+  }
+  __host__ __device__ __forceinline__ bool hidden(int dc, int dr) const {
+    return static_cast<unsigned>(key_rel + dc) >= key_count || past_right + dc - dr > 0 || before_left + dc - dr < 0;
+  }
+};
 
 // Row offset of entry e's lse row `row` of head h.
 __device__ __forceinline__ long long lse_offset(const FwdParams& p, const EntryMask& e, int b, int h, int row) {
