@@ -409,19 +409,20 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
       seqlen_q = std::max(seqlen_q, c.nq[b]), seqlen_k = std::max(seqlen_k, c.nk[b]);
     }
   }
+  // Paged: the capacity is max_pages pages; a shuffled table over more pages than the entries use,
+  // an out-of-range slot reads the last page (the kernels clamp).
+  const int max_pages = c.page_size > 0 ? (c.Nk + c.page_size - 1) / c.page_size : 0;
+  const int num_pages = B * max_pages + 3;
+  const int capacity = c.page_size > 0 ? max_pages * c.page_size : c.Nk;
   for (int b = 0; b < B; ++b) {
     HostEntry& e = entries[b];
     e.nq = c.keys == Keys::kVarlen ? c.nq[b] : c.Nq;
-    e.nk = c.keys == Keys::kVarlen ? c.nk[b] : c.Nk;
-    if (!c.seqlens.empty()) e.nk = std::min(std::max(c.seqlens[b] + c.added, 0), c.Nk);
+    e.nk = c.keys == Keys::kVarlen ? c.nk[b] : capacity;
+    if (!c.seqlens.empty()) e.nk = (int)std::min(std::max((long long)c.seqlens[b] + c.added, 0ll), (long long)capacity);
     e.leftpad = c.leftpad.empty() ? 0 : std::min(std::max(c.leftpad[b], 0), e.nk);
     e.q0 = cu_q[b], e.k0 = cu_k[b];
   }
 
-  // Paged: a shuffled table over more pages than the entries use; an out-of-range slot reads the
-  // last page (the kernels clamp).
-  const int max_pages = c.page_size > 0 ? (c.Nk + c.page_size - 1) / c.page_size : 0;
-  const int num_pages = B * max_pages + 3;
   std::vector<int> table;
   if (c.keys == Keys::kPaged) {
     std::vector<int> perm(num_pages);
@@ -480,7 +481,7 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
   CHECK(cudaMemset(lse, 0xff, n_lse * 4));
 
   FwdParams p = make_params(q, k, v, o, lse, false);
-  p.batch = B, p.seqlen_q = seqlen_q, p.seqlen_k = paged ? max_pages * c.page_size : seqlen_k;
+  p.batch = B, p.seqlen_q = seqlen_q, p.seqlen_k = varlen ? seqlen_k : capacity;
   p.window_left = c.left, p.window_right = c.right;
   const double scale = 1.0 / std::sqrt((double)D);
   if (c.cap > 0.f) {  // the host's folding: softmax_scale becomes the cap
@@ -585,8 +586,10 @@ static std::vector<ModeCase> mode_cases() {
   cs.push_back(varlen_case("varlen causal", 4, 2, {37, 0, 100, 1, 65, 0}, {50, 20, 100, 0, 130, 0}, -1, 0));
   cs.push_back(varlen_case("varlen window (8, 2) + softcap 0.7", 2, 2, {90, 33, 5}, {60, 33, 200}, 8, 2, 0.7f));
   // KV cache: ragged lengths, 0, past the capacity (clamped), appended keys, leftpad (incl. bad).
-  cs.push_back(cache_case("cache ragged (0, capacity, > capacity)", 4, 2, 3, 150, {40, 0, 150, 999, 7}, 0, {}, -1, -1));
-  cs.push_back(cache_case("cache + added 3, causal", 2, 1, 3, 150, {40, 0, 147, 1, 77}, 3, {}, -1, 0));
+  cs.push_back(cache_case("cache ragged (0, capacity, > capacity, < 0)", 4, 2, 3, 150, {40, 0, 150, 999, 7, -5}, 0, {}, -1,
+                          -1));
+  cs.push_back(cache_case("cache + added 3 (one past 2^31), causal", 2, 1, 3, 150, {40, 0, 147, 1, 2147483646}, 3, {},
+                          -1, 0));
   cs.push_back(cache_case("cache leftpad (0, 5, > L, < 0), causal", 2, 2, 20, 140, {60, 100, 10, 90}, 0, {0, 5, 50, -3},
                           -1, 0));
   cs.push_back(cache_case("cache leftpad + window (16, 0)", 4, 2, 33, 200, {120, 200, 40}, 0, {30, 70, 0}, 16, 0));

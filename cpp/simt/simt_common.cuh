@@ -196,14 +196,16 @@ __device__ __forceinline__ EntryMask entry_mask(const FwdParams& p, int b) {
   e.nk = p.seqlen_k;
   if (p.cu_seqlens_q != nullptr) {
     e.q_row0 = p.cu_seqlens_q[b];
-    e.nq = min(max(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], 0), p.seqlen_q);
+    const long long nq = static_cast<long long>(p.cu_seqlens_q[b + 1]) - p.cu_seqlens_q[b];
+    e.nq = static_cast<int>(min(max(nq, 0ll), static_cast<long long>(p.seqlen_q)));
   }
+  long long nk = p.seqlen_k;  // 64-bit: a bad length plus seqlens_k_added may pass 2^31
   if (p.cu_seqlens_k != nullptr) {
     if (p.block_table == nullptr) e.k_row0 = p.cu_seqlens_k[b];
-    e.nk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    nk = static_cast<long long>(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
   }
-  if (p.seqlens_k != nullptr) e.nk = p.seqlens_k[b] + p.seqlens_k_added;
-  e.nk = min(max(e.nk, 0), p.seqlen_k);
+  if (p.seqlens_k != nullptr) nk = static_cast<long long>(p.seqlens_k[b]) + p.seqlens_k_added;
+  e.nk = static_cast<int>(min(max(nk, 0ll), static_cast<long long>(p.seqlen_k)));
   e.leftpad = p.leftpad_k != nullptr ? min(max(p.leftpad_k[b], 0), e.nk) : 0;
   e.window_left = p.window_left;
   e.window_right = p.window_right;
