@@ -101,12 +101,14 @@ template <>
 struct LargeTileCompact<64> : SimtTraits<64, 128, 64, 4, false, 2> {};
 
 // ------------------------------------------------------------------------------------------------
-// Global -> register -> shared tile copies, 16-byte chunks, rows >= valid_rows read as zero.
+// Global -> register -> shared tile copies, 16-byte chunks, rows that do not exist read as zero.
 // Split in two so that the next K/V tile is fetched into registers during P V (when the S
 // registers are dead) and written to shared memory after the following barrier.
 //
 // Each thread copies chunks of ONE row (row = tid % kRows, chunks tid / kRows + i * kThreads / kRows):
-// a single row pointer and one bounds check per thread, the chunk offsets are immediates. (A
+// the caller passes that row's pointer and whether it exists (a query row of the entry, a key in
+// [leftpad, L)), so a single row pointer and one bounds check per thread; the chunk offsets are
+// immediates. The row pointer is where pages are resolved (one block-table read per row and tile). (A
 // row-per-iteration mapping kept 16 loop-invariant 64-bit addresses live across the main loop and
 // pushed the fp32 D=64 large tile from 203 registers into spills.) Consecutive lanes take
 // consecutive rows, so the transposed scalar stores hit consecutive banks, and the row-major float4
@@ -129,11 +131,12 @@ struct TileCopy {
 
   uint4 regs[kPerThread];  // prefetch buffer (load() / store())
 
-  __device__ __forceinline__ static uint4 load_one(const Storage* gmem, long long row_stride, int valid_rows,
-                                                   bool vec, int tid, int it) {
-    const int row = tid % kRows;
-    const Storage* src = gmem + row * row_stride + ((tid / kRows) + it * kThreadsPerRow) * kVec;
-    return row < valid_rows ? load_chunk<T>(src, vec) : make_uint4(0u, 0u, 0u, 0u);
+  // The tile row this thread copies.
+  __device__ __forceinline__ static int row(int tid) { return tid % kRows; }
+
+  __device__ __forceinline__ static uint4 load_one(const Storage* src_row, bool valid, bool vec, int tid, int it) {
+    const Storage* src = src_row + ((tid / kRows) + it * kThreadsPerRow) * kVec;
+    return valid ? load_chunk<T>(src, vec) : make_uint4(0u, 0u, 0u, 0u);
   }
 
   // smem is (kCols, ld) when transposed, (kRows, ld) otherwise; values are multiplied by `scale`.
@@ -155,10 +158,9 @@ struct TileCopy {
   }
 
   // Prefetch: the whole tile into registers now, into shared memory later.
-  __device__ __forceinline__ void load(const Storage* gmem, long long row_stride, int valid_rows, bool vec,
-                                       int tid) {
+  __device__ __forceinline__ void load(const Storage* src_row, bool valid, bool vec, int tid) {
 #pragma unroll
-    for (int it = 0; it < kPerThread; ++it) regs[it] = load_one(gmem, row_stride, valid_rows, vec, tid, it);
+    for (int it = 0; it < kPerThread; ++it) regs[it] = load_one(src_row, valid, vec, tid, it);
   }
   __device__ __forceinline__ void store(float* smem, int ld, float scale, int tid) const {
 #pragma unroll
@@ -166,13 +168,13 @@ struct TileCopy {
   }
 
   // Direct copy, kBatch chunks in flight.
-  __device__ __forceinline__ static void copy(const Storage* gmem, long long row_stride, int valid_rows, bool vec,
-                                              float* smem, int ld, float scale, int tid) {
+  __device__ __forceinline__ static void copy(const Storage* src_row, bool valid, bool vec, float* smem, int ld,
+                                              float scale, int tid) {
 #pragma unroll
     for (int it0 = 0; it0 < kPerThread; it0 += kBatch) {
       uint4 r[kBatch];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) r[i] = load_one(gmem, row_stride, valid_rows, vec, tid, it0 + i);
+      for (int i = 0; i < kBatch; ++i) r[i] = load_one(src_row, valid, vec, tid, it0 + i);
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) store_one(r[i], smem, ld, scale, tid, it0 + i);
     }
@@ -221,8 +223,11 @@ __device__ __forceinline__ int row_of(int i) { return (i / 4) * 16 + (i % 4); } 
 __device__ __forceinline__ int col_of(int j) { return (j / 4) * 32 + (j % 4); }  // + tc * 4
 
 // ------------------------------------------------------------------------------------------------
-// The kernel. Grid: one block per (m block, batch * head), m block fastest, all in blockIdx.x.
-// Causal is a run-time flag: it only bounds the key loop and masks the diagonal steps.
+// The kernel. Grid: one block per (m block, batch * head), m block fastest, all in blockIdx.x; with
+// varlen the m blocks span the longest entry and those past an entry's queries return at once.
+// Every mode is a run-time value: the window, leftpad and per-entry lengths only bound the key loop
+// (simt_common.cuh's tile_trips) and mask the boundary steps; softcap is a uniform branch after
+// S = Q K^T; pages change where a thread's K/V row is read from.
 // ------------------------------------------------------------------------------------------------
 template <typename Kt, typename T>
 __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_kernel(const FwdParams params) {
@@ -248,9 +253,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   const int tr = lane / 8;  // thread-row in the warp
   const int tc = lane % 8;  // thread-col in the warp: the 8 lanes of a row are consecutive
 
-  const int seqlen_q = params.seqlen_q;
-  const int seqlen_k = params.seqlen_k;
-  const int num_m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+  const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
   // Highest m block first: under the causal mask it has the most key steps, so the longest blocks
   // start in the first wave and the short ones fill the tail.
   const int m_block = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
@@ -260,26 +263,46 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   const int h_kv = h / params.heads_ratio;
   const int m0 = m_block * kBlockM;
 
+  const EntryMask entry = entry_mask(params, b);
+  const int rows_valid = min(kBlockM, entry.nq - m0);
+  if (rows_valid <= 0) return;  // past this entry's queries; uniform, before any barrier
+  // Key steps [first, last): the tiles some row of the block sees; [unmasked_begin, unmasked_end)
+  // need no element mask (masks.py tile_trips).
+  const TileTrips trips = entry.tile_trips(m0, m0 + rows_valid, kBlockN);
+
+  using QCopy = TileCopy<T, kBlockM, D, Kt::kThreads, true>;   // Q tile -> sQt (transposed, scaled)
+  using KCopy = TileCopy<T, kBlockN, D, Kt::kThreads, true>;   // K tile -> sKt (transposed)
+  using VCopy = TileCopy<T, kBlockN, D, Kt::kThreads, false>;  // V tile -> sV
+
+  const long long q_row = entry.q_row0 + m0;  // the block's first row in q and o
   const Storage* gQ = static_cast<const Storage*>(params.q) + b * params.q_batch_stride +
-                      h * params.q_head_stride + m0 * params.q_row_stride;  // (kBlockM, D)
-  const Storage* gK = static_cast<const Storage*>(params.k) + b * params.k_batch_stride +
-                      h_kv * params.k_head_stride;  // (seqlen_k, D)
-  const Storage* gV = static_cast<const Storage*>(params.v) + b * params.v_batch_stride +
-                      h_kv * params.v_head_stride;  // (seqlen_k, D)
+                      h * params.q_head_stride + q_row * params.q_row_stride;  // (kBlockM, D)
   Storage* gO = static_cast<Storage*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride +
-                m0 * params.o_row_stride;  // (kBlockM, D)
+                q_row * params.o_row_stride;  // (kBlockM, D)
+  // K and V rows: KCopy and VCopy give this thread the same tile row, key n0 + kv_row of step n0.
+  // Dense: the pointers hold that row at n0 = 0 and a step adds n0 rows. Paged: the head's base,
+  // the row is looked up in the block table per step.
+  const bool paged = params.block_table != nullptr;
+  const int kv_row = KCopy::row(tid);
+  const long long k_dense = paged ? 0 : b * params.k_batch_stride + (entry.k_row0 + kv_row) * params.k_row_stride;
+  const long long v_dense = paged ? 0 : b * params.v_batch_stride + (entry.k_row0 + kv_row) * params.v_row_stride;
+  const Storage* gK = static_cast<const Storage*>(params.k) + h_kv * params.k_head_stride + k_dense;
+  const Storage* gV = static_cast<const Storage*>(params.v) + h_kv * params.v_head_stride + v_dense;
+  // Keys outside [leftpad, L) load as zero: hidden cache rows may hold anything, and P = 0 times a
+  // NaN there would still be NaN.
+  auto kv_exists = [&](int n0) { return n0 + kv_row >= entry.leftpad && n0 + kv_row < entry.nk; };
+  auto k_src = [&](int n0, bool exists) -> const Storage* {
+    if (!paged) return gK + n0 * params.k_row_stride;
+    return exists ? gK + key_offset(params, entry, b, n0 + kv_row, params.k_batch_stride, params.k_row_stride) : gK;
+  };
+  auto v_src = [&](int n0, bool exists) -> const Storage* {
+    if (!paged) return gV + n0 * params.v_row_stride;
+    return exists ? gV + key_offset(params, entry, b, n0 + kv_row, params.v_batch_stride, params.v_row_stride) : gV;
+  };
   const bool vec_q = chunk_aligned<T>(params.q, params.q_batch_stride, params.q_head_stride, params.q_row_stride);
   const bool vec_k = chunk_aligned<T>(params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride);
   const bool vec_v = chunk_aligned<T>(params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride);
   const bool vec_o = chunk_aligned<T>(params.o, params.o_batch_stride, params.o_head_stride, params.o_row_stride);
-
-  // Key steps: all of them, or under the causal mask up to the last key the block's last row sees.
-  const int rows_valid = min(kBlockM, seqlen_q - m0);
-  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if ((params.window_right >= 0)) {
-    const int last_key = causal_last_key(m0 + rows_valid - 1, seqlen_q, seqlen_k);
-    n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / kBlockN + 1);
-  }
 
   // This thread's rows, relative to m0, and the base pointers of its fragments.
   const int row0 = warp * 4 * kTM + tr * 4;
@@ -288,9 +311,6 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   const float* tOsP = sPt + row0;    // A operand of O = P V
   const float* tOsV = sV + tc * 4;   // B operand
 
-  using QCopy = TileCopy<T, kBlockM, D, Kt::kThreads, true>;   // Q tile -> sQt (transposed, scaled)
-  using KCopy = TileCopy<T, kBlockN, D, Kt::kThreads, true>;   // K tile -> sKt (transposed)
-  using VCopy = TileCopy<T, kBlockN, D, Kt::kThreads, false>;  // V tile -> sV
   KCopy tKgK;  // the next K tile, fetched during P V (not with kShareKV)
 
   float tOrO[kTM][kTNO];  // O accumulator
@@ -304,28 +324,37 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     for (int j = 0; j < kTNO; ++j) tOrO[i][j] = 0.f;
   }
 
+  // Softcap: Q is scaled by softcap_pre so that the GEMM gives s * softcap_pre, and the scores are
+  // tanh(.) * softmax_scale_log2 (softmax_scale is then the cap, folded in by the host).
+  const bool softcap = params.softcap_pre > 0.f;
+
   // ============================== PROLOGUE ==============================
-  if (n_block_max > 0) {
+  if (trips.first < trips.last) {
     // Q is pre-multiplied by softmax_scale * log2(e) (params.softmax_scale_log2): the scores come out
     // of the GEMM in log2 units and the softmax is exp2f(s - m), one FFMA fewer per score.
-    if (!Kt::kShareKV) tKgK.load(gK, params.k_row_stride, seqlen_k, vec_k, tid);
-    QCopy::copy(gQ, params.q_row_stride, rows_valid, vec_q, sQt, Kt::kLdQ, params.softmax_scale_log2, tid);
+    const int n0 = trips.first * kBlockN;
+    if (!Kt::kShareKV) {
+      const bool exists = kv_exists(n0);
+      tKgK.load(k_src(n0, exists), exists, vec_k, tid);
+    }
+    const int q_copy_row = QCopy::row(tid);
+    QCopy::copy(gQ + q_copy_row * params.q_row_stride, q_copy_row < rows_valid, vec_q, sQt, Kt::kLdQ,
+                softcap ? params.softcap_pre : params.softmax_scale_log2, tid);
   }
 
   // ============================== MAIN LOOP ==============================
-  for (int n_block = 0; n_block < n_block_max; ++n_block) {
+  for (int n_block = trips.first; n_block < trips.last; ++n_block) {
     const int n0 = n_block * kBlockN;
-    const Storage* gKn = gK + n0 * params.k_row_stride;  // (kBlockN, D)
-    const Storage* gVn = gV + n0 * params.v_row_stride;  // (kBlockN, D)
+    const bool kv_here = kv_exists(n0);
     __syncthreads();  // the previous step's P V is done with sV and sPt
     if (Kt::kShareKV) {
-      KCopy::copy(gKn, params.k_row_stride, seqlen_k - n0, vec_k, sKt, Kt::kLdK, 1.f, tid);
+      KCopy::copy(k_src(n0, kv_here), kv_here, vec_k, sKt, Kt::kLdK, 1.f, tid);
     } else {
       // K was fetched during the previous P V. V is fetched here, not there: the fp32 D=64 large tile
       // has no registers for both (O 64 + K 32 + V 32 + fragments spilled), and its latency is hidden
       // by the other resident block.
       VCopy tVgV;
-      tVgV.load(gVn, params.v_row_stride, seqlen_k - n0, vec_v, tid);
+      tVgV.load(v_src(n0, kv_here), kv_here, vec_v, tid);
       tKgK.store(sKt, Kt::kLdK, 1.f, tid);
       tVgV.store(sV, Kt::kLdV, 1.f, tid);
     }
@@ -340,21 +369,23 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     }
     gemm_tn<kTM, kTNS, D, Kt::kLdQ, Kt::kLdK>(tSrS, tSsQ, tSsK);
 
-    // Mask keys past the end and, on the steps that cross the diagonal, keys after the causal limit.
-    const bool need_mask =
-        n0 + kBlockN > seqlen_k || ((params.window_right >= 0) && n0 + kBlockN - 1 > causal_last_key(m0, seqlen_q, seqlen_k));
-    if (need_mask) {
-      // Offsets of this thread's first key past the last valid key and past the causal limit of its
-      // first row; element (i, j) adds col_of(j) - row_of(i), an immediate. (Per-row limits were
-      // hoisted out of the loop by the compiler and cost 8+ live registers.)
-      const int past_end = n0 + tc * 4 - (seqlen_k - 1);
-      const int past_diag = (params.window_right >= 0) ? n0 + tc * 4 - causal_last_key(m0 + row0, seqlen_q, seqlen_k)
-                                          : -(1 << 30);
+    if (softcap) {
+#pragma unroll
+      for (int i = 0; i < kTM; ++i) {
+#pragma unroll
+        for (int j = 0; j < kTNS; ++j) tSrS[i][j] = tanh_accurate(tSrS[i][j]) * params.softmax_scale_log2;
+      }
+    }
+
+    // Boundary steps: keys outside [leftpad, L) and outside the window of each row. Element (i, j) is
+    // key n0 + tc*4 + col_of(j) of row m0 + row0 + row_of(i): offsets from this thread's first element.
+    if (trips.is_masked(n_block)) {
+      const ElementMask mask(entry, m0 + row0, n0 + tc * 4);
 #pragma unroll
       for (int i = 0; i < kTM; ++i) {
 #pragma unroll
         for (int j = 0; j < kTNS; ++j) {
-          if (past_end + col_of(j) > 0 || past_diag + col_of(j) - row_of(i) > 0) tSrS[i][j] = kNegInf;
+          if (mask.hidden(col_of(j), row_of(i))) tSrS[i][j] = kNegInf;
         }
       }
     }
@@ -393,14 +424,15 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     }
     if (Kt::kShareKV) {
       __syncthreads();  // everyone is done reading sKt, which sV overwrites
-      VCopy::copy(gVn, params.v_row_stride, seqlen_k - n0, vec_v, sV, Kt::kLdV, 1.f, tid);
+      VCopy::copy(v_src(n0, kv_here), kv_here, vec_v, sV, Kt::kLdV, 1.f, tid);
     }
     __syncthreads();
 
     // Fetch the next K tile into registers while P V runs.
-    if (!Kt::kShareKV && n_block + 1 < n_block_max) {
+    if (!Kt::kShareKV && n_block + 1 < trips.last) {
       const int n1 = n0 + kBlockN;
-      tKgK.load(gK + n1 * params.k_row_stride, params.k_row_stride, seqlen_k - n1, vec_k, tid);
+      const bool exists = kv_exists(n1);
+      tKgK.load(k_src(n1, exists), exists, vec_k, tid);
     }
 
     // O += P V
@@ -408,7 +440,8 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   }
 
   // ============================== EPILOGUE ==============================
-  // O = acc / l; lse = ln(sum exp(scale * qk)) = m * ln 2 + ln l (m is in log2 units).
+  // O = acc / l; lse = ln(sum exp(scale * qk)) = m * ln 2 + ln l (m is in log2 units). A row that saw
+  // no key has O = 0 (nothing accumulated) and l = 0: lse = -inf.
 #pragma unroll
   for (int i = 0; i < kTM; ++i) {
     const float l = group_sum<8>(l_i[i]);
@@ -422,7 +455,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
         store4<T>(gO + r * params.o_row_stride + g * 32 + tc * 4, f, vec_o);
       }
       if (params.lse != nullptr && tc == 0) {
-        params.lse[(static_cast<long long>(bh)) * seqlen_q + m0 + r] = l > 0.f ? m_i[i] * kLn2 + logf(l) : kNegInf;
+        params.lse[lse_offset(params, entry, b, h, m0 + r)] = l > 0.f ? m_i[i] * kLn2 + logf(l) : kNegInf;
       }
     }
   }

@@ -32,7 +32,8 @@ cudaError_t launch_flash_simt_kernel(const FwdParams& params, cudaStream_t strea
   return cudaGetLastError();
 }
 
-// The one place where dtype and head dim become template arguments; causal stays a run-time flag.
+// The one place where dtype and head dim become template arguments; every mask, length, page and
+// softcap mode stays a run-time value of the same kernel.
 // Launch<T, D>::run(params, stream) launches one instantiation.
 template <template <typename, int> class Launch>
 cudaError_t dispatch_flash_simt(const FwdParams& params, cudaStream_t stream) {

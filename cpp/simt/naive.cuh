@@ -1,8 +1,13 @@
 // The O(N^2) baseline: attention in three steps through global memory.
 //
 //   naive_scores_kernel   S = (scale * log2 e) Q K^T       -> workspace (B * Hq, seqlen_q, seqlen_k) fp32
-//   naive_softmax_kernel  P = exp2(S - rowmax) / rowsum  in place (causal mask applied here), lse
-//   naive_pv_kernel       O = P V
+//   naive_softmax_kernel  P = exp2(S - rowmax) / rowsum  in place over each row's keys [lo, hi), lse
+//   naive_pv_kernel       O = P V                          over [lo, hi) of each row
+//
+// The mask (window, leftpad, per-entry lengths) is simt_common.cuh's EntryMask: the scores and P V
+// kernels visit only the key tiles that tile_trips gives their 16 rows, the softmax only [lo, hi)
+// of its row, so S outside those ranges is never written nor read. With softcap the scores are
+// tanh(q.k * softcap_pre) * softmax_scale_log2 (softmax_scale is then the cap).
 //
 // The scores are kept in log2 units (Q K^T times softmax_scale_log2 = softmax_scale * log2 e) so the
 // softmax is exp2f(s - m) and lse = (m + log2 l) * ln 2. Every kernel walks its tiles with a grid-stride
@@ -23,8 +28,8 @@ __device__ __forceinline__ long long naive_s_offset(long long bh, int row, const
   return (bh * p.seqlen_q + row) * static_cast<long long>(p.seqlen_k);
 }
 
-// S tile (16 queries x 16 keys) per block iteration. Key tiles that the causal mask hides from every
-// row of the query tile are skipped (the softmax never reads them).
+// S tile (16 queries x 16 keys) per block iteration. Tiles past the entry's queries and key tiles
+// that no row of the query tile sees are skipped (uniform per block).
 template <typename T>
 __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(const FwdParams params, float* S) {
   using Storage = typename ElementTraits<T>::Storage;
@@ -35,6 +40,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
   const int m_tiles = (params.seqlen_q + kNaiveTile - 1) / kNaiveTile;
   const int n_tiles = (params.seqlen_k + kNaiveTile - 1) / kNaiveTile;
   const long long tiles = static_cast<long long>(n_tiles) * m_tiles * params.batch * params.heads_q;
+  const bool softcap = params.softcap_pre > 0.f;
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int n_tile = static_cast<int>(t % n_tiles);
     const int m_tile = static_cast<int>((t / n_tiles) % m_tiles);
@@ -42,32 +48,40 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
     const int b = static_cast<int>(bh / params.heads_q), h = static_cast<int>(bh % params.heads_q);
     const int h_kv = h / params.heads_ratio;
     const int m0 = m_tile * kNaiveTile, n0 = n_tile * kNaiveTile;
-    if ((params.window_right >= 0)) {
-      const int last_row = min(m0 + kNaiveTile, params.seqlen_q) - 1;
-      if (n0 > causal_last_key(last_row, params.seqlen_q, params.seqlen_k)) continue;  // uniform per block
-    }
-    const Storage* gQ = static_cast<const Storage*>(params.q) + b * params.q_batch_stride + h * params.q_head_stride;
-    const Storage* gK =
-        static_cast<const Storage*>(params.k) + b * params.k_batch_stride + h_kv * params.k_head_stride;
+    const EntryMask entry = entry_mask(params, b);
+    const int rows_valid = min(kNaiveTile, entry.nq - m0);
+    if (rows_valid <= 0) continue;
+    const TileTrips trips = entry.tile_trips(m0, m0 + rows_valid, kNaiveTile);
+    if (n_tile < trips.first || n_tile >= trips.last) continue;
+    const Storage* gQ = static_cast<const Storage*>(params.q) + b * params.q_batch_stride +
+                        h * params.q_head_stride + entry.q_row0 * params.q_row_stride;  // (nq, D)
+    // Thread (ty, tx) loads key n0 + ty; keys outside [leftpad, L) read as zero.
+    const int load_key = n0 + ty;
+    const bool key_exists = load_key >= entry.leftpad && load_key < entry.nk;
+    const Storage* gK_row = static_cast<const Storage*>(params.k) + h_kv * params.k_head_stride +
+                            (key_exists ? key_offset(params, entry, b, load_key, params.k_batch_stride,
+                                                     params.k_row_stride)
+                                        : 0);  // (D)
     const int row = m0 + ty, key = n0 + tx;
     float acc = 0.f;
     for (int d0 = 0; d0 < params.head_dim; d0 += kNaiveTile) {
       // Thread (ty, tx) loads Q[m0 + ty][d0 + tx] and K[n0 + ty][d0 + tx]: coalesced along d.
-      sQ[ty][tx] = m0 + ty < params.seqlen_q ? Tr::to_float(gQ[(m0 + ty) * params.q_row_stride + d0 + tx]) : 0.f;
-      sK[ty][tx] = n0 + ty < params.seqlen_k ? Tr::to_float(gK[(n0 + ty) * params.k_row_stride + d0 + tx]) : 0.f;
+      sQ[ty][tx] = row < entry.nq ? Tr::to_float(gQ[row * params.q_row_stride + d0 + tx]) : 0.f;
+      sK[ty][tx] = key_exists ? Tr::to_float(gK_row[d0 + tx]) : 0.f;
       __syncthreads();
 #pragma unroll
       for (int d = 0; d < kNaiveTile; ++d) acc = fmaf(sQ[ty][d], sK[tx][d], acc);
       __syncthreads();
     }
-    if (row < params.seqlen_q && key < params.seqlen_k) {
-      S[naive_s_offset(bh, row, params) + key] = acc * params.softmax_scale_log2;
+    if (row < entry.nq && key < entry.nk) {
+      const float s = softcap ? tanh_accurate(acc * params.softcap_pre) : acc;
+      S[naive_s_offset(bh, row, params) + key] = s * params.softmax_scale_log2;
     }
   }
 }
 
-// One warp per row: max, sum, normalize; masked keys (past the causal limit) get P = 0.
-// A row that sees no key writes P = 0 everywhere and lse = -inf.
+// One warp per row: max, sum, normalize over the row's keys [lo, hi). A row that sees no key
+// writes nothing (P V never reads past [lo, hi)) and lse = -inf.
 __global__ void __launch_bounds__(256) naive_softmax_kernel(const FwdParams params, float* S) {
   const float kNegInf = __int_as_float(0xff800000);
   const int lane = threadIdx.x % 32;
@@ -77,28 +91,29 @@ __global__ void __launch_bounds__(256) naive_softmax_kernel(const FwdParams para
        r += warps_per_grid) {
     const int row = static_cast<int>(r % params.seqlen_q);
     const long long bh = r / params.seqlen_q;
+    const int b = static_cast<int>(bh / params.heads_q), h = static_cast<int>(bh % params.heads_q);
+    const EntryMask entry = entry_mask(params, b);
+    if (row >= entry.nq) continue;  // uniform per warp
+    int lo, hi;
+    entry.row_range(row, lo, hi);
     float* s = S + naive_s_offset(bh, row, params);
-    const int visible =
-        (params.window_right >= 0)
-            ? max(0, min(params.seqlen_k, causal_last_key(row, params.seqlen_q, params.seqlen_k) + 1))
-            : params.seqlen_k;
     float m = kNegInf;
-    for (int j = lane; j < visible; j += 32) m = fmaxf(m, s[j]);
+    for (int j = lo + lane; j < hi; j += 32) m = fmaxf(m, s[j]);
     m = group_max<32>(m);
     float l = 0.f;
-    for (int j = lane; j < visible; j += 32) l += exp2f(s[j] - m);
+    for (int j = lo + lane; j < hi; j += 32) l += exp2f(s[j] - m);
     l = group_sum<32>(l);
     const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    for (int j = lane; j < params.seqlen_k; j += 32) s[j] = j < visible ? exp2f(s[j] - m) * inv_l : 0.f;
+    for (int j = lo + lane; j < hi; j += 32) s[j] = exp2f(s[j] - m) * inv_l;
     if (params.lse != nullptr && lane == 0) {
       // ln(sum_j exp(scale * q.k_j)) = (m + log2 l) * ln 2, with m and s in log2 units.
-      params.lse[r] = visible > 0 ? (m + log2f(l)) * 0.693147180559945309f : kNegInf;
+      params.lse[lse_offset(params, entry, b, h, row)] = hi > lo ? (m + log2f(l)) * 0.693147180559945309f : kNegInf;
     }
   }
 }
 
-// O tile (16 queries x 16 head-dim columns) per block iteration; the key loop stops at the causal
-// limit of the tile's last row (P is 0 beyond each row's own limit).
+// O tile (16 queries x 16 head-dim columns) per block iteration over the key tiles the rows see;
+// each row takes P only inside its own [lo, hi) (0 elsewhere).
 template <typename T>
 __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const FwdParams params, const float* S) {
   using Storage = typename ElementTraits<T>::Storage;
@@ -116,26 +131,34 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const 
     const int b = static_cast<int>(bh / params.heads_q), h = static_cast<int>(bh % params.heads_q);
     const int h_kv = h / params.heads_ratio;
     const int m0 = m_tile * kNaiveTile, c0 = d_tile * kNaiveTile;
-    int n_end = params.seqlen_k;
-    if ((params.window_right >= 0)) {
-      const int last_row = min(m0 + kNaiveTile, params.seqlen_q) - 1;
-      n_end = max(0, min(n_end, causal_last_key(last_row, params.seqlen_q, params.seqlen_k) + 1));
-    }
-    const Storage* gV =
-        static_cast<const Storage*>(params.v) + b * params.v_batch_stride + h_kv * params.v_head_stride;
+    const EntryMask entry = entry_mask(params, b);
+    const int rows_valid = min(kNaiveTile, entry.nq - m0);
+    if (rows_valid <= 0) continue;
+    const TileTrips trips = entry.tile_trips(m0, m0 + rows_valid, kNaiveTile);
     const int row = m0 + ty;
+    int lo = 0, hi = 0;  // keys of this thread's row; none past the entry's queries
+    if (row < entry.nq) entry.row_range(row, lo, hi);
+    const float* s_row = S + naive_s_offset(bh, row < entry.nq ? row : 0, params);
+    const Storage* gV = static_cast<const Storage*>(params.v) + h_kv * params.v_head_stride + c0 + tx;
     float acc = 0.f;
-    for (int n0 = 0; n0 < n_end; n0 += kNaiveTile) {
-      // Thread (ty, tx) loads P[m0 + ty][n0 + tx] and V[n0 + ty][c0 + tx].
-      sP[ty][tx] = (row < params.seqlen_q && n0 + tx < n_end) ? S[naive_s_offset(bh, row, params) + n0 + tx] : 0.f;
-      sV[ty][tx] = n0 + ty < n_end ? Tr::to_float(gV[(n0 + ty) * params.v_row_stride + c0 + tx]) : 0.f;
+    for (int n_tile = trips.first; n_tile < trips.last; ++n_tile) {
+      const int n0 = n_tile * kNaiveTile;
+      // Thread (ty, tx) loads P[m0 + ty][n0 + tx] and V[n0 + ty][c0 + tx]; keys outside [leftpad, L)
+      // read as zero (0 * NaN would be NaN).
+      const int p_key = n0 + tx, v_key = n0 + ty;
+      sP[ty][tx] = p_key >= lo && p_key < hi ? s_row[p_key] : 0.f;
+      const bool v_exists = v_key >= entry.leftpad && v_key < entry.nk;
+      sV[ty][tx] = v_exists
+                       ? Tr::to_float(gV[key_offset(params, entry, b, v_key, params.v_batch_stride, params.v_row_stride)])
+                       : 0.f;
       __syncthreads();
 #pragma unroll
       for (int j = 0; j < kNaiveTile; ++j) acc = fmaf(sP[ty][j], sV[j][tx], acc);
       __syncthreads();
     }
-    if (row < params.seqlen_q) {
-      Storage* gO = static_cast<Storage*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride;
+    if (row < entry.nq) {
+      Storage* gO = static_cast<Storage*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride +
+                    entry.q_row0 * params.o_row_stride;
       gO[row * params.o_row_stride + c0 + tx] = Tr::from_float(acc);
     }
   }

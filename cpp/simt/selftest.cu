@@ -1,18 +1,27 @@
 // Standalone check of the CUDA-core family (not part of the library build):
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icpp/include -Icpp \
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icpp/include -Icpp \
+//        -I$BUILD/generated -isystem $BUILD/_deps/cutlass/include \
 //        cpp/simt/selftest.cu cpp/simt/launch_naive.cu cpp/simt/launch_small_tile.cu \
-//        cpp/simt/launch_large_tile.cu -o /tmp/simt_selftest && /tmp/simt_selftest
+//        cpp/simt/launch_large_tile.cu cpp/src/workspace.cpp -o /tmp/simt_selftest && /tmp/simt_selftest
+// with $BUILD a configured CMake build directory (cutlassfa/config.h and CUTLASS's headers).
 // Random inputs (ragged N, Nq != Nk, causal, GQA, strided / unaligned layouts, every dtype and head
-// dim) against a CPU fp64 reference, outputs poisoned with NaN first; then CUDA-event timings.
+// dim) against a CPU fp64 reference, outputs poisoned with NaN first; then every FwdParams mode
+// (windows, softcap, varlen, KV cache lengths, leftpad, paged caches) against an fp64 reference that
+// applies params.h's visibility rule key by key, with hidden cache rows filled with NaN; then
+// CUDA-event timings. `quick` skips the timings; `mask` runs only the host check of the mask helpers
+// (no GPU needed).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cutlassfa/launch.h"
@@ -113,15 +122,21 @@ struct Tensor {
   ~Tensor() { cudaFree(dev); }
   long long off(int ib, int ih, int in, int id) const { return ib * sb + ih * sh + in * sr + id; }
   float& at(int ib, int ih, int in, int id) { return val[(((size_t)ib * h + ih) * n + in) * d + id]; }
-  void fill_random(std::mt19937& rng, float amp) {
+  // Rows (ib, in) with keep[ib * n + in] == 0 are NaN (cache rows no key should read).
+  void fill_random(std::mt19937& rng, float amp, const std::vector<char>* keep = nullptr) {
     std::uniform_real_distribution<float> u(-amp, amp);
     std::vector<unsigned char> host(elems * elem_size(t), 0);
+    const unsigned nan_bits = t == DType::kFloat32 ? 0x7fc00000u : (t == DType::kFloat16 ? 0x7e00u : 0x7fc0u);
     for (int ib = 0; ib < b; ++ib)
       for (int ih = 0; ih < h; ++ih)
         for (int in = 0; in < n; ++in)
           for (int id = 0; id < d; ++id) {
             unsigned bits;
             at(ib, ih, in, id) = round_to(t, u(rng), &bits);
+            if (keep != nullptr && !(*keep)[(size_t)ib * n + in]) {
+              bits = nan_bits;
+              at(ib, ih, in, id) = NAN;
+            }
             std::memcpy(&host[off(ib, ih, in, id) * elem_size(t)], &bits, elem_size(t));
           }
     CHECK(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
@@ -187,6 +202,16 @@ static void reference_row(const Tensor& q, const Tensor& k, const Tensor& v, con
 
 static int g_failures = 0;
 
+// Tolerances against the fp64 reference: O absolute (plus a little relative), lse absolute.
+static bool o_close(DType t, double got, double want) {
+  const double atol = t == DType::kFloat32 ? 2e-5 : (t == DType::kFloat16 ? 2e-3 : 1.6e-2);
+  return std::fabs(got - want) <= atol + 1e-2 * std::fabs(want) * (t == DType::kFloat32 ? 0.01 : 1);
+}
+static bool lse_close(float got, double want) {
+  if (std::isinf(want)) return std::isinf(got) && got < 0;
+  return std::fabs(got - want) <= 1e-4 + 1e-5 * std::fabs(want);
+}
+
 // Compares the rows listed (all rows when `rows` is empty) against the reference.
 static void check(const char* what, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const float* d_lse, const FwdParams& p, int max_rows_checked) {
@@ -195,7 +220,6 @@ static void check(const char* what, const Tensor& q, const Tensor& k, const Tens
   const size_t n_lse = (size_t)p.batch * p.heads_q * p.seqlen_q;
   std::vector<float> lse(n_lse);
   CHECK(cudaMemcpy(lse.data(), d_lse, n_lse * 4, cudaMemcpyDeviceToHost));
-  const double atol = o.t == DType::kFloat32 ? 2e-5 : (o.t == DType::kFloat16 ? 2e-3 : 1.6e-2);
   double max_err = 0, max_lse_err = 0;
   bool bad = false;
   const long long total_rows = (long long)p.batch * p.heads_q * p.seqlen_q;
@@ -210,24 +234,19 @@ static void check(const char* what, const Tensor& q, const Tensor& k, const Tens
     for (int d = 0; d < p.head_dim; ++d) {
       const float got = from_bits(o.t, &host[o.off(ib, ih, i, d) * elem_size(o.t)]);
       const double err = std::fabs(got - o_ref[d]);
-      if (!(err <= atol + 1e-2 * std::fabs(o_ref[d]) * (o.t == DType::kFloat32 ? 0.01 : 1))) {
+      if (!o_close(o.t, got, o_ref[d])) {
         if (!bad) std::printf("    first bad O at b=%d h=%d i=%d d=%d: got %g want %g\n", ib, ih, i, d, got, o_ref[d]);
         bad = true;
       }
       if (!(err <= max_err)) max_err = std::isnan(err) ? INFINITY : err;
     }
     const float got_lse = lse[((size_t)ib * p.heads_q + ih) * p.seqlen_q + i];
-    if (std::isinf(lse_ref)) {
-      if (!(std::isinf(got_lse) && got_lse < 0)) {
-        if (!bad) std::printf("    bad lse at b=%d h=%d i=%d: got %g want -inf\n", ib, ih, i, got_lse);
-        bad = true;
-      }
-    } else {
+    if (!lse_close(got_lse, lse_ref)) {
+      if (!bad) std::printf("    bad lse at b=%d h=%d i=%d: got %g want %g\n", ib, ih, i, got_lse, lse_ref);
+      bad = true;
+    }
+    if (!std::isinf(lse_ref)) {
       const double e = std::fabs(got_lse - lse_ref);
-      if (!(e <= 1e-4 + 1e-5 * std::fabs(lse_ref))) {
-        if (!bad) std::printf("    bad lse at b=%d h=%d i=%d: got %g want %g\n", ib, ih, i, got_lse, lse_ref);
-        bad = true;
-      }
       if (!(e <= max_lse_err)) max_lse_err = std::isnan(e) ? INFINITY : e;
     }
   }
@@ -257,6 +276,342 @@ static void run_case(int backend, DType t, const Case& c, std::mt19937& rng) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Every FwdParams mode: windows, softcap, per-entry lengths (varlen, KV cache, leftpad), pages
+// ---------------------------------------------------------------------------------------------
+enum class Keys { kDense, kVarlen, kCache, kPaged };
+
+struct ModeCase {
+  std::string name;
+  Keys keys = Keys::kDense;
+  int B = 1, Hq = 1, Hkv = 1;
+  int Nq = 1, Nk = 1;           // dense sizes; Nk is the capacity of a cache (not varlen)
+  int left = -1, right = -1;    // window, -1: unbounded
+  float cap = 0.f;              // softcap, 0: off
+  std::vector<int> nq, nk;      // varlen: lengths per entry
+  std::vector<int> seqlens;     // cache / paged: seqlens_k (empty: every entry holds Nk keys)
+  int added = 0;                // seqlens_k_added
+  std::vector<int> leftpad;     // cache / paged: leftpad_k (empty: none)
+  int page_size = 0;            // paged
+  int bad_page_slot = -1;       // paged: this block-table slot holds an out-of-range page
+};
+
+static ModeCase dense_case(const char* name, int B, int Hq, int Hkv, int Nq, int Nk, int left, int right,
+                           float cap = 0.f) {
+  ModeCase c;
+  c.name = name, c.B = B, c.Hq = Hq, c.Hkv = Hkv, c.Nq = Nq, c.Nk = Nk, c.left = left, c.right = right, c.cap = cap;
+  return c;
+}
+static ModeCase varlen_case(const char* name, int Hq, int Hkv, std::vector<int> nq, std::vector<int> nk, int left,
+                            int right, float cap = 0.f) {
+  ModeCase c = dense_case(name, (int)nq.size(), Hq, Hkv, 0, 0, left, right, cap);
+  c.keys = Keys::kVarlen, c.nq = std::move(nq), c.nk = std::move(nk);
+  return c;
+}
+static ModeCase cache_case(const char* name, int Hq, int Hkv, int Nq, int capacity, std::vector<int> seqlens, int added,
+                           std::vector<int> leftpad, int left, int right, float cap = 0.f, int page_size = 0,
+                           int bad_page_slot = -1) {
+  ModeCase c = dense_case(name, (int)seqlens.size(), Hq, Hkv, Nq, capacity, left, right, cap);
+  c.keys = page_size > 0 ? Keys::kPaged : Keys::kCache;
+  c.seqlens = std::move(seqlens), c.added = added, c.leftpad = std::move(leftpad);
+  c.page_size = page_size, c.bad_page_slot = bad_page_slot;
+  return c;
+}
+
+// One entry as the reference sees it: nq queries, keys [leftpad, nk) of nk, first rows q0 / k0 in
+// the (varlen) tensors. Lengths are clamped as params.h says.
+struct HostEntry {
+  int nq, nk, leftpad, q0, k0;
+};
+
+// params.h's rule, pair by pair: query i sees key j iff i + offset - left <= j <= i + offset + right
+// (-1: unbounded side) and leftpad <= j < L, with offset = L - Nq.
+static bool visible(const HostEntry& e, int left, int right, int i, int j) {
+  const long long a = (long long)i + e.nk - e.nq;
+  if (j < e.leftpad || j >= e.nk) return false;
+  if (left >= 0 && j < a - left) return false;
+  if (right >= 0 && j > a + right) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host check of the mask helpers the kernels use (simt_common.cuh): tile trips, row ranges and
+// the element mask against the pair-by-pair rule, over random shapes, windows and leftpads.
+// ---------------------------------------------------------------------------------------------
+static void check_masks_on_host(std::mt19937& rng) {
+  int bad = 0, configs = 0;
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int kSides[] = {-1, -1, 0, 1, 3, 17, 64, 2000000000};
+  for (int it = 0; it < 3000 && bad < 5; ++it) {
+    simt::EntryMask e{};
+    e.nq = pick(1, 200), e.nk = pick(0, 200);
+    e.leftpad = pick(0, 3) == 0 ? pick(0, e.nk) : 0;
+    e.window_left = pick(0, 1) ? kSides[pick(0, 7)] : pick(-1, 80);
+    e.window_right = pick(0, 1) ? kSides[pick(0, 7)] : pick(-1, 80);
+    const HostEntry h{e.nq, e.nk, e.leftpad, 0, 0};
+    const int block_m = 1 << pick(2, 8), block_n = 1 << pick(2, 7);
+    ++configs;
+    for (int row = 0; row < e.nq; ++row) {  // row_range: exactly the visible keys, contiguous
+      int lo, hi;
+      e.row_range(row, lo, hi);
+      for (int j = 0; j < e.nk + 3; ++j)
+        if (visible(h, e.window_left, e.window_right, row, j) != (j >= lo && j < hi)) {
+          if (bad++ < 5) std::printf("    row_range nq=%d nk=%d pad=%d w=(%d,%d) row %d key %d: [%d, %d)\n", e.nq, e.nk,
+                                     e.leftpad, e.window_left, e.window_right, row, j, lo, hi);
+          break;
+        }
+    }
+    for (int m0 = 0; m0 < e.nq; m0 += block_m) {  // trips: exact visited and unmasked tile ranges
+      const int m1 = std::min(e.nq, m0 + block_m);
+      const simt::TileTrips t = e.tile_trips(m0, m1, block_n);
+      const int n_tiles = (e.nk + block_n - 1) / block_n;
+      for (int n = 0; n < n_tiles + 2; ++n) {
+        bool any = false, all = true;
+        for (int i = m0; i < m1; ++i)
+          for (int j = n * block_n; j < (n + 1) * block_n; ++j) {
+            const bool vis = visible(h, e.window_left, e.window_right, i, j);
+            any |= vis;
+            all &= vis;
+          }
+        const bool visited = n >= t.first && n < t.last;
+        if (visited != any || (visited && t.is_masked(n) == all)) {
+          if (bad++ < 5) std::printf("    tile_trips nq=%d nk=%d pad=%d w=(%d,%d) rows [%d,%d) bn=%d tile %d: "
+                                     "{%d %d %d %d} any %d all %d\n", e.nq, e.nk, e.leftpad, e.window_left,
+                                     e.window_right, m0, m1, block_n, n, t.first, t.unmasked_begin, t.unmasked_end,
+                                     t.last, any, all);
+        }
+      }
+    }
+    for (int k = 0; k < 20; ++k) {  // element mask from a thread's first element (row, key)
+      const int row = pick(0, e.nq + 10), key = pick(0, e.nk + 10);
+      const simt::ElementMask mask(e, row, key);
+      for (int dr = 0; dr < 64; dr += pick(1, 5))
+        for (int dc = 0; dc < 128; dc += pick(1, 5))
+          if (mask.hidden(dc, dr) == visible(h, e.window_left, e.window_right, row + dr, key + dc)) {
+            if (bad++ < 5) std::printf("    element mask nq=%d nk=%d pad=%d w=(%d,%d) (%d, %d)\n", e.nq, e.nk,
+                                       e.leftpad, e.window_left, e.window_right, row + dr, key + dc);
+          }
+    }
+  }
+  std::printf("  host mask check: %d configurations  %s\n", configs, bad ? "FAIL" : "ok");
+  if (bad) ++g_failures;
+}
+
+static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::mt19937& rng) {
+  const int B = c.B;
+  // Entries and the tensors' row counts.
+  std::vector<HostEntry> entries(B);
+  std::vector<int> cu_q(B + 1, 0), cu_k(B + 1, 0);
+  int seqlen_q = c.Nq, seqlen_k = c.Nk;
+  if (c.keys == Keys::kVarlen) {
+    seqlen_q = seqlen_k = 1;
+    for (int b = 0; b < B; ++b) {
+      cu_q[b + 1] = cu_q[b] + c.nq[b], cu_k[b + 1] = cu_k[b] + c.nk[b];
+      seqlen_q = std::max(seqlen_q, c.nq[b]), seqlen_k = std::max(seqlen_k, c.nk[b]);
+    }
+  }
+  // Paged: the capacity is max_pages pages; a shuffled table over more pages than the entries use,
+  // an out-of-range slot reads the last page (the kernels clamp).
+  const int max_pages = c.page_size > 0 ? (c.Nk + c.page_size - 1) / c.page_size : 0;
+  const int num_pages = B * max_pages + 3;
+  const int capacity = c.page_size > 0 ? max_pages * c.page_size : c.Nk;
+  for (int b = 0; b < B; ++b) {
+    HostEntry& e = entries[b];
+    e.nq = c.keys == Keys::kVarlen ? c.nq[b] : c.Nq;
+    e.nk = c.keys == Keys::kVarlen ? c.nk[b] : capacity;
+    if (!c.seqlens.empty()) e.nk = (int)std::min(std::max((long long)c.seqlens[b] + c.added, 0ll), (long long)capacity);
+    e.leftpad = c.leftpad.empty() ? 0 : std::min(std::max(c.leftpad[b], 0), e.nk);
+    e.q0 = cu_q[b], e.k0 = cu_k[b];
+  }
+
+  std::vector<int> table;
+  if (c.keys == Keys::kPaged) {
+    std::vector<int> perm(num_pages);
+    for (int i = 0; i < num_pages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(perm.begin(), perm.begin() + B * max_pages);
+    if (c.bad_page_slot >= 0) table[c.bad_page_slot] = num_pages + 5;
+  }
+  // Where entry b's query row i and key j live in their tensors: (tensor batch index, row).
+  auto q_at = [&](int b, int i) { return c.keys == Keys::kVarlen ? std::make_pair(0, cu_q[b] + i) : std::make_pair(b, i); };
+  auto k_at = [&](int b, int j) {
+    if (c.keys == Keys::kVarlen) return std::make_pair(0, cu_k[b] + j);
+    if (c.keys == Keys::kPaged) {
+      const int page = std::min(std::max(table[(size_t)b * max_pages + j / c.page_size], 0), num_pages - 1);
+      return std::make_pair(page, j % c.page_size);
+    }
+    return std::make_pair(b, j);
+  };
+
+  // Tensors: varlen rows are (total, heads, d); a cache is (B, Hkv, capacity, d) or pages
+  // (num_pages, Hkv, page_size, d); q is BSHD for caches, to vary the strides.
+  const bool varlen = c.keys == Keys::kVarlen, paged = c.keys == Keys::kPaged;
+  const int q_layout = varlen || c.keys == Keys::kCache ? 1 : 0;
+  const int qb = varlen ? 1 : B, qn = varlen ? std::max(cu_q[B], 1) : c.Nq;
+  const int kb = varlen ? 1 : (paged ? num_pages : B);
+  const int kn = varlen ? std::max(cu_k[B], 1) : (paged ? c.page_size : c.Nk);
+  Tensor q(qb, c.Hq, qn, D, q_layout, 0, t), o(qb, c.Hq, qn, D, q_layout, 0, t);
+  Tensor k(kb, c.Hkv, kn, D, varlen ? 1 : 0, 0, t), v(kb, c.Hkv, kn, D, varlen ? 1 : 0, 0, t);
+  // Cache rows that no entry sees are NaN: a kernel that lets one reach O fails.
+  std::vector<char> keep((size_t)kb * kn, 1);
+  if (c.keys == Keys::kCache || paged) {
+    std::fill(keep.begin(), keep.end(), 0);
+    for (int b = 0; b < B; ++b)
+      for (int j = entries[b].leftpad; j < entries[b].nk; ++j) {
+        const auto at = k_at(b, j);
+        keep[(size_t)at.first * kn + at.second] = 1;
+      }
+  }
+  q.fill_random(rng, 1.5f);
+  k.fill_random(rng, 1.5f, &keep);
+  v.fill_random(rng, 1.f, &keep);
+  CHECK(cudaMemset(o.dev, 0xff, o.elems * elem_size(t)));  // NaN poison
+
+  // Device arrays of the per-entry lengths.
+  std::vector<void*> device_arrays;
+  auto upload = [&](const std::vector<int>& host) -> const int* {
+    void* d = nullptr;
+    CHECK(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * 4));
+    if (!host.empty()) CHECK(cudaMemcpy(d, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    device_arrays.push_back(d);
+    return static_cast<const int*>(d);
+  };
+  const size_t n_lse = varlen ? (size_t)c.Hq * qn : (size_t)B * c.Hq * c.Nq;
+  float* lse;
+  CHECK(cudaMalloc(&lse, n_lse * 4));
+  CHECK(cudaMemset(lse, 0xff, n_lse * 4));
+
+  FwdParams p = make_params(q, k, v, o, lse, false);
+  p.batch = B, p.seqlen_q = seqlen_q, p.seqlen_k = varlen ? seqlen_k : capacity;
+  p.window_left = c.left, p.window_right = c.right;
+  const double scale = 1.0 / std::sqrt((double)D);
+  if (c.cap > 0.f) {  // the host's folding: softmax_scale becomes the cap
+    p.softcap_pre = (float)(scale / c.cap);
+    p.softmax_scale = c.cap;
+    p.softmax_scale_log2 = (float)(c.cap * 1.4426950408889634);
+  }
+  if (varlen) {
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;
+    p.cu_seqlens_q = upload(cu_q), p.cu_seqlens_k = upload(cu_k);
+    p.lse_batch_stride = 0, p.lse_head_stride = qn;
+  } else {
+    p.lse_head_stride = c.Nq, p.lse_batch_stride = (long long)c.Hq * c.Nq;
+  }
+  if (!c.seqlens.empty()) p.seqlens_k = upload(c.seqlens), p.seqlens_k_added = c.added;
+  if (!c.leftpad.empty()) p.leftpad_k = upload(c.leftpad);
+  if (paged) {
+    p.block_table = upload(table), p.block_table_stride = max_pages;
+    p.page_size = c.page_size, p.num_pages = num_pages;
+  }
+  CHECK(run_backend(backend, p, 0));
+  CHECK(cudaDeviceSynchronize());
+
+  // Check every row of every entry.
+  std::vector<unsigned char> o_host(o.elems * elem_size(t));
+  CHECK(cudaMemcpy(o_host.data(), o.dev, o_host.size(), cudaMemcpyDeviceToHost));
+  std::vector<float> lse_host(n_lse);
+  CHECK(cudaMemcpy(lse_host.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
+  double max_err = 0;
+  bool bad = false;
+  std::vector<double> s, o_ref(D);
+  for (int b = 0; b < B; ++b) {
+    const HostEntry& e = entries[b];
+    for (int h = 0; h < c.Hq; ++h) {
+      const int hk = h / (c.Hq / c.Hkv);
+      for (int i = 0; i < e.nq; ++i) {
+        const auto qa = q_at(b, i);
+        // fp64 reference over the visible keys.
+        std::vector<int> keys;
+        for (int j = 0; j < e.nk; ++j)
+          if (visible(e, c.left, c.right, i, j)) keys.push_back(j);
+        s.assign(keys.size(), 0.0);
+        double m = -INFINITY;
+        for (size_t n = 0; n < keys.size(); ++n) {
+          const auto ka = k_at(b, keys[n]);
+          double acc = 0;
+          for (int d = 0; d < D; ++d) acc += (double)q.at(qa.first, h, qa.second, d) * k.at(ka.first, hk, ka.second, d);
+          s[n] = c.cap > 0.f ? c.cap * std::tanh(acc * scale / c.cap) : acc * scale;
+          m = std::max(m, s[n]);
+        }
+        double l = 0;
+        for (double& x : s) l += (x = std::exp(x - m));
+        std::fill(o_ref.begin(), o_ref.end(), 0.0);
+        for (size_t n = 0; n < keys.size(); ++n) {
+          const auto ka = k_at(b, keys[n]);
+          for (int d = 0; d < D; ++d) o_ref[d] += s[n] / l * v.at(ka.first, hk, ka.second, d);
+        }
+        const double lse_ref = keys.empty() ? -INFINITY : m + std::log(l);
+        for (int d = 0; d < D; ++d) {
+          const float got = from_bits(t, &o_host[o.off(qa.first, h, qa.second, d) * elem_size(t)]);
+          if (!o_close(t, got, o_ref[d])) {
+            if (!bad) std::printf("    first bad O at b=%d h=%d i=%d d=%d: got %g want %g\n", b, h, i, d, got, o_ref[d]);
+            bad = true;
+          }
+          const double err = std::fabs(got - o_ref[d]);
+          if (!(err <= max_err)) max_err = std::isnan(err) ? INFINITY : err;
+        }
+        const float got_lse = lse_host[b * p.lse_batch_stride + h * p.lse_head_stride + e.q0 + i];
+        if (!lse_close(got_lse, lse_ref)) {
+          if (!bad) std::printf("    bad lse at b=%d h=%d i=%d: got %g want %g\n", b, h, i, got_lse, lse_ref);
+          bad = true;
+        }
+      }
+    }
+  }
+  std::printf("  %-10s %s D=%-3d %-52s max|dO| %.2e  %s\n", kBackendNames[backend], dtype_name(t), D, c.name.c_str(),
+              max_err, bad ? "FAIL" : "ok");
+  if (bad) ++g_failures;
+  for (void* d : device_arrays) CHECK(cudaFree(d));
+  CHECK(cudaFree(lse));
+}
+
+static std::vector<ModeCase> mode_cases() {
+  std::vector<ModeCase> cs;
+  // Windows (dense, bottom-right aligned; GQA 2 throughout).
+  cs.push_back(dense_case("window (0, 0)", 2, 4, 2, 77, 131, 0, 0));
+  cs.push_back(dense_case("window (0, 0), Nq > Nk: empty rows", 1, 2, 1, 150, 70, 0, 0));
+  cs.push_back(dense_case("window (1, 1)", 1, 4, 2, 130, 130, 1, 1));
+  cs.push_back(dense_case("window (9, 4), Nq < Nk", 2, 2, 1, 90, 260, 9, 4));
+  cs.push_back(dense_case("window (300, 300) > N", 1, 2, 2, 100, 150, 300, 300));
+  cs.push_back(dense_case("window (2e9, 2e9): no overflow", 1, 2, 2, 70, 90, 2000000000, 2000000000));
+  cs.push_back(dense_case("left only (17, -1)", 1, 4, 2, 140, 100, 17, -1));
+  cs.push_back(dense_case("right only (-1, 5), Nq > Nk", 1, 4, 2, 200, 120, -1, 5));
+  cs.push_back(dense_case("causal + left (20, 0)", 2, 2, 1, 160, 200, 20, 0));
+  cs.push_back(dense_case("causal (-1, 0), Nq > Nk", 1, 2, 2, 180, 60, -1, 0));
+  // Softcap.
+  cs.push_back(dense_case("softcap 0.6", 2, 4, 2, 70, 110, -1, -1, 0.6f));
+  cs.push_back(dense_case("softcap 1.5, causal", 1, 2, 1, 100, 100, -1, 0, 1.5f));
+  cs.push_back(dense_case("softcap 0.8, window (12, 3)", 1, 4, 2, 120, 150, 12, 3, 0.8f));
+  // Varlen: empty entries (no queries, no keys, both), Nq != Nk per entry.
+  cs.push_back(varlen_case("varlen", 2, 1, {37, 0, 100, 1, 65}, {50, 20, 100, 0, 130}, -1, -1));
+  cs.push_back(varlen_case("varlen causal", 4, 2, {37, 0, 100, 1, 65, 0}, {50, 20, 100, 0, 130, 0}, -1, 0));
+  cs.push_back(varlen_case("varlen window (8, 2) + softcap 0.7", 2, 2, {90, 33, 5}, {60, 33, 200}, 8, 2, 0.7f));
+  // KV cache: ragged lengths, 0, past the capacity (clamped), appended keys, leftpad (incl. bad).
+  cs.push_back(cache_case("cache ragged (0, capacity, > capacity, < 0)", 4, 2, 3, 150, {40, 0, 150, 999, 7, -5}, 0, {}, -1,
+                          -1));
+  cs.push_back(cache_case("cache + added 3 (one past 2^31), causal", 2, 1, 3, 150, {40, 0, 147, 1, 2147483646}, 3, {},
+                          -1, 0));
+  cs.push_back(cache_case("cache leftpad (0, 5, > L, < 0), causal", 2, 2, 20, 140, {60, 100, 10, 90}, 0, {0, 5, 50, -3},
+                          -1, 0));
+  cs.push_back(cache_case("cache leftpad + window (16, 0)", 4, 2, 33, 200, {120, 200, 40}, 0, {30, 70, 0}, 16, 0));
+  // Paged: page sizes 1, 7, 16, shuffled tables, an out-of-range page index.
+  cs.push_back(cache_case("paged 1, causal", 2, 1, 4, 60, {60, 13, 0}, 0, {}, -1, 0, 0.f, 1));
+  cs.push_back(cache_case("paged 7, leftpad, bad page", 4, 2, 9, 100, {100, 50, 23}, 0, {3, 0, 30}, -1, 0, 0.f, 7, 2));
+  cs.push_back(cache_case("paged 16, window (20, 0), softcap 0.9", 2, 2, 40, 160, {150, 64, 160}, 5, {}, 20, 0, 0.9f, 16));
+  cs.push_back(cache_case("paged 16, decode", 8, 1, 1, 256, {255, 1, 100, 17}, 1, {0, 0, 4, 0}, -1, 0, 0.f, 16));
+  return cs;
+}
+
+// Long sequences with narrow windows: many key tiles skipped on both sides of every row tile.
+static std::vector<ModeCase> long_mode_cases() {
+  std::vector<ModeCase> cs;
+  cs.push_back(dense_case("long window (100, 30)", 1, 2, 1, 1000, 1000, 100, 30));
+  cs.push_back(dense_case("long causal + left 300, Nq < Nk", 1, 2, 2, 700, 1300, 300, 0));
+  cs.push_back(cache_case("long paged 16, leftpad, window (64, 0)", 2, 1, 300, 1200, {1000, 1190}, 0, {200, 0}, 64, 0,
+                          0.f, 16));
+  return cs;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Timing
 // ---------------------------------------------------------------------------------------------
 template <typename F>
@@ -279,7 +634,9 @@ static float time_ms(F&& f, int reps) {
 using Tune0 = simt::SimtTraits<64, 256, 32, 8, false, 1>;  // 8x4 S microtile, 8 warps, 114 KB
 using Tune1 = simt::SimtTraits<32, 256, 64, 8, false, 1>;  // D=32, 8x8, 8 warps, 113 KB
 
-static void bench(DType t, int D, int N, bool causal, bool with_tuning) {
+// window_left >= 0: the causal window (window_left, 0), credited with its visible pairs only; its time
+// should grow with the window, not with N^2.
+static void bench(DType t, int D, int N, bool causal, bool with_tuning, int window_left = -1) {
   std::mt19937 rng(7);
   const int B = 2, H = 1;
   Tensor q(B, H, N, D, 0, 0, t), k(B, H, N, D, 0, 0, t), v(B, H, N, D, 0, 0, t), o(B, H, N, D, 0, 0, t);
@@ -288,13 +645,23 @@ static void bench(DType t, int D, int N, bool causal, bool with_tuning) {
   v.fill_random(rng, 1.f);
   float* lse;
   CHECK(cudaMalloc(&lse, (size_t)B * H * N * 4));
-  FwdParams p = make_params(q, k, v, o, lse, causal);
-  const double flop = 4.0 * B * H * (double)N * N * D * (causal ? 0.5 : 1.0);
+  FwdParams p = make_params(q, k, v, o, lse, causal || window_left >= 0);
+  double pairs = (double)N * N * (causal ? 0.5 : 1.0);
+  if (window_left >= 0) {
+    p.window_left = window_left;
+    pairs = 0;
+    for (int i = 0; i < N; ++i) pairs += std::min(i, window_left) + 1;
+  }
+  const double flop = 4.0 * B * H * pairs * D;
   for (int backend = 1; backend <= 2; ++backend) {
     CHECK(cudaMemset(o.dev, 0xff, o.elems * elem_size(t)));
     const float ms = time_ms([&] { return run_backend(backend, p, 0); }, 3);
+    char mode[48] = "";
+    if (window_left >= 0) std::snprintf(mode, sizeof mode, " window (%d, 0)", window_left);
+    else if (causal) std::snprintf(mode, sizeof mode, " causal");
     std::printf("  BENCH %-10s %s D=%d B=%d H=%d N=%d%s: %8.3f ms  %6.2f TFLOP/s\n", kBackendNames[backend],
-                dtype_name(t), D, B, H, N, causal ? " causal" : "", ms, flop / ms * 1e-9);
+                dtype_name(t), D, B, H, N, mode, ms, flop / ms * 1e-9);
+    if (window_left >= 0) continue;  // reference_row knows causal only; the mode cases check windows
     char what[128];
     std::snprintf(what, sizeof what, "%s big-run spot check (%s)", kBackendNames[backend], dtype_name(t));
     check(what, q, k, v, o, lse, p, 24);
@@ -319,6 +686,10 @@ static void bench(DType t, int D, int N, bool causal, bool with_tuning) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;
+  std::mt19937 mask_rng(99);
+  check_masks_on_host(mask_rng);
+  if (argc > 1 && std::strcmp(argv[1], "mask") == 0) return g_failures ? 1 : 0;  // no GPU needed
+
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, sm_%d%d, %d SMs\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
@@ -366,11 +737,24 @@ int main(int argc, char** argv) {
   // A longer causal sequence through every tile boundary.
   for (int backend = 0; backend < 4; ++backend)
     run_case(backend, DType::kFloat32, Case{1, 2, 1, 1000, 1100, 64, true, 1, 0}, rng);
+
+  // Every FwdParams mode, every backend, dtype and head dim; the long ones at two configurations.
+  const std::vector<ModeCase> modes = mode_cases(), long_modes = long_mode_cases();
+  for (int backend = 0; backend < 4; ++backend) {
+    for (DType t : dtypes)
+      for (int D : dims)
+        for (const ModeCase& c : modes) run_mode_case(backend, t, D, c, rng);
+    for (const ModeCase& c : long_modes) {
+      run_mode_case(backend, DType::kFloat32, 64, c, rng);
+      run_mode_case(backend, DType::kBFloat16, 128, c, rng);
+    }
+  }
   std::printf("correctness: %d failure(s)\n", g_failures);
 
   if (!quick) {
     bench(DType::kFloat32, 64, 32768, false, true);
     bench(DType::kFloat32, 64, 32768, true, false);
+    bench(DType::kFloat32, 64, 32768, true, false, 1024);  // ~1/16 of causal's pairs
     bench(DType::kFloat16, 64, 32768, false, false);
     bench(DType::kFloat32, 128, 16384, false, false);
     bench(DType::kFloat32, 32, 16384, false, true);

@@ -1,5 +1,5 @@
 // Device helpers shared by the CUDA-core kernels (naive, small_tile, large_tile): element types,
-// 16-byte global loads, warp reductions.
+// 16-byte global loads, warp reductions, per-entry extents and the mask.
 //
 // NVRTC-compilable for sm_61 (tests/test_nvrtc_sm61.py): includes only params.h and the fp16/bf16
 // headers, uses `long long` for 64-bit offsets and only conversion intrinsics that exist on sm_61.
@@ -134,10 +134,133 @@ __device__ __forceinline__ float group_sum(float x) {
   return x;
 }
 
-// Last key column (inclusive) visible to query row `row` under the bottom-right aligned causal mask:
-// query i sees key j iff j <= i + seqlen_k - seqlen_q.
-__device__ __forceinline__ int causal_last_key(int row, int seqlen_q, int seqlen_k) {
-  return row + seqlen_k - seqlen_q;
+// ------------------------------------------------------------------------------------------------
+// Per-entry extents and the mask: a line-by-line port of python/cutlassfa/masks.py (row_range,
+// tile_trips) with the per-entry lengths of params.h (varlen, KV cache, leftpad). Everything here is
+// evaluated once per tile, never per element. Host-callable too: selftest.cu checks the tile trips
+// and the element mask against the pair-by-pair rule without a GPU.
+// ------------------------------------------------------------------------------------------------
+struct TileTrips {
+  int first, unmasked_begin, unmasked_end, last;  // first <= unmasked_begin <= unmasked_end <= last
+  __host__ __device__ __forceinline__ bool is_masked(int n_block) const {
+    return n_block < unmasked_begin || n_block >= unmasked_end;
+  }
+};
+
+struct EntryMask {
+  int nq;            // queries of the entry (rows >= nq of a tile do nothing)
+  int nk;            // keys of the entry: L
+  int leftpad;       // keys [0, leftpad) are hidden, 0 <= leftpad <= nk
+  int window_left;   // -1: unbounded
+  int window_right;  // -1: unbounded
+  long long q_row0;  // first row of the entry in q, o and lse (varlen), else 0
+  long long k_row0;  // first row of the entry in k and v (varlen without pages), else 0
+
+  // Bottom-right alignment: the last query lines up with the last key.
+  __host__ __device__ __forceinline__ int offset() const { return nk - nq; }
+
+  // Keys [lo, hi) that query `row` sees, lo == hi when none. 64-bit: a window side may be near 2^31.
+  __host__ __device__ __forceinline__ void row_range(int row, int& lo, int& hi) const {
+    const long long aligned = static_cast<long long>(row) + offset();
+    long long l = window_left < 0 ? leftpad : max(static_cast<long long>(leftpad), aligned - window_left);
+    long long u = window_right < 0 ? nk : min(static_cast<long long>(nk), aligned + window_right + 1);
+    l = min(l, static_cast<long long>(nk));
+    lo = static_cast<int>(l);
+    hi = static_cast<int>(max(u, l));
+  }
+
+  // Key tiles of block_n keys that rows [row_start, row_stop) visit; see masks.tile_trips for why the
+  // first and last rows suffice (lo and hi never decrease with the row).
+  __host__ __device__ __forceinline__ TileTrips tile_trips(int row_start, int row_stop, int block_n) const {
+    TileTrips t{0, 0, 0, 0};
+    if (row_stop <= row_start) return t;
+    int lo_first, hi_first, lo_last, hi_last;
+    row_range(row_start, lo_first, hi_first);
+    row_range(row_stop - 1, lo_last, hi_last);
+    if (hi_last <= lo_first) return t;  // every row's range is empty
+    t.first = lo_first / block_n;
+    t.last = (hi_last + block_n - 1) / block_n;
+    t.unmasked_begin = min(max((lo_last + block_n - 1) / block_n, t.first), t.last);
+    t.unmasked_end = min(max(hi_first / block_n, t.unmasked_begin), t.last);
+    return t;
+  }
+};
+
+// Entry b's extents. Bad device values are clamped so that nothing is read outside the tensors:
+// nq to [0, seqlen_q] (the grid), L to [0, seqlen_k] (the capacity), leftpad to [0, L].
+__device__ __forceinline__ EntryMask entry_mask(const FwdParams& p, int b) {
+  EntryMask e;
+  e.q_row0 = 0;
+  e.k_row0 = 0;
+  e.nq = p.seqlen_q;
+  e.nk = p.seqlen_k;
+  if (p.cu_seqlens_q != nullptr) {
+    e.q_row0 = p.cu_seqlens_q[b];
+    const long long nq = static_cast<long long>(p.cu_seqlens_q[b + 1]) - p.cu_seqlens_q[b];
+    e.nq = static_cast<int>(min(max(nq, 0ll), static_cast<long long>(p.seqlen_q)));
+  }
+  long long nk = p.seqlen_k;  // 64-bit: a bad length plus seqlens_k_added may pass 2^31
+  if (p.cu_seqlens_k != nullptr) {
+    if (p.block_table == nullptr) e.k_row0 = p.cu_seqlens_k[b];
+    nk = static_cast<long long>(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
+  }
+  if (p.seqlens_k != nullptr) nk = static_cast<long long>(p.seqlens_k[b]) + p.seqlens_k_added;
+  e.nk = static_cast<int>(min(max(nk, 0ll), static_cast<long long>(p.seqlen_k)));
+  e.leftpad = p.leftpad_k != nullptr ? min(max(p.leftpad_k[b], 0), e.nk) : 0;
+  e.window_left = p.window_left;
+  e.window_right = p.window_right;
+  return e;
+}
+
+// Where key `key` of entry b lives, in elements from the start of k (or v): row k_row0 + key of
+// batch b, or row key % page_size of page block_table[b][key / page_size] (clamped to the pages).
+// Call only for keys < the entry's L: the block table holds exactly the pages of [0, seqlen_k).
+__device__ __forceinline__ long long key_offset(const FwdParams& p, const EntryMask& e, int b, int key,
+                                                long long batch_stride, long long row_stride) {
+  if (p.block_table == nullptr) return b * batch_stride + (e.k_row0 + key) * row_stride;
+  const int page = p.block_table[b * p.block_table_stride + key / p.page_size];
+  const int page_clamped = max(min(page, p.num_pages - 1), 0);
+  return page_clamped * batch_stride + (key % p.page_size) * row_stride;
+}
+
+// Softcap: tanh(x) = 1 - 2 / (e^2x + 1), absolute error ~1e-7 (tanh.approx is ~5e-4 off); +-1
+// where e^2x over- or underflows.
+__device__ __forceinline__ float tanh_accurate(float x) {
+  return 1.f - 2.f / (exp2f(x * 2.885390081777926815f) + 1.f);  // 2 * log2(e)
+}
+
+// x clamped to [-2^30, 2^30]: mask limits relative to a tile, where only the sign of limit + a small
+// offset matters.
+__host__ __device__ __forceinline__ int clamp_2e30(long long x) {
+  return static_cast<int>(min(max(x, -(1ll << 30)), 1ll << 30));
+}
+
+// The element mask of a boundary tile for one thread, relative to its first element (row, key):
+// element (row + dr, key + dc) is hidden iff hidden(dc, dr), which adds dc - dr (compile-time in
+// the kernels) to three limits. (Absolute per-row limits get hoisted out of the key loop by the
+// compiler and cost 8+ live registers.)
+struct ElementMask {
+  int key_rel;         // key - leftpad: visible keys are (unsigned)(key_rel + dc) < key_count
+  unsigned key_count;  // L - leftpad
+  int past_right;      // (key - row) - (offset + right), +-2^30 clamped; > 0 past the window's right
+  int before_left;     // (key - row) - (offset - left); < 0 before the window's left
+
+  __host__ __device__ __forceinline__ ElementMask(const EntryMask& e, int row, int key) {
+    key_rel = key - e.leftpad;
+    key_count = static_cast<unsigned>(e.nk - e.leftpad);
+    // Clamped to +-2^30, far beyond any dc - dr, so a side that is unbounded or far away never masks.
+    const long long diag = static_cast<long long>(key) - row - e.offset();
+    past_right = e.window_right < 0 ? -(1 << 30) : clamp_2e30(diag - e.window_right);
+    before_left = e.window_left < 0 ? (1 << 30) : clamp_2e30(diag + e.window_left);
+  }
+  __host__ __device__ __forceinline__ bool hidden(int dc, int dr) const {
+    return static_cast<unsigned>(key_rel + dc) >= key_count || past_right + dc - dr > 0 || before_left + dc - dr < 0;
+  }
+};
+
+// Row offset of entry e's lse row `row` of head h.
+__device__ __forceinline__ long long lse_offset(const FwdParams& p, const EntryMask& e, int b, int h, int row) {
+  return b * p.lse_batch_stride + h * p.lse_head_stride + e.q_row0 + row;
 }
 
 }  // namespace simt
