@@ -139,8 +139,13 @@ NB_MODULE(_C, m) {
   });
   m.def("backend_unavailable_reason", [](Backend b, int device) { return cutlassfa::backend_unavailable_reason(b, device); },
         "backend"_a, "device"_a);
-  m.def("head_dim_compiled", [](Backend b, int head_dim) { return cutlassfa::head_dim_compiled(b, head_dim); },
-        "backend"_a, "head_dim"_a);
+  m.def("head_dim_compiled", [](Backend b, int head_dim, const std::string& dtype) {
+          cutlassfa::DType const t = dtype == "float32"  ? cutlassfa::DType::kFloat32
+                                     : dtype == "float16" ? cutlassfa::DType::kFloat16
+                                                          : cutlassfa::DType::kBFloat16;
+          return cutlassfa::head_dim_compiled(b, head_dim, t);
+        },
+        "backend"_a, "head_dim"_a, "dtype"_a);
   m.def("tensorcore_family", [](int device) {
     switch (cutlassfa::tensorcore_family(device)) {
       case cutlassfa::Family::kWgmma: return std::string("wgmma");

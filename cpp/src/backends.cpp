@@ -5,6 +5,7 @@
 
 #include <initializer_list>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -160,13 +161,18 @@ Family tensorcore_family(int device) {
   return family;
 }
 
-bool head_dim_compiled(Backend backend, int head_dim) {
+bool head_dim_compiled(Backend backend, int head_dim, DType dtype) {
   switch (backend) {
     case Backend::kNaive:
     case Backend::kSmallTile:
     case Backend::kLargeTile: return CUTLASSFA_HAS_CUDA && in_list(head_dim, {CUTLASSFA_SIMT_HEAD_DIMS});
     case Backend::kTensorCore:
-    case Backend::kTensorCoreSm80: return CUTLASSFA_HAS_SM80 && in_list(head_dim, {CUTLASSFA_SM80_HEAD_DIMS});
+    case Backend::kTensorCoreSm80: {
+      // Every multiple of 8 up to the widest compiled kernel runs on the next compiled width (zero padding).
+      int const widest = dtype == DType::kFloat32 ? CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM
+                                                  : std::max({CUTLASSFA_SM80_HEAD_DIMS});
+      return CUTLASSFA_HAS_SM80 && head_dim >= 8 && head_dim % 8 == 0 && head_dim <= widest;
+    }
   }
   return false;
 }
@@ -193,7 +199,12 @@ std::string compute_unavailable_reason(Backend backend, int device) {
   return "";
 }
 
-bool wgmma_head_dim(int head_dim) { return CUTLASSFA_HAS_SM90 && in_list(head_dim, {CUTLASSFA_SM90_HEAD_DIMS}); }
+// Head dims the wgmma family runs (zero-padded to the next compiled width); narrower ones (d <= 32) run
+// on mma.sync's d = 32 kernel.
+bool wgmma_head_dim(int head_dim) {
+  return CUTLASSFA_HAS_SM90 && head_dim > std::min({CUTLASSFA_SM90_HEAD_DIMS}) / 2 &&
+         head_dim <= std::max({CUTLASSFA_SM90_HEAD_DIMS});
+}
 
 std::string backend_unavailable_reason(Backend backend, int device) {
   constexpr int kBackends = 5;

@@ -21,17 +21,14 @@ cudaError_t launch_sm90(const FwdParams&, cudaStream_t) { return cudaErrorNoKern
 
 namespace {
 
-// The tensor-core kernel of `backend` for these params. The sm_90 fp32 path pre-splits dense q, k, v
-// into fp16 hi/lo copies (launch_fp32.cu) and cannot follow a page table or cu_seqlens: those calls
-// run on mma.sync.
+// The tensor-core kernel of `backend` for these params.
 cudaError_t launch_tensorcore(Backend backend, const FwdParams& params, cudaStream_t stream) {
   if (backend == Backend::kTensorCoreSm80) return launch_sm80(params, stream);
   int device = 0;
   cudaError_t const err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  bool const fp32_indirect = params.dtype == DType::kFloat32 &&
-                             (params.block_table != nullptr || params.cu_seqlens_q != nullptr);
-  bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim) && !fp32_indirect;
+  // (fp32 calls the wgmma family's pre-pass cannot lay out go on to mma.sync inside launch_sm90.)
+  bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim);
   return wgmma ? launch_sm90(params, stream) : launch_sm80(params, stream);
 }
 

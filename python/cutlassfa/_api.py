@@ -123,13 +123,13 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     if backend == "cpu":
         refusal = _head_dim_refusal(head_dim)
         return Support(not refusal, refusal)
-    if head_dim not in HEAD_DIMS:
-        return Support(False, f"head dim {head_dim} is not one of {HEAD_DIMS}")
+    if not isinstance(head_dim, (int, np.integer)) or isinstance(head_dim, (bool, np.bool_)):
+        return Support(False, f"head dim must be an int, got {head_dim!r}")
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
-    if not _C.head_dim_compiled(getattr(_C.Backend, backend), head_dim):
-        return Support(False, f"{backend} has no kernels for head dim {head_dim} in this build")
+    if not _C.head_dim_compiled(getattr(_C.Backend, backend), int(head_dim), dtype):
+        return Support(False, f"{backend} has no kernels for head dim {head_dim} with {dtype} in this build")
     return Support(True)
 
 

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "cutlassfa/params.h"
+
 namespace cutlassfa {
 
 // kTensorCore is the fastest tensor-core kernel for the device (see Family); kTensorCoreSm80 is always
@@ -29,11 +31,13 @@ Family tensorcore_family(int device);
 // Empty when `backend` can run on `device`; otherwise why not (no device, too old, not compiled).
 std::string backend_unavailable_reason(Backend backend, int device);
 
-// True when this build has the backend's kernels for `head_dim` (the lists of cutlassfa/config.h).
-bool head_dim_compiled(Backend backend, int head_dim);
+// True when this build's kernels run `head_dim` with `dtype` on `backend`: the CUDA-core ones for the
+// head dims of their list, the tensor-core ones for every multiple of 8 up to their widest kernel
+// (the lists of cutlassfa/config.h; fp32 up to CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM).
+bool head_dim_compiled(Backend backend, int head_dim, DType dtype);
 
-// True when the wgmma family has kernels for `head_dim` (CUTLASSFA_SM90_HEAD_DIMS); other head dims of
-// `tensorcore` run on mma.sync even on sm_90.
+// True when the wgmma family runs `head_dim` (up to the widest of CUTLASSFA_SM90_HEAD_DIMS, above half
+// the narrowest); the narrower head dims of `tensorcore` run on mma.sync even on sm_90.
 bool wgmma_head_dim(int head_dim);
 
 }  // namespace cutlassfa
