@@ -47,8 +47,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   SeqInfo const seq = seq_info(params, tile.batch);
   int const m_block = tile.m_block;
   if (m_block * kBlockM >= seq.seqlen_q) { return; }  // varlen: past this entry's queries
-  Mask<kHasMask, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, params.window_left,
-                                              params.window_right};
+  Mask<kHasMask, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &params};
   int n_block_min = mask.n_block_min(m_block);
   int n_block_max = mask.n_block_max(m_block);  // <= n_block_min: no row of this tile sees a key
   if (params.num_splits > 1) { split_kv_range(n_block_min, n_block_max, tile.split, params.num_splits); }
@@ -93,10 +92,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   // A paged cache, or a head dim narrower than the kernel's (zero padding), is read one row address
   // at a time with column predicates (common/tile.h).
   bool const by_rows = params.block_table != nullptr || params.head_dim != kHeadDim;
-  auto const rows_k = kv_rows<ElementIn>(params, seq, params.k, params.k_batch_stride, params.k_head_stride,
-                                  params.k_row_stride, tile);
-  auto const rows_v = kv_rows<ElementIn>(params, seq, params.v, params.v_batch_stride, params.v_head_stride,
-                                  params.v_row_stride, tile);
+  // Built where used, not held in registers across the K/V loop.
+  auto rows_k = [&] {
+    return kv_rows<ElementIn>(params, seq, params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride,
+                             tile);
+  };
+  auto rows_v = [&] {
+    return kv_rows<ElementIn>(params, seq, params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride,
+                             tile);
+  };
   // Tiles holding a hidden key below seqlen_k (left padding) or past it (the ragged end) load
   // predicated, zero-filling those rows.
   auto needs_predicate = [&](int n_block) {
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
       int const key0 = n_block * kBlockN;
       auto gmem_thr_copy_KV = gmem_tiled_copy_KV.get_thread_slice(tid);
       if (by_rows) {
-        copy_kv_tile_rows(gmem_tiled_copy_KV, gmem_thr_copy_KV, rows, key0, sDst, cKV, seq.key_begin - key0,
+        copy_kv_tile_rows(gmem_tiled_copy_KV, gmem_thr_copy_KV, rows(), key0, sDst, cKV, seq.key_begin - key0,
                           seq.seqlen_k - key0, params.head_dim);
       } else {
         copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_KV, gmem_thr_copy_KV, gX(_, _, n_block), sDst,
