@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "common/launch_kernel.h"
+#include "common/static_switch.h"
 #include "cutlassfa/config.h"
 #include "cutlassfa/params.h"
 #include "sm80/flash_fwd_kernel.h"
@@ -17,10 +18,13 @@ namespace cutlassfa::sm80 {
 template <class Traits>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
   static_assert(Traits::kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
-  // One instantiation for every mask: the window, left padding and ragged end are run-time values
-  // that only the masked K/V steps read, so a second, mask-free kernel would save nothing measurable
-  // and double the build.
-  return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, /*kHasMask=*/true>, params, stream);
+  // One kernel for every mask (the window, left padding and ragged end are run-time values that only
+  // the masked K/V steps read), and one that reads K/V by row addresses (paged caches, zero-padded head
+  // dims).
+  bool const by_rows = params.block_table != nullptr || params.head_dim != Traits::kHeadDim;
+  return bool_switch(by_rows, [&](auto by_rows_t) {
+    return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(by_rows_t)::value>, params, stream);
+  });
 }
 
 template <int kHeadDim, class Element, class ElementOut>

@@ -28,7 +28,10 @@ namespace cutlassfa::sm90 {
 
 using namespace cute;
 
-template <class Traits, bool kHasMask>
+// kByRows: K and V are read one row address at a time with column predicates (a paged cache, or a head
+// dim narrower than kHeadDim, zero-padded): a separate instantiation, so that the contiguous kernel's
+// loop holds none of its registers.
+template <class Traits, bool kByRows>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_fwd_kernel(__grid_constant__ const FwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -46,7 +49,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   SeqInfo const seq = seq_info(params, tile.batch);
   int const m_block = tile.m_block;
   if (m_block * kBlockM >= seq.seqlen_q) { return; }  // varlen: past this entry's queries
-  Mask<kHasMask, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &params};
+  Mask</*kHasMask=*/true, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &params};
   int n_block_min = mask.n_block_min(m_block);
   int n_block_max = mask.n_block_max(m_block);  // <= n_block_min: no row of this tile sees a key
   if (params.num_splits > 1) { split_kv_range(n_block_min, n_block_max, tile.split, params.num_splits); }
@@ -87,7 +90,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
   // A paged cache, or a head dim narrower than the kernel's (zero padding), is read one row address
   // at a time with column predicates (common/tile.h).
-  bool const by_rows = params.block_table != nullptr || params.head_dim != kHeadDim;
   // Built where used, not held in registers across the K/V loop.
   auto rows_k = [&] {
     return kv_rows<Element>(params, seq, params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride,
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   auto load_tile = [&](auto const& tiled_copy, auto const& thr_copy, auto const& gX, auto const& rows, auto& sX,
                        auto const& cX, int const col_end, int const n_block, auto is_predicated) {
     int const key0 = n_block * kBlockN;
-    if (by_rows) {
+    if constexpr (kByRows) {
       copy_kv_tile_rows(tiled_copy, thr_copy, rows(), key0, sX, cX, seq.key_begin - key0, seq.seqlen_k - key0, col_end);
     } else {
       copy_kv_tile<decltype(is_predicated)::value>(tiled_copy, thr_copy, gX(_, _, n_block), sX, cX,
