@@ -584,7 +584,7 @@ void run_variant(const VariantProblem& vp, Backend backend, Output& o, Output* l
         if (err == cudaSuccess && lse != nullptr) err = fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream);
       } else {
         int splits = splits_keys(backend) ? w.num_splits : 1;
-        if (splits == 0) splits = choose_num_splits(p.device, p.batch * p.heads_q, p.seqlen_q, p.seqlen_k);
+        if (splits == 0) splits = choose_num_splits(p.device, params);
         // More splits than key tiles of 128 would only add empty partials.
         params.num_splits = std::max(1, std::min(splits, (p.seqlen_k + 127) / 128));
         err = run_forward(backend, params, stream);

@@ -30,10 +30,11 @@ namespace cutlassfa::sm80 {
 
 using namespace cute;
 
-// kByRows: K and V are read one row address at a time with column predicates (a paged cache, or a head
-// dim narrower than kHeadDim, zero-padded): a separate instantiation, so that the contiguous kernel's
-// loop holds none of its registers.
-template <class Traits, bool kByRows>
+// kGeneral: the kernel for the rarer modes, a separate instantiation so that the plain one carries none
+// of their code: K and V read one row address at a time with column predicates (a paged cache, or a head
+// dim narrower than kHeadDim, zero-padded), and softcap. (A run-time softcap branch in the plain kernel
+// was if-converted: its predicated-off instructions doubled the instructions issued at d = 32.)
+template <class Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
   using Element = typename Traits::Element;
   using ElementOut = typename Traits::ElementOut;
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     auto load = [&](auto const& gmem_tiled_copy_KV, auto& sDst) {
       int const key0 = n_block * kBlockN;
       auto gmem_thr_copy_KV = gmem_tiled_copy_KV.get_thread_slice(tid);
-      if constexpr (kByRows) {
+      if constexpr (kGeneral) {
         copy_kv_tile_rows(gmem_tiled_copy_KV, gmem_thr_copy_KV, rows(), key0, sDst, cKV, seq.key_begin - key0,
                           seq.seqlen_k - key0, params.head_dim);
       } else {
@@ -215,7 +216,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
               smem_thr_copy_K);
     }
-    if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }  // before the mask's -inf
+    if constexpr (kGeneral) {  // before the mask's -inf
+      if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
+    }
     if constexpr (kMasked) { mask.apply(acc_s, tScS, m_block, n_block); }
 
     cute::cp_async_wait<0>();

@@ -28,10 +28,11 @@ namespace cutlassfa::sm90 {
 
 using namespace cute;
 
-// kByRows: K and V are read one row address at a time with column predicates (a paged cache, or a head
-// dim narrower than kHeadDim, zero-padded): a separate instantiation, so that the contiguous kernel's
-// loop holds none of its registers.
-template <class Traits, bool kByRows>
+// kGeneral: the kernel for the rarer modes, a separate instantiation so that the plain one carries none
+// of their code: K and V read one row address at a time with column predicates (a paged cache, or a head
+// dim narrower than kHeadDim, zero-padded), and softcap. (A run-time softcap branch in the plain kernel
+// was if-converted: its predicated-off instructions doubled the instructions issued at d = 32.)
+template <class Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_fwd_kernel(__grid_constant__ const FwdParams params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   auto load_tile = [&](auto const& tiled_copy, auto const& thr_copy, auto const& gX, auto const& rows, auto& sX,
                        auto const& cX, int const col_end, int const n_block, auto is_predicated) {
     int const key0 = n_block * kBlockN;
-    if constexpr (kByRows) {
+    if constexpr (kGeneral) {
       copy_kv_tile_rows(tiled_copy, thr_copy, rows(), key0, sX, cX, seq.key_begin - key0, seq.seqlen_k - key0, col_end);
     } else {
       copy_kv_tile<decltype(is_predicated)::value>(tiled_copy, thr_copy, gX(_, _, n_block), sX, cX,
@@ -170,7 +171,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     } else {
       gemm</*kZeroInit=*/true, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
     }
-    if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }  // before the mask's -inf
+    if constexpr (kGeneral) {  // before the mask's -inf
+      if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
+    }
     if constexpr (kMasked) { mask.apply(acc_s80, tScS80, m_block, n_block); }
 
     cute::cp_async_wait<0>();

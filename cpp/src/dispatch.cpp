@@ -53,7 +53,28 @@ cudaError_t run_split(Backend backend, const FwdParams& params, cudaStream_t str
 
 bool splits_keys(Backend backend) { return backend == Backend::kTensorCore || backend == Backend::kTensorCoreSm80; }
 
+bool packs_gqa(const FwdParams& params) {
+  return params.seqlen_q == 1 && params.heads_ratio > 1 && params.cu_seqlens_q == nullptr &&
+         params.window_left < 0;
+}
+
+// Query head h = h_kv * ratio + r becomes row r of head h_kv: the row stride is the head stride, the
+// head stride ratio head strides (q, o and lse alike; lse rows are contiguous with one query).
+FwdParams packed_gqa(const FwdParams& params) {
+  FwdParams p = params;
+  int const ratio = params.heads_ratio;
+  p.seqlen_q = ratio;
+  p.heads_q = params.heads_kv;
+  p.heads_ratio = 1;
+  p.q_row_stride = params.q_head_stride, p.q_head_stride = params.q_head_stride * ratio;
+  p.o_row_stride = params.o_head_stride, p.o_head_stride = params.o_head_stride * ratio;
+  p.lse_head_stride = params.lse_head_stride * ratio;
+  p.window_right = -1;
+  return p;
+}
+
 cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream) {
+  if (splits_keys(backend) && packs_gqa(params)) { return run_forward(backend, packed_gqa(params), stream); }
   if (params.num_splits > 1 && !splits_keys(backend)) {
     FwdParams one_pass = params;
     one_pass.num_splits = 1;
@@ -70,11 +91,12 @@ cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t s
   return cudaErrorInvalidValue;
 }
 
-int choose_num_splits(int device, int batch_heads, int seqlen_q, int seqlen_k) {
+int choose_num_splits(int device, const FwdParams& unpacked) {
   constexpr int kBlockM = 64, kBlockN = 128, kMaxSplits = 128;
+  FwdParams const params = packs_gqa(unpacked) ? packed_gqa(unpacked) : unpacked;
   int const sms = device_multiprocessors(device);
-  long long const ctas = static_cast<long long>(batch_heads) * ((seqlen_q + kBlockM - 1) / kBlockM);
-  int const key_tiles = (seqlen_k + kBlockN - 1) / kBlockN;
+  long long const ctas = static_cast<long long>(params.batch) * params.heads_q * ((params.seqlen_q + kBlockM - 1) / kBlockM);
+  int const key_tiles = (params.seqlen_k + kBlockN - 1) / kBlockN;
   if (sms <= 0 || ctas >= 0.8 * sms) return 1;  // the unsplit grid fills the device
   int const max_splits = std::min({kMaxSplits, sms, key_tiles});
   auto ceil_div = [](int a, int b) { return (a + b - 1) / b; };

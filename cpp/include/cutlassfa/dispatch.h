@@ -18,9 +18,16 @@ cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t s
 // Whether `backend` runs params.num_splits > 1 as a split (the tensor-core families).
 bool splits_keys(Backend backend);
 
+// Decode with GQA (one query row, several query heads on each K/V head, no left window bound): the
+// tensor-core backends run the heads_ratio query heads that share a K/V head as the rows of one tile
+// (FlashAttention-3's PackGQA), so each K/V tile is read once per K/V head, not once per query head.
+// With one query the mask does not depend on the row, so the causal / right bound is dropped.
+bool packs_gqa(const FwdParams& params);
+FwdParams packed_gqa(const FwdParams& params);
+
 // The number of key splits for num_splits=None: FlashAttention-2's wave-efficiency heuristic over the
-// CTAs of one pass (batch * heads * query tiles of 64 rows), the key tiles (128 keys each) and the
-// multiprocessors of `device`. 1 when the unsplit grid already fills the device.
-int choose_num_splits(int device, int batch_heads, int seqlen_q, int seqlen_k);
+// CTAs of one pass (batch * heads * query tiles of 64 rows, after packs_gqa), the key tiles (128 keys
+// each) and the multiprocessors of `device`. 1 when the unsplit grid already fills the device.
+int choose_num_splits(int device, const FwdParams& params);
 
 }  // namespace cutlassfa
