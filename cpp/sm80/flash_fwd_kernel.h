@@ -32,8 +32,9 @@ using namespace cute;
 
 // kGeneral: the kernel for the rarer modes, a separate instantiation so that the plain one carries none
 // of their code: K and V read one row address at a time with column predicates (a paged cache, or a head
-// dim narrower than kHeadDim, zero-padded), and softcap. (A run-time softcap branch in the plain kernel
-// was if-converted: its predicated-off instructions doubled the instructions issued at d = 32.)
+// dim narrower than kHeadDim, zero-padded; every row zero-filled where hidden), softcap and left padding.
+// (A run-time softcap branch in the plain kernel was if-converted: its predicated-off instructions
+// doubled the instructions issued at d = 32.)
 template <class Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_constant__ const FwdParams params) {
   using Element = typename Traits::Element;
@@ -104,12 +105,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     return kv_rows<ElementIn>(params, seq, params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride,
                              tile);
   };
-  // Tiles holding a hidden key below seqlen_k (left padding) or past it (the ragged end) load
-  // predicated, zero-filling those rows.
-  auto needs_predicate = [&](int n_block) {
-    return n_block * kBlockN < seq.key_begin || (n_block + 1) * kBlockN > seq.seqlen_k;
-  };
-
   // cp.async of K or V tile n_block into sX; is_predicated zero-fills the hidden rows. The
   // partitions are rebuilt at each call from tid, as the ldmatrix ones in kv_step, so that the
   // per-row global addresses are not held in registers across the K/V loop.
@@ -225,12 +220,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     // kSplit: sV is free, every warp passed the barrier above after its P V[n+1].
     if constexpr (kSplit) { split_stage(sV, sV, tid, cute::false_type{}); }
     __syncthreads();  // V[n] has landed; every warp is done reading K[n] from sK
-    if (n_block > n_block_min) {  // tiles below the last are full; only the left padding may need a predicate
-      if (needs_predicate(n_block - 1)) {
-        load_kv(gK, rows_k, sK, n_block - 1, tid, cute::true_type{});
-      } else {
-        load_kv(gK, rows_k, sK, n_block - 1, tid, cute::false_type{});
-      }
+    // Tiles below the last are full. (Left padding, which hides keys of lower tiles, runs on the general
+    // kernel, whose row-addressed loads always zero-fill the hidden rows.)
+    if (n_block > n_block_min) {
+      load_kv(gK, rows_k, sK, n_block - 1, tid, cute::false_type{});
       cute::cp_async_fence();
     }
 

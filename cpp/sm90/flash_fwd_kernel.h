@@ -30,8 +30,9 @@ using namespace cute;
 
 // kGeneral: the kernel for the rarer modes, a separate instantiation so that the plain one carries none
 // of their code: K and V read one row address at a time with column predicates (a paged cache, or a head
-// dim narrower than kHeadDim, zero-padded), and softcap. (A run-time softcap branch in the plain kernel
-// was if-converted: its predicated-off instructions doubled the instructions issued at d = 32.)
+// dim narrower than kHeadDim, zero-padded; every row zero-filled where hidden), softcap and left padding.
+// (A run-time softcap branch in the plain kernel was if-converted: its predicated-off instructions
+// doubled the instructions issued at d = 32.)
 template <class Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     flash_fwd_kernel(__grid_constant__ const FwdParams params) {
@@ -100,12 +101,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     return kv_rows<Element>(params, seq, params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride,
                              tile);
   };
-  // Tiles holding a hidden key below seqlen_k (left padding) or past it (the ragged end) load
-  // predicated, zero-filling those rows.
-  auto needs_predicate = [&](int n_block) {
-    return n_block * kBlockN < seq.key_begin || (n_block + 1) * kBlockN > seq.seqlen_k;
-  };
-
   // Columns of Q and K that hold data: the head dim, or all of them for pre-split fp32 (never padded).
   int const cols_qk = Traits::kSplitQK ? kHeadDimQK : params.head_dim;
 
@@ -179,12 +174,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     cute::cp_async_wait<0>();
     fence_shared_to_async();
     __syncthreads();  // V[n] has landed; every warpgroup is done reading K[n]
-    if (n_block > n_block_min) {  // tiles below the last are full; only the left padding may need a predicate
-      if (needs_predicate(n_block - 1)) {
-        load_k(n_block - 1, cute::true_type{});
-      } else {
-        load_k(n_block - 1, cute::false_type{});
-      }
+    // Tiles below the last are full. (Left padding, which hides keys of lower tiles, runs on the general
+    // kernel, whose row-addressed loads always zero-fill the hidden rows.)
+    if (n_block > n_block_min) {
+      load_k(n_block - 1, cute::false_type{});
       cute::cp_async_fence();
     }
 
