@@ -87,7 +87,7 @@ def test_advertised_configuration_outside_the_matrix_fails(monkeypatch, capsys):
     """A head dim advertised but missing from the matrix (here: added after the cases were built) is a
     failure, not a silent pass."""
     cases = [c for c in check.build_cases(quick=True, dtypes=["float32"]) if not c.hw4][:2]
-    monkeypatch.setattr(cutlassfa, "HEAD_DIMS", tuple(cutlassfa.HEAD_DIMS) + (256,))
+    monkeypatch.setattr(cutlassfa, "HEAD_DIMS", (32, 64, 128, 256))  # 256 added after the cases were built
     gaps = check.coverage_gaps("cpu", lambda case: Advertised(case.d != 64), cases, ["float32"])
     assert {(c.d, c.causal) for c in cases} == {(32, False)}
     assert len(gaps) == 3 * 2 - 1  # d 32, 128, 256 advertised, x causal, but for the one covered

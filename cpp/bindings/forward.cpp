@@ -544,6 +544,10 @@ void apply_variant(FwdParams& params, const VariantProblem& vp, const std::vecto
     params.block_table = index[4];
     params.block_table_stride = w.block_table.row_stride;
     params.page_size = w.page_size;
+    if ((w.page_size & (w.page_size - 1)) == 0) {
+      params.page_size_log2 = 0;
+      while ((1 << params.page_size_log2) < w.page_size) ++params.page_size_log2;
+    }
     params.num_pages = w.num_pages;
   }
   if (p.varlen && lse != nullptr) {  // (Hq, total_q)

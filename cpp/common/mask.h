@@ -80,9 +80,21 @@ struct Mask {
   }
 
   // Set the scores of invisible (row, key) pairs to -inf. acc_s and tScS share the accumulator
-  // layout; tScS holds each element's (row, col) inside the (kBlockM, kBlockN) tile.
+  // layout; tScS holds each element's (row, col) inside the (kBlockM, kBlockN) tile. Tiles at or above
+  // n_block_unmasked_begin need only the right end of each row's range (the causal diagonal, the ragged
+  // end): one compare per score instead of two.
   template <class TensorS, class TensorC>
-  __forceinline__ __device__ void apply(TensorS& acc_s, TensorC const& tScS, int m_block, int n_block) const {
+  __forceinline__ __device__ void apply(TensorS& acc_s, TensorC const& tScS, int m_block, int n_block,
+                                        int n_block_unmasked_begin) const {
+    if (n_block < n_block_unmasked_begin) {
+      apply_range<true>(acc_s, tScS, m_block, n_block);
+    } else {
+      apply_range<false>(acc_s, tScS, m_block, n_block);
+    }
+  }
+
+  template <bool kLeft, class TensorS, class TensorC>
+  __forceinline__ __device__ void apply_range(TensorS& acc_s, TensorC const& tScS, int m_block, int n_block) const {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (nrow, ncol)
     Tensor coords = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));    // (nrow, ncol) -> (row, col)
     // Compare compile-time offsets from this thread's first element against limits made relative
@@ -100,7 +112,7 @@ struct Mask {
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) {
         int const c = get<1>(coords(mi, ni)) - col0;
-        bool const hidden = kHasMask ? (c >= col_end_rel || c < col_begin_rel) : c >= col_end_rel;
+        bool const hidden = kHasMask && kLeft ? (c >= col_end_rel || c < col_begin_rel) : c >= col_end_rel;
         if (hidden) { scores(mi, ni) = -INFINITY; }
       }
     }

@@ -113,12 +113,21 @@ struct KvRows {
   long long row_stride;
   int const* table;  // this entry's row of the block table; nullptr: contiguous
   int page_size;
+  int page_size_log2;  // -1 when page_size is not a power of two
   int num_pages;
 
   __forceinline__ __device__ Element const* row(int p) const {
     if (table == nullptr) { return head_base + p * row_stride; }
-    int const page = min(max(table[p / page_size], 0), num_pages - 1);
-    return head_base + page * page_stride + (p % page_size) * row_stride;
+    int page_index, row_in_page;
+    if (page_size_log2 >= 0) {  // the usual page sizes: a shift and a mask, not an integer division
+      page_index = p >> page_size_log2;
+      row_in_page = p & (page_size - 1);
+    } else {
+      page_index = p / page_size;
+      row_in_page = p - page_index * page_size;
+    }
+    int const page = min(max(table[page_index], 0), num_pages - 1);
+    return head_base + page * page_stride + row_in_page * row_stride;
   }
 };
 
@@ -130,10 +139,10 @@ __forceinline__ __device__ KvRows<Element> kv_rows(FwdParams const& params, SeqI
   Element const* head = static_cast<Element const*>(cache) + t.head_kv * head_stride;
   if (params.block_table == nullptr) {
     head += t.batch * batch_stride + static_cast<int64_t>(seq.k_row_offset) * row_stride;
-    return {head, 0, row_stride, nullptr, 0, 0};
+    return {head, 0, row_stride, nullptr, 0, -1, 0};
   }
   return {head, batch_stride, row_stride, params.block_table + t.batch * params.block_table_stride, params.page_size,
-          params.num_pages};
+          params.page_size_log2, params.num_pages};
 }
 
 // Copy of one K or V tile gX (kBlockN, d) into sX through this thread's slice of tiled_copy (cp.async);

@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
     }
-    if constexpr (kMasked) { mask.apply(acc_s, tScS, m_block, n_block); }
+    if constexpr (kMasked) { mask.apply(acc_s, tScS, m_block, n_block, n_block_unmasked_begin); }
 
     cute::cp_async_wait<0>();
     // kSplit: sV is free, every warp passed the barrier above after its P V[n+1].

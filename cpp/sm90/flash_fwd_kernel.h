@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
     }
-    if constexpr (kMasked) { mask.apply(acc_s80, tScS80, m_block, n_block); }
+    if constexpr (kMasked) { mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin); }
 
     cute::cp_async_wait<0>();
     fence_shared_to_async();

@@ -74,6 +74,7 @@ struct FwdParams {
   const int* block_table = nullptr;
   long long block_table_stride = 0;
   int page_size = 0;
+  int page_size_log2 = -1;  // log2(page_size) when it is a power of two (shifts, not divisions), else -1
   int num_pages = 0;
 
   // lse strides (the row stride is 1): (batch, heads_q, seqlen_q) compact, or (heads_q, total_q) for
