@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   OnlineSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
 
   // ---- K/V loop ------------------------------------------------------------------------------------------
-  auto kv_step = [&](int const n_block, auto is_masked_step) {
+  // Always inlined: an outlined step keeps the accumulators on the stack (3.3 KB at d = 256, 30x slower).
+  auto kv_step = [&](int const n_block, auto is_masked_step) __attribute__((always_inline)) {
     constexpr bool kMasked = decltype(is_masked_step)::value;
     // The ldmatrix addresses are loop invariant, and the compiler keeps them all in registers (one
     // per swizzled 16-byte column chunk) next to the accumulators; rebuilding them from an opaque

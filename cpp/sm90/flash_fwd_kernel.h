@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   OnlineSoftmax<2 * decltype(size<1>(acc_o80))::value> softmax;
 
   // ---- K/V loop ----------------------------------------------------------------------------------------
-  auto kv_step = [&](int const n_block, auto is_masked_step) {
+  // Always inlined: an outlined step keeps the accumulators on the stack (3.3 KB at d = 256, 30x slower).
+  auto kv_step = [&](int const n_block, auto is_masked_step) __attribute__((always_inline)) {
     constexpr bool kMasked = decltype(is_masked_step)::value;
     Tensor acc_s = partition_fragment_C(tiled_mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
     Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));              // mma.sync view
