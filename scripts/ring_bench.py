@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout, after an installed package
 import cutlassfa  # noqa: E402
 from cutlassfa import _ring_layout  # noqa: E402
 from cutlassfa.distributed import _attend, _Exchange, _setup, ring_forward, shard  # noqa: E402

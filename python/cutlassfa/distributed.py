@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from . import _ring_layout, _ring_plan
-from ._api import HEAD_DIMS, forward
+from ._api import forward
+from ._options import check_head_dim
 from ._ring_layout import LAYOUTS, shard, unshard
 from ._ring_plan import Mask, Piece
 from .merge import merge_attention_into
@@ -130,8 +131,7 @@ def _check_local(q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"the heads of q ({hq}) must be a multiple of the heads of k and v ({hkv})")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {d}")
+    check_head_dim(d)  # which backend takes it is forward's question, asked on each block
 
 
 def _window_bounds(window: Any) -> tuple[int | None, int | None]:
