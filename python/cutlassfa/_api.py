@@ -34,6 +34,9 @@ _BACKEND_CODES = {name: index for index, name in enumerate(("naive", "small_tile
 _BACKEND_CODES.update(auto=-1, cpu=5)
 _CPU = 5
 
+# Support reasons that are a backend's documented limit (a size its design cannot take), not a gap.
+LIMIT_PREFIX = "limit: "
+
 # Head dims with kernels in this build (one list in CMakeLists.txt, read from the extension).
 HEAD_DIMS: tuple[int, ...] = (
     tuple(sorted(set(_C.head_dims["simt"]) | set(_C.head_dims["sm80"]))) if _C is not None else ())
@@ -128,7 +131,11 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
-    if not _C.head_dim_compiled(getattr(_C.Backend, backend), int(head_dim), dtype):
+    code = getattr(_C.Backend, backend)
+    if not _C.head_dim_compiled(code, int(head_dim), dtype):
+        if dtype == "float32" and _C.head_dim_compiled(code, int(head_dim), "float16"):
+            return Support(False, f"{LIMIT_PREFIX}{backend} runs fp32 (split-fp16 products) up to a narrower head "
+                                  f"dim than fp16 / bf16, not {head_dim}: the split tiles outgrow shared memory")
         return Support(False, f"{backend} has no kernels for head dim {head_dim} with {dtype} in this build")
     return Support(True)
 
