@@ -314,6 +314,30 @@ def test_gpu_gemma2_softcap_and_sliding_window(rng, dtype, ours):
                          device="cuda")
 
 
+@pytest.mark.gpu
+@_needs("window", "softcap", "cache_seqlens", "cache_leftpad")
+@pytest.mark.parametrize("dtype, ours", _GPU)
+@pytest.mark.parametrize("pad", ["right_pad", "left_pad"])
+def test_gpu_sliding_window_models_with_padding(rng, dtype, ours, pad):
+    # Mistral and Gemma 2 (window 16 under sequences of 64) with padded rows: logits, and greedy
+    # generation in fp32 (decode steps attend through the KV cache path). Generating after right
+    # padding leaves pad keys between a row's prompt and its new tokens, a key set that is not one
+    # range: refused, never computed differently.
+    _need_gpu()
+    ids, mask = _inputs(rng, 3, 64, **{pad: (0, 9, 30)})
+    _expect_logits_close(rng, _mistral(window=16), ids, mask, dtype=dtype, ours=ours, device="cuda")
+    _expect_logits_close(rng, _gemma2(window=16), ids, mask, dtype=dtype, baseline="exact_float64", ours=ours,
+                         device="cuda")
+    if dtype != torch.float32:
+        return
+    for config in (_mistral(window=16), _gemma2(window=16)):
+        if pad == "left_pad":
+            _expect_same_generation(rng, config, ids, mask, ours=ours, device="cuda")
+        else:
+            with pytest.raises(NotImplementedError, match="contiguous range"):
+                _expect_same_generation(rng, config, ids, mask, ours=ours, device="cuda")
+
+
 # --------------------------------------------------------------------------------------------------
 # Refusals: never a different answer
 # --------------------------------------------------------------------------------------------------
