@@ -21,8 +21,10 @@ cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream) {
     // The fp32 pre-pass lays out dense (batch, heads, seqlen) tensors of a compiled head dim; paged
     // caches, varlen batches and zero-padded head dims run on the mma.sync family, which splits fp32
     // inside its kernel.
-    if (!head_dim_listed<CUTLASSFA_SM90_HEAD_DIMS>(params.head_dim) || params.head_dim > CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM || params.block_table != nullptr ||
-        params.cu_seqlens_q != nullptr || params.cu_seqlens_k != nullptr) {
+    bool const dense_compiled = head_dim_listed<CUTLASSFA_SM90_HEAD_DIMS>(params.head_dim) &&
+                                params.head_dim <= CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM;
+    bool const indirect = params.block_table != nullptr || params.cu_seqlens_q != nullptr || params.cu_seqlens_k != nullptr;
+    if (!dense_compiled || indirect) {
       return launch_sm80(params, stream);
     }
     return sm90::launch_fp32(params, stream);
