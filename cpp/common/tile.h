@@ -104,8 +104,8 @@ __forceinline__ __device__ auto global_tiles(FwdParams const& params, TileCoord 
 
 // Rows of one K/V head, one address per key position: a paged cache (params.h: key position p of the
 // entry lives in page table[p / page_size], clamped to the pages that exist so that a bad table never
-// reads outside the cache, row p % page_size), or a contiguous one (table == nullptr) read this way
-// when its head dim is narrower than the kernel's (column-predicated copies).
+// reads outside the cache, row p % page_size), or a contiguous one (table == nullptr) read this way by
+// the general kernel (zero-padded head dims, left padding, softcap; column-predicated copies).
 template <class Element>
 struct KvRows {
   Element const* head_base;  // the K/V head's row 0 (of page 0 when paged)
