@@ -21,7 +21,8 @@ using namespace cute;
 // kHasMask = false: every row sees keys [0, seqlen_k) (the window is unbounded and there is no left
 // padding); only the ragged end of the keys is masked. The fields below the first two are then unused.
 // Both kernel families instantiate kHasMask = true only: the bounds are run-time values read by the
-// masked steps alone, so a mask-free kernel measured no faster and would double the build.
+// masked steps alone; the non-causal rows stayed within the ±3% run-to-run noise of the former mask-free
+// kernel (bench/NOTES-variants.md), which would double the build.
 template <bool kHasMask, int kBlockM, int kBlockN>
 struct Mask {
   int seqlen_q;
