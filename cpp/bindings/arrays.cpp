@@ -72,7 +72,7 @@ void describe_numpy(ArrayRef& a, nb::handle object) {
   nb::object dtype = object.attr("dtype");
   std::string const name = nb::cast<std::string>(dtype.attr("name"));
   int64_t const itemsize = nb::cast<int64_t>(dtype.attr("itemsize"));
-  a.dtype = name == "float32" ? 0 : name == "float16" ? 1 : name == "bfloat16" ? 2 : -1;
+  a.dtype = dtype_of_name(name);
   a.dtype_name = name;
   std::string const kind = nb::cast<std::string>(dtype.attr("kind"));
   if (kind == "i" || kind == "u" || kind == "f") {
@@ -127,6 +127,13 @@ void describe_dlpack(ArrayRef& a, nb::handle object, const char* name) {
 }
 
 }  // namespace
+
+int dtype_of_name(const std::string& name) {
+  if (name == "float32") return static_cast<int>(DType::kFloat32);
+  if (name == "float16") return static_cast<int>(DType::kFloat16);
+  if (name == "bfloat16") return static_cast<int>(DType::kBFloat16);
+  return -1;
+}
 
 const char* framework_name(Framework framework) {
   switch (framework) {

@@ -41,6 +41,9 @@ struct ArrayRef {
   bool empty() const;
 };
 
+// The DType of a dtype name ("float32", "float16", "bfloat16"), or -1 for any other name.
+int dtype_of_name(const std::string& name);
+
 // Describes `object`, raising TypeError naming `name` for anything that is not a supported array (ndim
 // above 4 is reported by the validator).
 ArrayRef describe(nb::handle object, const char* name);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/arrays.h"
 #include "bindings/problem.h"
 #include "bindings/variant.h"
 #include "cutlassfa/backends.h"
@@ -139,11 +140,10 @@ NB_MODULE(_C, m) {
   });
   m.def("backend_unavailable_reason", [](Backend b, int device) { return cutlassfa::backend_unavailable_reason(b, device); },
         "backend"_a, "device"_a);
-  m.def("head_dim_compiled", [](Backend b, int head_dim, const std::string& dtype) {
-          cutlassfa::DType const t = dtype == "float32"  ? cutlassfa::DType::kFloat32
-                                     : dtype == "float16" ? cutlassfa::DType::kFloat16
-                                                          : cutlassfa::DType::kBFloat16;
-          return cutlassfa::head_dim_compiled(b, head_dim, t);
+  m.def("head_dim_runs", [](Backend b, int head_dim, const std::string& dtype) {
+          int const code = cutlassfa::bindings::dtype_of_name(dtype);
+          if (code < 0) throw nb::value_error(("unknown dtype " + dtype).c_str());
+          return cutlassfa::head_dim_runs(b, head_dim, static_cast<cutlassfa::DType>(code));
         },
         "backend"_a, "head_dim"_a, "dtype"_a);
   m.def("tensorcore_family", [](int device) {

@@ -253,7 +253,7 @@ int resolve_backend(const Problem& p, int backend) {
   }
   auto runs = [&](int b) {
     Backend const which = static_cast<Backend>(b);
-    return backend_unavailable_reason(which, device).empty() && head_dim_compiled(which, p.head_dim, p.dtype) &&
+    return backend_unavailable_reason(which, device).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
            (which != Backend::kTensorCore || tensorcore_accepts(p));
   };
   if (backend == kBackendAuto) {
@@ -261,7 +261,7 @@ int resolve_backend(const Problem& p, int backend) {
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
     if (p.device < 0) return kBackendCpu;
-    if (!head_dim_compiled(Backend::kTensorCore, p.head_dim, p.dtype) && !head_dim_compiled(Backend::kSmallTile, p.head_dim, p.dtype)) {
+    if (!head_dim_runs(Backend::kTensorCore, p.head_dim, p.dtype) && !head_dim_runs(Backend::kSmallTile, p.head_dim, p.dtype)) {
       value_error("head dim " + std::to_string(p.head_dim) + " has no GPU kernels in this build (GPU head dims: " +
                   head_dims_text() + "); host arrays run it on the cpu backend");
     }
@@ -273,7 +273,7 @@ int resolve_backend(const Problem& p, int backend) {
   if (!reason.empty()) {
     throw std::runtime_error(std::string("backend '") + backend_name(backend) + "' is not available: " + reason);
   }
-  if (!head_dim_compiled(which, p.head_dim, p.dtype)) {
+  if (!head_dim_runs(which, p.head_dim, p.dtype)) {
     value_error(std::string("backend '") + backend_name(backend) + "' has no kernels for head dim " +
                 std::to_string(p.head_dim));
   }

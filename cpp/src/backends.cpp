@@ -161,7 +161,7 @@ Family tensorcore_family(int device) {
   return family;
 }
 
-bool head_dim_compiled(Backend backend, int head_dim, DType dtype) {
+bool head_dim_runs(Backend backend, int head_dim, DType dtype) {
   switch (backend) {
     case Backend::kNaive:
     case Backend::kSmallTile:

@@ -132,8 +132,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     if reason:
         return Support(False, reason)
     code = getattr(_C.Backend, backend)
-    if not _C.head_dim_compiled(code, int(head_dim), dtype):
-        if dtype == "float32" and _C.head_dim_compiled(code, int(head_dim), "float16"):
+    if not _C.head_dim_runs(code, int(head_dim), dtype):
+        if dtype == "float32" and _C.head_dim_runs(code, int(head_dim), "float16"):
             return Support(False, f"{LIMIT_PREFIX}{backend} runs fp32 (split-fp16 products) up to a narrower head "
                                   f"dim than fp16 / bf16, not {head_dim}: the split tiles outgrow shared memory")
         return Support(False, f"{backend} has no kernels for head dim {head_dim} with {dtype} in this build")

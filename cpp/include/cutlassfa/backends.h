@@ -34,7 +34,7 @@ std::string backend_unavailable_reason(Backend backend, int device);
 // True when this build's kernels run `head_dim` with `dtype` on `backend`: the CUDA-core ones for the
 // head dims of their list, the tensor-core ones for every multiple of 8 up to their widest kernel
 // (the lists of cutlassfa/config.h; fp32 up to CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM).
-bool head_dim_compiled(Backend backend, int head_dim, DType dtype);
+bool head_dim_runs(Backend backend, int head_dim, DType dtype);
 
 // True when the wgmma family runs `head_dim` (up to the widest of CUTLASSFA_SM90_HEAD_DIMS, above half
 // the narrowest); the narrower head dims of `tensorcore` run on mma.sync even on sm_90.
