@@ -14,6 +14,7 @@ nvidia-cuda-runtime-cu12 (whose include/ holds cuda_fp16.h and cuda_bf16.h: NVRT
 from __future__ import annotations
 
 import pathlib
+import re
 import struct
 
 import pytest
@@ -42,7 +43,16 @@ SIMT_DIR = ROOT / "cpp" / "simt"
 INCLUDE_DIR = ROOT / "cpp" / "include"
 
 DTYPES = ["float", "__half", "__nv_bfloat16"]
-HEAD_DIMS = [32, 64, 128]
+
+
+def _cmake_list(name: str) -> list[int]:
+    """A head-dim list of CMakeLists.txt (`set(NAME 32 64 ...)`), where the launchers' instantiations come from."""
+    match = re.search(rf"^set\({name}((?: \d+)+)\)", (ROOT / "CMakeLists.txt").read_text(), re.MULTILINE)
+    assert match, f"{name} not found in CMakeLists.txt"
+    return [int(d) for d in match.group(1).split()]
+
+
+HEAD_DIMS = _cmake_list("CUTLASSFA_SMALL_TILE_HEAD_DIMS")
 
 SMALL_TILE_KERNELS = [
     f"&cutlassfa::simt::flash_fwd_simt_kernel<cutlassfa::simt::SmallTile<{d}>, {t}>"

@@ -183,6 +183,38 @@ def test_supports_the_variants_on_cpu_for_every_head_dim(name):
         assert not cutlassfa.supports(backend, "float16", 12, **mode)
 
 
+@pytest.mark.skipif(_api._C is None or not _api._C.has_cuda, reason="needs the extension built with its kernels")
+def test_head_dim_refusals_follow_the_compiled_lists():
+    """What each backend runs, from the lists the kernels are compiled from (no GPU needed): every multiple
+    of 8 up to a family's widest kernel (zero-padded), naive any; the documented limits (small_tile's 48
+    KB tiles, tensor-core fp32's split tiles) say so with the limit prefix, and a size outside the API's
+    range is refused by every backend."""
+    C = _api._C
+    assert C.LIMIT_PREFIX == _api.LIMIT_PREFIX
+
+    def refusal(backend, d, dtype="float16"):
+        return C.head_dim_refusal(getattr(C.Backend, backend), d, dtype)
+
+    widest = {"small_tile": max(C.head_dims["small_tile"]), "large_tile": max(C.head_dims["large_tile"]),
+              "tensorcore": max(C.head_dims["sm80"]), "tensorcore_sm80": max(C.head_dims["sm80"]), "naive": 256}
+    for backend, top in widest.items():
+        for dtype in ("float32", "float16", "bfloat16"):
+            for d in range(8, 257, 8):
+                reason = refusal(backend, d, dtype)
+                fp32_limited = backend.startswith("tensorcore") and dtype == "float32" and d > 128
+                if d <= top and not fp32_limited:
+                    assert reason == "", (backend, dtype, d, reason)
+                else:
+                    assert reason.startswith(_api.LIMIT_PREFIX), (backend, dtype, d, reason)
+                    assert str(d) in reason
+        for d in (0, 4, 12, 264):
+            assert refusal(backend, d) and not refusal(backend, d).startswith(_api.LIMIT_PREFIX)
+    assert widest["small_tile"] == 192 and widest["large_tile"] == 256
+    assert "48 KB" in refusal("small_tile", 256)
+    with pytest.raises(ValueError, match="dtype"):
+        C.head_dim_refusal(C.Backend.naive, 64, "int8")
+
+
 def test_supports_reads_the_values():
     assert not cutlassfa.supports("cpu", "float32", 64, window=(-2, 0))
     assert "causal" in cutlassfa.supports("cpu", "float32", 64, window=(4, 1), causal=True).reason

@@ -119,7 +119,8 @@ NB_MODULE(_C, m) {
   m.attr("wgmma_architectures") = CUTLASSFA_SM90_ARCHITECTURES;
   // Head dims with compiled kernels, per kernel family: the one list of CMakeLists.txt.
   nb::dict head_dims;
-  head_dims["simt"] = int_tuple({CUTLASSFA_SIMT_HEAD_DIMS});
+  head_dims["small_tile"] = int_tuple({CUTLASSFA_SMALL_TILE_HEAD_DIMS});
+  head_dims["large_tile"] = int_tuple({CUTLASSFA_LARGE_TILE_HEAD_DIMS});
   head_dims["sm80"] = int_tuple({CUTLASSFA_SM80_HEAD_DIMS});
   head_dims["sm90"] = int_tuple({CUTLASSFA_SM90_HEAD_DIMS});
   m.attr("head_dims") = head_dims;
@@ -140,12 +141,13 @@ NB_MODULE(_C, m) {
   });
   m.def("backend_unavailable_reason", [](Backend b, int device) { return cutlassfa::backend_unavailable_reason(b, device); },
         "backend"_a, "device"_a);
-  m.def("head_dim_runs", [](Backend b, int head_dim, const std::string& dtype) {
+  m.def("head_dim_refusal", [](Backend b, int head_dim, const std::string& dtype) {
           int const code = cutlassfa::bindings::dtype_of_name(dtype);
           if (code < 0) throw nb::value_error(("unknown dtype " + dtype).c_str());
-          return cutlassfa::head_dim_runs(b, head_dim, static_cast<cutlassfa::DType>(code));
+          return cutlassfa::head_dim_refusal(b, head_dim, static_cast<cutlassfa::DType>(code));
         },
         "backend"_a, "head_dim"_a, "dtype"_a);
+  m.attr("LIMIT_PREFIX") = cutlassfa::kLimitPrefix;
   m.def("tensorcore_family", [](int device) {
     switch (cutlassfa::tensorcore_family(device)) {
       case cutlassfa::Family::kWgmma: return std::string("wgmma");

@@ -47,18 +47,15 @@ void dims4(const ArrayRef& a, int64_t* dims) {
 }
 
 const std::set<int>& all_head_dims() {
-  static std::set<int> const dims{CUTLASSFA_SIMT_HEAD_DIMS, CUTLASSFA_SM80_HEAD_DIMS};
+  static std::set<int> const dims{CUTLASSFA_SMALL_TILE_HEAD_DIMS, CUTLASSFA_LARGE_TILE_HEAD_DIMS,
+                                  CUTLASSFA_SM80_HEAD_DIMS};
   return dims;
 }
 
 const char* backend_name(int backend) {
-  switch (backend) {
-    case 0: return "naive";
-    case 1: return "small_tile";
-    case 2: return "large_tile";
-    case 3: return "tensorcore";
-    case 4: return "tensorcore_sm80";
-    case kBackendCpu: return "cpu";
+  if (backend == kBackendCpu) return "cpu";
+  if (backend >= 0 && backend <= static_cast<int>(Backend::kTensorCoreSm80)) {
+    return cutlassfa::backend_name(static_cast<Backend>(backend));
   }
   return "auto";
 }
@@ -185,8 +182,9 @@ void check_heads_and_head_dim(int64_t heads_q, int64_t heads_kv, int64_t head_di
   }
   // Every multiple of 8 up to 256 is a valid problem (the cpu backend takes them all); which backends have
   // kernels for it is resolve_backend's question.
-  if (head_dim < 8 || head_dim > 256 || head_dim % 8 != 0) {
-    value_error("head dim (last dim of q, k, v) must be a multiple of 8 from 8 to 256, got " + std::to_string(head_dim));
+  if (head_dim < 8 || head_dim > kMaxHeadDim || head_dim % 8 != 0) {
+    value_error("head dim (last dim of q, k, v) must be a multiple of 8 from 8 to " + std::to_string(kMaxHeadDim) +
+                ", got " + std::to_string(head_dim));
   }
 }
 
@@ -257,13 +255,15 @@ int resolve_backend(const Problem& p, int backend) {
            (which != Backend::kTensorCore || tensorcore_accepts(p));
   };
   if (backend == kBackendAuto) {
-    for (Backend b : {Backend::kTensorCore, Backend::kLargeTile, Backend::kSmallTile}) {
+    // naive last: it takes what the tiled kernels' limits refuse (small_tile's d > 192 on sm_61).
+    for (Backend b : {Backend::kTensorCore, Backend::kLargeTile, Backend::kSmallTile, Backend::kNaive}) {
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
     if (p.device < 0) return kBackendCpu;
-    if (!head_dim_runs(Backend::kTensorCore, p.head_dim, p.dtype) && !head_dim_runs(Backend::kSmallTile, p.head_dim, p.dtype)) {
-      value_error("head dim " + std::to_string(p.head_dim) + " has no GPU kernels in this build (GPU head dims: " +
-                  head_dims_text() + "); host arrays run it on the cpu backend");
+    std::string const refusal = head_dim_refusal(Backend::kNaive, p.head_dim, p.dtype);
+    if (!refusal.empty() && backend_unavailable_reason(Backend::kNaive, device).empty()) {
+      value_error("no GPU backend runs head dim " + std::to_string(p.head_dim) + ": " + refusal +
+                  " (compiled head dims: " + head_dims_text() + "); host arrays run it on the cpu backend");
     }
     throw std::runtime_error("no GPU backend can run on cuda:" + std::to_string(device) + ": " +
                              backend_unavailable_reason(Backend::kSmallTile, device));
@@ -273,9 +273,10 @@ int resolve_backend(const Problem& p, int backend) {
   if (!reason.empty()) {
     throw std::runtime_error(std::string("backend '") + backend_name(backend) + "' is not available: " + reason);
   }
-  if (!head_dim_runs(which, p.head_dim, p.dtype)) {
-    value_error(std::string("backend '") + backend_name(backend) + "' has no kernels for head dim " +
-                std::to_string(p.head_dim));
+  std::string const refusal = head_dim_refusal(which, p.head_dim, p.dtype);
+  if (!refusal.empty()) {
+    value_error(std::string("backend '") + backend_name(backend) + "' does not run head dim " +
+                std::to_string(p.head_dim) + " with " + p.q.dtype_name + ": " + refusal);
   }
   bool const tensorcore = which == Backend::kTensorCore || which == Backend::kTensorCoreSm80;
   if (tensorcore && !tensorcore_accepts(p)) {

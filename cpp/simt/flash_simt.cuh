@@ -66,9 +66,14 @@ struct SimtTraits {
   static_assert(kHeadDim % 32 == 0, "kTNO must be a multiple of 4");
 };
 
+// Head dims between the compiled ones run on the next wider configuration: columns past
+// params.head_dim load as zero (Q K^T is unchanged, P V gives zero there) and are not stored.
+
 // small_tile: <= 48 KB of shared memory (every architecture, sm_61 included).
 //   D=32 : 64 x 64, 4 warps, 42.0 KB     D=64 : 64 x 32, 4 warps, 41.0 KB
 //   D=128: 32 x 32, 2 warps, K/V share a buffer, 37.0 KB
+//   D=192: 16 x 32, 1 warp, K/V share a buffer, 39.0 KB. D=256 cannot fit: its smallest tile
+//          (16 x 32: Q 16 KB, K/V 32.5 KB, P 2.5 KB) is 51 KB, so small_tile stops at 192.
 template <int D>
 struct SmallTile;
 template <>
@@ -77,6 +82,8 @@ template <>
 struct SmallTile<64> : SimtTraits<64, 64, 32, 4, false, 2> {};
 template <>
 struct SmallTile<128> : SimtTraits<128, 32, 32, 2, true, 2> {};
+template <>
+struct SmallTile<192> : SimtTraits<192, 16, 32, 1, true, 2> {};
 
 // large_tile: opt-in shared memory (sm_80+), 8 x 8 microtiles at D >= 64.
 //   D=32 : 128 x 64, 4 warps, 66.0 KB (256 x 64 / 8 warps: 32.8 against 30.6 TFLOP/s, not worth 113 KB)
@@ -84,6 +91,8 @@ struct SmallTile<128> : SimtTraits<128, 32, 32, 2, true, 2> {};
 //          128 x 64 / 4 warps (98 KB), 33.0 for 128 x 32 / 4 warps, 29.8 for 128 x 64 / 8 warps
 //          (4 x 8 microtiles) and 26.6 for 64 x 64 / 4 warps.
 //   D=128: 64 x 32, 4 warps, 73.0 KB (8 x 16 O microtiles would not fit in registers)
+//   D=256: 32 x 32, 2 warps, K/V share a buffer, 69.0 KB (4 x 32 O microtiles; a 64-row tile
+//          would be 105 KB, past the 99 KB of sm_86 / sm_89)
 template <int D>
 struct LargeTile;
 template <>
@@ -92,6 +101,8 @@ template <>
 struct LargeTile<64> : SimtTraits<64, 256, 64, 8, false, 1> {};
 template <>
 struct LargeTile<128> : SimtTraits<128, 64, 32, 4, false, 2> {};
+template <>
+struct LargeTile<256> : SimtTraits<256, 32, 32, 2, true, 1> {};
 
 // large_tile where the opt-in limit per block is below LargeTile's (99 KB on sm_86 / sm_89):
 // the 128 x 64 / 4 warp D=64 tile (98 KB); the other head dims already fit.
@@ -106,8 +117,9 @@ struct LargeTileCompact<64> : SimtTraits<64, 128, 64, 4, false, 2> {};
 // registers are dead) and written to shared memory after the following barrier.
 //
 // Each thread copies chunks of ONE row (row = tid % kRows, chunks tid / kRows + i * kThreads / kRows):
-// the caller passes that row's pointer and whether it exists (a query row of the entry, a key in
-// [leftpad, L)), so a single row pointer and one bounds check per thread; the chunk offsets are
+// the caller passes that row's pointer, whether it exists (a query row of the entry, a key in
+// [leftpad, L)) and its real width `cols` (params.head_dim: columns past it, the zero padding up to
+// kCols, read as zero), so a single row pointer and one bounds check per thread; the chunk offsets are
 // immediates. The row pointer is where pages are resolved (one block-table read per row and tile). (A
 // row-per-iteration mapping kept 16 loop-invariant 64-bit addresses live across the main loop and
 // pushed the fp32 D=64 large tile from 203 registers into spills.) Consecutive lanes take
@@ -134,9 +146,11 @@ struct TileCopy {
   // The tile row this thread copies.
   __device__ __forceinline__ static int row(int tid) { return tid % kRows; }
 
-  __device__ __forceinline__ static uint4 load_one(const Storage* src_row, bool valid, bool vec, int tid, int it) {
-    const Storage* src = src_row + ((tid / kRows) + it * kThreadsPerRow) * kVec;
-    return valid ? load_chunk<T>(src, vec) : make_uint4(0u, 0u, 0u, 0u);
+  // A chunk never straddles `cols`: head dims are multiples of 8 and a chunk is 4 or 8 elements.
+  __device__ __forceinline__ static uint4 load_one(const Storage* src_row, bool valid, int cols, bool vec, int tid,
+                                                   int it) {
+    const int col = ((tid / kRows) + it * kThreadsPerRow) * kVec;
+    return valid && col < cols ? load_chunk<T>(src_row + col, vec) : make_uint4(0u, 0u, 0u, 0u);
   }
 
   // smem is (kCols, ld) when transposed, (kRows, ld) otherwise; values are multiplied by `scale`.
@@ -158,9 +172,9 @@ struct TileCopy {
   }
 
   // Prefetch: the whole tile into registers now, into shared memory later.
-  __device__ __forceinline__ void load(const Storage* src_row, bool valid, bool vec, int tid) {
+  __device__ __forceinline__ void load(const Storage* src_row, bool valid, int cols, bool vec, int tid) {
 #pragma unroll
-    for (int it = 0; it < kPerThread; ++it) regs[it] = load_one(src_row, valid, vec, tid, it);
+    for (int it = 0; it < kPerThread; ++it) regs[it] = load_one(src_row, valid, cols, vec, tid, it);
   }
   __device__ __forceinline__ void store(float* smem, int ld, float scale, int tid) const {
 #pragma unroll
@@ -168,13 +182,13 @@ struct TileCopy {
   }
 
   // Direct copy, kBatch chunks in flight.
-  __device__ __forceinline__ static void copy(const Storage* src_row, bool valid, bool vec, float* smem, int ld,
-                                              float scale, int tid) {
+  __device__ __forceinline__ static void copy(const Storage* src_row, bool valid, int cols, bool vec, float* smem,
+                                              int ld, float scale, int tid) {
 #pragma unroll
     for (int it0 = 0; it0 < kPerThread; it0 += kBatch) {
       uint4 r[kBatch];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) r[i] = load_one(src_row, valid, vec, tid, it0 + i);
+      for (int i = 0; i < kBatch; ++i) r[i] = load_one(src_row, valid, cols, vec, tid, it0 + i);
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) store_one(r[i], smem, ld, scale, tid, it0 + i);
     }
@@ -303,6 +317,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   const bool vec_k = chunk_aligned<T>(params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride);
   const bool vec_v = chunk_aligned<T>(params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride);
   const bool vec_o = chunk_aligned<T>(params.o, params.o_batch_stride, params.o_head_stride, params.o_row_stride);
+  const int cols = params.head_dim;  // <= D: the columns past it are zero padding
 
   // This thread's rows, relative to m0, and the base pointers of its fragments.
   const int row0 = warp * 4 * kTM + tr * 4;
@@ -335,10 +350,10 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     const int n0 = trips.first * kBlockN;
     if (!Kt::kShareKV) {
       const bool exists = kv_exists(n0);
-      tKgK.load(k_src(n0, exists), exists, vec_k, tid);
+      tKgK.load(k_src(n0, exists), exists, cols, vec_k, tid);
     }
     const int q_copy_row = QCopy::row(tid);
-    QCopy::copy(gQ + q_copy_row * params.q_row_stride, q_copy_row < rows_valid, vec_q, sQt, Kt::kLdQ,
+    QCopy::copy(gQ + q_copy_row * params.q_row_stride, q_copy_row < rows_valid, cols, vec_q, sQt, Kt::kLdQ,
                 softcap ? params.softcap_pre : params.softmax_scale_log2, tid);
   }
 
@@ -348,13 +363,13 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     const bool kv_here = kv_exists(n0);
     __syncthreads();  // the previous step's P V is done with sV and sPt
     if (Kt::kShareKV) {
-      KCopy::copy(k_src(n0, kv_here), kv_here, vec_k, sKt, Kt::kLdK, 1.f, tid);
+      KCopy::copy(k_src(n0, kv_here), kv_here, cols, vec_k, sKt, Kt::kLdK, 1.f, tid);
     } else {
       // K was fetched during the previous P V. V is fetched here, not there: the fp32 D=64 large tile
       // has no registers for both (O 64 + K 32 + V 32 + fragments spilled), and its latency is hidden
       // by the other resident block.
       VCopy tVgV;
-      tVgV.load(v_src(n0, kv_here), kv_here, vec_v, tid);
+      tVgV.load(v_src(n0, kv_here), kv_here, cols, vec_v, tid);
       tKgK.store(sKt, Kt::kLdK, 1.f, tid);
       tVgV.store(sV, Kt::kLdV, 1.f, tid);
     }
@@ -424,7 +439,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     }
     if (Kt::kShareKV) {
       __syncthreads();  // everyone is done reading sKt, which sV overwrites
-      VCopy::copy(v_src(n0, kv_here), kv_here, vec_v, sV, Kt::kLdV, 1.f, tid);
+      VCopy::copy(v_src(n0, kv_here), kv_here, cols, vec_v, sV, Kt::kLdV, 1.f, tid);
     }
     __syncthreads();
 
@@ -432,7 +447,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     if (!Kt::kShareKV && n_block + 1 < trips.last) {
       const int n1 = n0 + kBlockN;
       const bool exists = kv_exists(n1);
-      tKgK.load(k_src(n1, exists), exists, vec_k, tid);
+      tKgK.load(k_src(n1, exists), exists, cols, vec_k, tid);
     }
 
     // O += P V
@@ -450,6 +465,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
       const float inv_l = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
       for (int g = 0; g < kTNO / 4; ++g) {
+        if (g * 32 + tc * 4 >= cols) continue;  // zero padding: not part of O
         const float f[4] = {tOrO[i][4 * g] * inv_l, tOrO[i][4 * g + 1] * inv_l, tOrO[i][4 * g + 2] * inv_l,
                             tOrO[i][4 * g + 3] * inv_l};
         store4<T>(gO + r * params.o_row_stride + g * 32 + tc * 4, f, vec_o);

@@ -33,13 +33,13 @@ cudaError_t launch_flash_simt_kernel(const FwdParams& params, cudaStream_t strea
 }
 
 // The one place where dtype and head dim become template arguments; every mask, length, page and
-// softcap mode stays a run-time value of the same kernel.
-// Launch<T, D>::run(params, stream) launches one instantiation.
-template <template <typename, int> class Launch>
+// softcap mode stays a run-time value of the same kernel. A head dim runs on the next compiled one
+// of kHeadDims (ascending), zero-padded. Launch<T, D>::run(params, stream) launches one instantiation.
+template <template <typename, int> class Launch, int... kHeadDims>
 cudaError_t dispatch_flash_simt(const FwdParams& params, cudaStream_t stream) {
   auto by_head_dim = [&](auto type_tag) -> cudaError_t {
     using T = decltype(type_tag);
-    return head_dim_switch<CUTLASSFA_SIMT_HEAD_DIMS>(
+    return padded_head_dim_switch<kHeadDims...>(
         params.head_dim, [&](auto head_dim) { return Launch<T, decltype(head_dim)::value>::run(params, stream); });
   };
   switch (params.dtype) {

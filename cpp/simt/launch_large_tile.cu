@@ -27,7 +27,7 @@ struct LargeTileLaunch {
 }  // namespace
 
 cudaError_t launch_large_tile(const FwdParams& params, cudaStream_t stream) {
-  return simt::dispatch_flash_simt<LargeTileLaunch>(params, stream);
+  return simt::dispatch_flash_simt<LargeTileLaunch, CUTLASSFA_LARGE_TILE_HEAD_DIMS>(params, stream);
 }
 
 }  // namespace cutlassfa

@@ -37,7 +37,7 @@ cudaError_t launch_naive_typed(const FwdParams& params, cudaStream_t stream) {
   }
   if (err == cudaSuccess) {
     simt::naive_pv_kernel<T>
-        <<<grid_for(bh * m_tiles * (params.head_dim / kTile)), tile_block, 0, stream>>>(params, S);
+        <<<grid_for(bh * m_tiles * ((params.head_dim + kTile - 1) / kTile)), tile_block, 0, stream>>>(params, S);
     err = cudaGetLastError();
   }
   const cudaError_t free_err = workspace_free(S, stream);  // stream-ordered: after the kernels
@@ -47,7 +47,8 @@ cudaError_t launch_naive_typed(const FwdParams& params, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_naive(const FwdParams& params, cudaStream_t stream) {
-  if (params.head_dim != 32 && params.head_dim != 64 && params.head_dim != 128) return cudaErrorInvalidValue;
+  // Any head dim (no compiled width): the validator's multiples of 8 up to kMaxHeadDim.
+  if (params.head_dim < 1 || params.head_dim > kMaxHeadDim) return cudaErrorInvalidValue;
   if (params.batch <= 0 || params.heads_q <= 0 || params.seqlen_q <= 0 || params.seqlen_k <= 0) return cudaSuccess;
   switch (params.dtype) {
     case DType::kFloat32: return launch_naive_typed<float>(params, stream);

@@ -15,7 +15,7 @@ struct SmallTileLaunch {
 }  // namespace
 
 cudaError_t launch_small_tile(const FwdParams& params, cudaStream_t stream) {
-  return simt::dispatch_flash_simt<SmallTileLaunch>(params, stream);
+  return simt::dispatch_flash_simt<SmallTileLaunch, CUTLASSFA_SMALL_TILE_HEAD_DIMS>(params, stream);
 }
 
 }  // namespace cutlassfa

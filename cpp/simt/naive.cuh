@@ -9,7 +9,8 @@
 // of its row, so S outside those ranges is never written nor read. With softcap the scores are
 // tanh(q.k * softcap_pre) * softmax_scale_log2 (softmax_scale is then the cap).
 //
-// The scores are kept in log2 units (Q K^T times softmax_scale_log2 = softmax_scale * log2 e) so the
+// Any head dim: the reduction chunks and output tiles past params.head_dim read zero and store
+// nothing. The scores are kept in log2 units (Q K^T times softmax_scale_log2 = softmax_scale * log2 e) so the
 // softmax is exp2f(s - m) and lse = (m + log2 l) * ln 2. Every kernel walks its tiles with a grid-stride
 // loop over one flattened index (tile fastest, then batch * head), so any batch * heads fits the grid.
 //
@@ -66,8 +67,9 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
     float acc = 0.f;
     for (int d0 = 0; d0 < params.head_dim; d0 += kNaiveTile) {
       // Thread (ty, tx) loads Q[m0 + ty][d0 + tx] and K[n0 + ty][d0 + tx]: coalesced along d.
-      sQ[ty][tx] = row < entry.nq ? Tr::to_float(gQ[row * params.q_row_stride + d0 + tx]) : 0.f;
-      sK[ty][tx] = key_exists ? Tr::to_float(gK_row[d0 + tx]) : 0.f;
+      const bool col_exists = d0 + tx < params.head_dim;
+      sQ[ty][tx] = row < entry.nq && col_exists ? Tr::to_float(gQ[row * params.q_row_stride + d0 + tx]) : 0.f;
+      sK[ty][tx] = key_exists && col_exists ? Tr::to_float(gK_row[d0 + tx]) : 0.f;
       __syncthreads();
 #pragma unroll
       for (int d = 0; d < kNaiveTile; ++d) acc = fmaf(sQ[ty][d], sK[tx][d], acc);
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const 
   __shared__ float sV[kNaiveTile][kNaiveTile + 1];  // (keys, d)
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int m_tiles = (params.seqlen_q + kNaiveTile - 1) / kNaiveTile;
-  const int d_tiles = params.head_dim / kNaiveTile;
+  const int d_tiles = (params.head_dim + kNaiveTile - 1) / kNaiveTile;
   const long long tiles = static_cast<long long>(d_tiles) * m_tiles * params.batch * params.heads_q;
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int d_tile = static_cast<int>(t % d_tiles);
@@ -136,6 +138,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const 
     if (rows_valid <= 0) continue;
     const TileTrips trips = entry.tile_trips(m0, m0 + rows_valid, kNaiveTile);
     const int row = m0 + ty;
+    const bool col_exists = c0 + tx < params.head_dim;
     int lo = 0, hi = 0;  // keys of this thread's row; none past the entry's queries
     if (row < entry.nq) entry.row_range(row, lo, hi);
     const float* s_row = S + naive_s_offset(bh, row < entry.nq ? row : 0, params);
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const 
       const int p_key = n0 + tx, v_key = n0 + ty;
       sP[ty][tx] = p_key >= lo && p_key < hi ? s_row[p_key] : 0.f;
       const bool v_exists = v_key >= entry.leftpad && v_key < entry.nk;
-      sV[ty][tx] = v_exists
+      sV[ty][tx] = v_exists && col_exists
                        ? Tr::to_float(gV[key_offset(params, entry, b, v_key, params.v_batch_stride, params.v_row_stride)])
                        : 0.f;
       __syncthreads();
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const 
       for (int j = 0; j < kNaiveTile; ++j) acc = fmaf(sP[ty][j], sV[j][tx], acc);
       __syncthreads();
     }
-    if (row < entry.nq) {
+    if (row < entry.nq && col_exists) {
       Storage* gO = static_cast<Storage*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride +
                     entry.q_row0 * params.o_row_stride;
       gO[row * params.o_row_stride + c0 + tx] = Tr::from_float(acc);

@@ -71,6 +71,21 @@ bool in_list(int value, std::initializer_list<int> list) {
   return false;
 }
 
+}  // namespace
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kNaive: return "naive";
+    case Backend::kSmallTile: return "small_tile";
+    case Backend::kLargeTile: return "large_tile";
+    case Backend::kTensorCore: return "tensorcore";
+    case Backend::kTensorCoreSm80: return "tensorcore_sm80";
+  }
+  return "unknown";
+}
+
+namespace {
+
 bool is_tensorcore(Backend backend) { return backend == Backend::kTensorCore || backend == Backend::kTensorCoreSm80; }
 
 // Why no device can be used. A machine without any NVIDIA driver makes the runtime report "driver
@@ -161,20 +176,41 @@ Family tensorcore_family(int device) {
   return family;
 }
 
-bool head_dim_runs(Backend backend, int head_dim, DType dtype) {
-  switch (backend) {
-    case Backend::kNaive:
-    case Backend::kSmallTile:
-    case Backend::kLargeTile: return CUTLASSFA_HAS_CUDA && in_list(head_dim, {CUTLASSFA_SIMT_HEAD_DIMS});
-    case Backend::kTensorCore:
-    case Backend::kTensorCoreSm80: {
-      // Every multiple of 8 up to the widest compiled kernel runs on the next compiled width (zero padding).
-      int const widest = dtype == DType::kFloat32 ? CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM
-                                                  : std::max({CUTLASSFA_SM80_HEAD_DIMS});
-      return CUTLASSFA_HAS_SM80 && head_dim >= 8 && head_dim % 8 == 0 && head_dim <= widest;
-    }
+std::string head_dim_refusal(Backend backend, int head_dim, DType dtype) {
+  if (head_dim < 8 || head_dim > kMaxHeadDim || head_dim % 8 != 0) {
+    return "head dim " + std::to_string(head_dim) + " is not a multiple of 8 from 8 to " + std::to_string(kMaxHeadDim);
   }
-  return false;
+  if (!CUTLASSFA_HAS_CUDA || (is_tensorcore(backend) && !CUTLASSFA_HAS_SM80)) {
+    return "this build has no kernels for this backend";
+  }
+  // Every multiple of 8 up to a family's widest compiled kernel runs on the next compiled width, zero-padded.
+  auto widest = [](std::initializer_list<int> dims) { return std::max(dims); };
+  switch (backend) {
+    case Backend::kNaive: return "";  // no compiled width: any head dim
+    case Backend::kSmallTile:
+      if (head_dim <= widest({CUTLASSFA_SMALL_TILE_HEAD_DIMS})) return "";
+      return std::string(kLimitPrefix) + "small_tile keeps a block's tiles within 48 KB of shared memory (the sm_61 "
+             "limit), which holds head dims up to " + std::to_string(widest({CUTLASSFA_SMALL_TILE_HEAD_DIMS})) +
+             ", not " + std::to_string(head_dim) + "; large_tile and naive take it";
+    case Backend::kLargeTile:
+      if (head_dim <= widest({CUTLASSFA_LARGE_TILE_HEAD_DIMS})) return "";
+      break;
+    case Backend::kTensorCore:
+    case Backend::kTensorCoreSm80:
+      if (dtype == DType::kFloat32 && head_dim > CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM) {
+        return std::string(kLimitPrefix) + backend_name(backend) + " runs fp32 (split-fp16 products) up to head dim " +
+               std::to_string(CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM) + ", not " + std::to_string(head_dim) +
+               ": the split tiles outgrow shared memory";
+      }
+      if (head_dim <= widest({CUTLASSFA_SM80_HEAD_DIMS})) return "";
+      break;
+  }
+  return std::string(backend_name(backend)) + " has no kernels for head dim " + std::to_string(head_dim) +
+         " in this build";
+}
+
+bool head_dim_runs(Backend backend, int head_dim, DType dtype) {
+  return head_dim_refusal(backend, head_dim, dtype).empty();
 }
 
 // Computed once per (backend, device): forward() asks on every call.

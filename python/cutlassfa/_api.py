@@ -28,18 +28,21 @@ except ImportError as error:  # running from a source tree, or a broken install
 # it is built for, mma.sync otherwise). tensorcore_sm80: always the mma.sync kernel (comparison, tests).
 GPU_BACKENDS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive")
 BACKENDS = GPU_BACKENDS + ("cpu",)
-# The extension's backend codes; `auto` takes the first available of tensorcore, large_tile, small_tile.
+# The extension's backend codes; `auto` takes the first of tensorcore, large_tile, small_tile, naive that runs
+# the call.
 _BACKEND_CODES = {name: index for index, name in enumerate(("naive", "small_tile", "large_tile", "tensorcore",
                                                              "tensorcore_sm80"))}
 _BACKEND_CODES.update(auto=-1, cpu=5)
 _CPU = 5
 
-# Support reasons that are a backend's documented limit (a size its design cannot take), not a gap.
+# Support reasons that are a backend's documented limit (a size its design cannot take), not a gap; the
+# extension's refusals use the same prefix (`_C.LIMIT_PREFIX`).
 LIMIT_PREFIX = "limit: "
 
 # Head dims with kernels in this build (one list in CMakeLists.txt, read from the extension).
 HEAD_DIMS: tuple[int, ...] = (
-    tuple(sorted(set(_C.head_dims["simt"]) | set(_C.head_dims["sm80"]))) if _C is not None else ())
+    tuple(sorted({d for family in ("small_tile", "large_tile", "sm80") for d in _C.head_dims[family]}))
+    if _C is not None else ())
 
 
 @dataclass(frozen=True)
@@ -131,13 +134,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
-    code = getattr(_C.Backend, backend)
-    if not _C.head_dim_runs(code, int(head_dim), dtype):
-        if dtype == "float32" and _C.head_dim_runs(code, int(head_dim), "float16"):
-            return Support(False, f"{LIMIT_PREFIX}{backend} runs fp32 (split-fp16 products) up to a narrower head "
-                                  f"dim than fp16 / bf16, not {head_dim}: the split tiles outgrow shared memory")
-        return Support(False, f"{backend} has no kernels for head dim {head_dim} with {dtype} in this build")
-    return Support(True)
+    refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype)
+    return Support(not refusal, refusal)
 
 
 @functools.lru_cache(maxsize=None)
@@ -218,8 +216,8 @@ def _scale(softmax_scale: Any) -> float | None:
 
 def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto") -> str:
     """The backend `forward(q, k, v, causal=causal, backend=backend)` runs: `auto` resolves to the first
-    available of tensorcore (sm_80+), large_tile (sm_80+), small_tile (sm_61+), then cpu for host
-    arrays when no GPU can be used. Raises as `forward` would for invalid arguments."""
+    of tensorcore (sm_80+), large_tile (sm_80+), small_tile (sm_61+) and naive (sm_61+) that is available
+    and runs the head dim, then cpu for host arrays when no GPU can be used. Raises as `forward` would for invalid arguments."""
     code = _backend_code(backend)
     causal = _flag(causal, "causal")
     _require_extension()
@@ -242,7 +240,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     N×N score matrix (except by the `naive` backend).
 
     q: (B, Hq, Nq, d) or (B, Nq, d); k, v: (B, Hkv, Nk, d) or (B, Nk, d), Hq a multiple of Hkv (GQA).
-    dtypes float32, float16, bfloat16; d in HEAD_DIMS; the last dim contiguous, other strides free.
+    dtypes float32, float16, bfloat16; d a multiple of 8 up to 256 (`supports` says which backend runs
+    which); the last dim contiguous, other strides free.
     numpy arrays and PyTorch CPU tensors compute on the GPU when one is usable (host in, host out) or
     on the CPU; CUDA arrays of PyTorch, CuPy or JAX are read in place and the result is of the same
     framework and device, computed on the framework's current stream.

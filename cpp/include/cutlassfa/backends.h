@@ -31,9 +31,17 @@ Family tensorcore_family(int device);
 // Empty when `backend` can run on `device`; otherwise why not (no device, too old, not compiled).
 std::string backend_unavailable_reason(Backend backend, int device);
 
-// True when this build's kernels run `head_dim` with `dtype` on `backend`: the CUDA-core ones for the
-// head dims of their list, the tensor-core ones for every multiple of 8 up to their widest kernel
-// (the lists of cutlassfa/config.h; fp32 up to CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM).
+// Prefix of a refusal that is a backend's documented limit (a size its design cannot take), not a gap.
+inline constexpr const char* kLimitPrefix = "limit: ";
+
+// The backend's name as Python spells it ("naive", ..., "tensorcore_sm80").
+const char* backend_name(Backend backend);
+
+// Why this build's kernels do not run `head_dim` with `dtype` on `backend`; empty when they do. Every
+// multiple of 8 up to a family's widest compiled kernel runs (on the next compiled width of the lists
+// in cutlassfa/config.h, zero-padded; naive takes any). Documented limits start with kLimitPrefix:
+// small_tile above its 48 KB tiles, tensor-core fp32 above CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM.
+std::string head_dim_refusal(Backend backend, int head_dim, DType dtype);
 bool head_dim_runs(Backend backend, int head_dim, DType dtype);
 
 // True when the wgmma family runs `head_dim` (up to the widest of CUTLASSFA_SM90_HEAD_DIMS, above half

@@ -14,6 +14,9 @@ namespace cutlassfa {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
+// The widest head dim any backend takes (the validator's bound; the kernels are compiled up to it).
+constexpr int kMaxHeadDim = 256;
+
 // Tensors are (batch, heads, seqlen, head_dim) with arbitrary strides in elements, except that the
 // head_dim stride is 1. lse is (batch, heads_q, seqlen_q) float32 with the strides below.
 // Members have defaults (`FwdParams p{};`): a plain dense call sets only the tensors, shapes and scale.
@@ -35,7 +38,7 @@ struct FwdParams {
   int heads_ratio;  // heads_q / heads_kv: query head h reads key/value head h / heads_ratio
   int seqlen_q;     // >= 1 when a kernel is launched; with cu_seqlens_q the longest sequence (grid size)
   int seqlen_k;     // >= 1 when a kernel is launched; keys per entry, or the capacity of a KV cache
-  int head_dim;     // a multiple of 8, 8..256
+  int head_dim;     // a multiple of 8, 8..kMaxHeadDim
 
   float softmax_scale;       // usually 1/sqrt(head_dim); the cap when softcap_pre > 0
   float softmax_scale_log2;  // softmax_scale * log2(e): kernels use exp2f(x * scale_log2 - m)
