@@ -313,17 +313,57 @@ def test_torch_autograd_goes_through_the_operator(rng):
 
 @needs_extension  # the JAX integration picks the backend with the extension's validator
 def test_jax_arrays(rng):
-    jnp = pytest.importorskip("jax.numpy", reason="optional package jax")
+    jax = pytest.importorskip("jax", reason="optional package jax")
+    cpu = jax.devices("cpu")[0]  # JAX's default device is a GPU where one is present
+
+    def host(x):
+        return jax.device_put(x, cpu)
+
     q, k, v = _qkv(rng, nq=12, nk=20)
-    out, lse = cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), window=(3, 3), softcap=2.0, return_lse=True)
+    out, lse = cutlassfa.forward(*(host(x) for x in (q, k, v)), window=(3, 3), softcap=2.0, return_lse=True)
     _expect_close(np.asarray(out), np.asarray(lse), *attention_reference(q, k, v, window=(3, 3), softcap=2.0))
     with pytest.raises(TypeError, match="immutable"):
-        cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), cache_seqlens=[4], k_new=jnp.asarray(k[:, :, :1]),
-                          v_new=jnp.asarray(v[:, :, :1]))
+        cutlassfa.forward(*(host(x) for x in (q, k, v)), cache_seqlens=[4], k_new=host(k[:, :, :1]),
+                          v_new=host(v[:, :, :1]))
     with pytest.raises(NotImplementedError, match="softcap=.*'naive'.*CUDA arrays"):
-        cutlassfa.forward(*(jnp.asarray(x) for x in (q, k, v)), softcap=2.0, backend="naive")
+        cutlassfa.forward(*(host(x) for x in (q, k, v)), softcap=2.0, backend="naive")
     with pytest.raises(NotImplementedError, match="JAX"):
-        cutlassfa.varlen_forward(jnp.asarray(q[0]), jnp.asarray(k[0]), jnp.asarray(v[0]), [0, 2], [0, 2])
+        cutlassfa.varlen_forward(host(q[0]), host(k[0]), host(v[0]), [0, 2], [0, 2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "tensorcore", "small_tile"])
+def test_jax_gpu_arrays(rng, backend):
+    """Concrete JAX arrays on a GPU take the variants in place (window, softcap, a paged KV cache with
+    device lengths), and come back as JAX arrays on that GPU."""
+    jax = pytest.importorskip("jax", reason="optional package jax")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("optional package: this jax has no GPU support")
+    status = cutlassfa.backends().get("tensorcore" if backend == "auto" else backend)
+    if not status.available:
+        pytest.skip(f"{backend}: {status.reason}")
+    q, k, v = _qkv(rng, nq=12, nk=20)
+    q, k, v = (x.astype(np.float16) for x in (q, k, v))
+    jq, jk, jv = (jax.device_put(x, gpu) for x in (q, k, v))
+    bound = bound_for("tensorcore" if backend == "auto" else backend, "float16")
+    out, lse = cutlassfa.forward(jq, jk, jv, window=(3, 3), softcap=2.0, backend=backend, return_lse=True)
+    assert isinstance(out, jax.Array) and out.devices() == {gpu} and lse.dtype == np.float32
+    ref, ref_lse = attention_reference(q, k, v, window=(3, 3), softcap=2.0)
+    assert rel_l2(np.asarray(out, np.float64), ref) <= bound.rel_l2
+    assert np.abs(np.asarray(lse, np.float64) - ref_lse).max() <= bound.lse
+    # A paged cache: page size 4, pages in reverse order, lengths on the device.
+    b, h, n, d = k.shape
+    pages = k.reshape(b * h, n // 4, 4, d).transpose(1, 0, 2, 3)[::-1].reshape(n // 4, h, 4, d)  # b = 1
+    vpages = v.reshape(b * h, n // 4, 4, d).transpose(1, 0, 2, 3)[::-1].reshape(n // 4, h, 4, d)
+    table = np.arange(n // 4, dtype=np.int32)[::-1].copy()[None]
+    lengths = np.array([15], np.int32)
+    out = cutlassfa.forward(jq, jax.device_put(np.ascontiguousarray(pages), gpu),
+                            jax.device_put(np.ascontiguousarray(vpages), gpu), cache_seqlens=jax.device_put(lengths, gpu),
+                            block_table=jax.device_put(table, gpu), backend=backend)
+    ref, _ = kvcache_reference(q, k, v, cache_seqlens=lengths)
+    assert rel_l2(np.asarray(out, np.float64), ref) <= bound.rel_l2
 
 
 # ---- varlen_forward ---------------------------------------------------------------------------------

@@ -107,7 +107,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
         if k_new is not None or v_new is not None:
             raise TypeError("k_new / v_new are appended into k and v in place; JAX arrays are immutable")
         if _on_jax_device(q):
-            raise NotImplementedError(f"{argument}= does not take JAX arrays on a GPU yet; pass {_DEVICE}")
+            return _on_jax_gpu(q, k, v, out, causal, scale, backend, return_lse, window_left=win.left,
+                               window_right=win.right, softcap=cap, num_splits=asked_splits or 0, **kv)
         if backend not in ("auto", "cpu"):
             raise NotImplementedError(_host_refusal(argument, backend))
         from .integrations import jax as jax_integration
@@ -253,6 +254,32 @@ def _on_device(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | No
     result = extension.forward_variant(q, k, v, out, causal, scale, _backend_code(backend), return_lse, alloc, stream,
                                        False, **variant)
     return result if return_lse else result[0]
+
+
+def _on_jax_gpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None, backend: str,
+                return_lse: bool, **variant: Any) -> Any:
+    """A variant call on concrete JAX arrays on a GPU. JAX computes on streams of its own and its arrays
+    are immutable (as on the plain path): wait for the inputs, compute into device buffers of ours on a
+    per-thread stream, synchronize, and hand the buffers to JAX."""
+    from . import _api
+
+    if out is not None:
+        raise TypeError("out is not supported for JAX arrays (they are immutable)")
+    if backend == "cpu":
+        raise ValueError("backend 'cpu' needs host arrays; q is a JAX array on a GPU")
+    extension = _api._C
+    if extension is None or not extension.has_cuda:
+        raise RuntimeError(_api._EXTENSION_ERROR or "cutlassfa was installed without its CUDA extension")
+    for x in (q, k, v, *variant.values()):
+        if hasattr(x, "block_until_ready"):
+            x.block_until_ready()
+    o, lse = extension.forward_variant(q, k, v, None, causal, scale, _backend_code(backend), return_lse,
+                                       _arrays.device_buffer, extension.stream_per_thread, True, **variant)
+    shape = tuple(q.shape)
+    o = _arrays.finish_jax(o, shape, q.dtype.name, extension)
+    if not return_lse:
+        return o
+    return o, _arrays.finish_jax(lse, shape[:-1], "float32", extension)
 
 
 def _max_seqlen(value: Any, name: str) -> int:
