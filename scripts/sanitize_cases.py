@@ -1,6 +1,8 @@
 """Runs every available GPU backend over a small version of the GPU test matrix (ragged N, Nq != Nk,
 causal, GQA, each dtype and head dim) and checks each result against the fp64 reference under the
 gate's bounds. Meant to run under compute-sanitizer (scripts/sanitize.sh), so shapes stay small.
+With PyTorch's CUDA tensors it also runs the variants (windows, softcap, zero-padded head dims, KV
+caches contiguous and paged with appended keys and left padding, split keys, varlen).
 
 Host (numpy) arrays are compacted before the launch, so they test compact layouts only; the strided
 cases run the kernels on CUDA tensors in the transposed and padded layouts of cutlassfa._inputs with a
@@ -16,7 +18,7 @@ import numpy as np
 import cutlassfa
 from cutlassfa._inputs import Case, as_layout, case_values, numpy_dtype, to_numpy64
 from cutlassfa.check import bound_for
-from cutlassfa.reference import attention_reference, rel_l2
+from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
 
 SHAPES = [(1, 2, 2, 1, 1), (1, 2, 1, 77, 77), (1, 2, 2, 130, 65), (1, 2, 2, 65, 190)]  # B, Hq, Hkv, Nq, Nk
 STRIDED_LAYOUTS = ("bnhd", "padded")
@@ -34,6 +36,63 @@ def _run(backend, case, values, layout):
         out, _ = as_layout(np.zeros(ref.shape, np.float32), case.dtype, "torch", layout)
         cutlassfa.forward(q, k, v, causal=case.causal, backend=backend, out=out, return_lse=True)
     return rel_l2(to_numpy64(out), ref)
+
+
+def _variant_runs(backend, dtype, rng):
+    """(label, rel-L2) of each variant case on CUDA tensors; head dims that the kernels zero-pad."""
+    import torch
+
+    tdtype = getattr(torch, dtype)
+
+    def cuda(x):
+        return torch.from_numpy(np.ascontiguousarray(x)).to("cuda", tdtype)
+
+    def host(x):
+        return x.astype(numpy_dtype(dtype)).astype(np.float64)  # the values the kernel sees
+
+    def index(x):
+        return torch.tensor(np.asarray(x, np.int32), device="cuda")
+
+    def normal(*shape):
+        return host(rng.standard_normal(shape))
+
+    runs = []
+    for d in (40, 96, 200, 256):
+        if not cutlassfa.supports(backend, dtype, d):
+            continue
+        # Window and softcap, GQA, Nq != Nk.
+        q, k, v = normal(1, 4, 77, d), normal(1, 2, 130, d), normal(1, 2, 130, d)
+        out = cutlassfa.forward(cuda(q), cuda(k), cuda(v), window=(7, 3), softcap=20.0, backend=backend)
+        runs.append((f"window+softcap d={d}", rel_l2(to_numpy64(out), attention_reference(q, k, v, window=(7, 3), softcap=20.0)[0])))
+        # A paged cache (page size 5, shuffled pages) with appended keys, left padding and split keys.
+        b, hkv, pages_per_seq, page = 2, 2, 8, 5
+        cap_rows = pages_per_seq * page
+        kc, vc = normal(b, hkv, cap_rows, d), normal(b, hkv, cap_rows, d)
+        kn, vn, qn = normal(b, hkv, 3, d), normal(b, hkv, 3, d), normal(b, 4, 3, d)
+        lengths, leftpad = np.array([20, 34]), np.array([0, 6])
+        table = rng.permutation(b * pages_per_seq).reshape(b, pages_per_seq)  # logical page -> physical
+
+        def paged(cache):
+            pages = np.empty((b * pages_per_seq, hkv, page, d))
+            for seq in range(b):
+                for j in range(pages_per_seq):
+                    pages[table[seq, j]] = cache[seq, :, j * page:(j + 1) * page]
+            return pages
+
+        kp, vp = cuda(paged(kc)), cuda(paged(vc))
+        out = cutlassfa.forward(cuda(qn), kp, vp, cache_seqlens=index(lengths), cache_leftpad=index(leftpad),
+                                block_table=index(table), k_new=cuda(kn), v_new=cuda(vn), causal=True,
+                                num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
+        ref, _ = kvcache_reference(qn, kc, vc, cache_seqlens=lengths, cache_leftpad=leftpad, k_new=kn, v_new=vn,
+                                   causal=True)
+        runs.append((f"paged kv cache d={d}", rel_l2(to_numpy64(out), ref)))
+        # Varlen: an empty query sequence and an empty key sequence among ragged ones, causal.
+        cu_q, cu_k = np.array([0, 5, 5, 70, 71]), np.array([0, 9, 30, 95, 95])
+        q, k, v = normal(71, 4, d), normal(95, 2, d), normal(95, 2, d)
+        out = cutlassfa.varlen_forward(cuda(q), cuda(k), cuda(v), index(cu_q), index(cu_k), max_seqlen_q=65,
+                                       max_seqlen_k=65, causal=True, backend=backend)
+        runs.append((f"varlen d={d}", rel_l2(to_numpy64(out), varlen_reference(q, k, v, cu_q, cu_k, causal=True)[0])))
+    return runs
 
 
 def main(argv) -> int:
@@ -73,7 +132,16 @@ def main(argv) -> int:
                             if not err <= bound_for(backend, dtype).rel_l2:
                                 failures += 1
                                 print(f"FAIL {backend} {case.label} {layout or 'host'} rel_err={err:.3g}")
-    print(f"{runs} runs over {backends} (layouts: {', '.join(l or 'host' for l in layouts)}), {failures} failures")
+    if strided:  # the variants take CUDA arrays
+        for backend in backends:
+            for dtype in DTYPES:
+                for label, err in _variant_runs(backend, dtype, rng):
+                    runs += 1
+                    if not err <= bound_for(backend, dtype).rel_l2:
+                        failures += 1
+                        print(f"FAIL {backend} {dtype} {label} rel_err={err:.3g}")
+    print(f"{runs} runs over {backends} (layouts: {', '.join(l or 'host' for l in layouts)}; variants on CUDA "
+          f"tensors: {'yes' if strided else 'no'}), {failures} failures")
     if strided:
         # Give PyTorch's cached blocks back before exit: memcheck's leak check reported them (allocated by
         # Tensor.to in as_layout) although no tensor was alive any more.
