@@ -75,6 +75,15 @@ def padded_cases(quick: bool, dtypes: Sequence[str]) -> list[Case]:
     return cases
 
 
+def group(case: Case) -> str:
+    """What a case checks, for the report: its variant's name, "padded head dim", "hw4" or "plain"."""
+    if case.variant is not None:
+        return case.variant.name
+    if case.hw4:
+        return "hw4"
+    return "plain" if case.d in head_dims() else "padded head dim"
+
+
 def coverage_key(case: Case) -> tuple[Any, ...]:
     """The configuration a case covers: (dtype, variant), (dtype, compiled d, causal) or (dtype, padded d)."""
     if case.variant is not None:

@@ -64,8 +64,9 @@ _VARLEN = (
 SPECS = _DENSE + _KVCACHE + _VARLEN
 
 # Head dims of the quick variant cases, in turn: compiled widths and padded ones, each taken by every
-# backend (small_tile, the narrowest, runs up to 192).
-QUICK_HEAD_DIMS = (64, 128, 40, 96, 32, 80, 136)
+# backend on every dtype (small_tile runs up to 192, the tensor-core backends fp32 up to 128), so that
+# the one quick case of a (dtype, variant) is advertised wherever the variant is.
+QUICK_HEAD_DIMS = (64, 128, 40, 96, 32, 80, 112)
 # Preferred padded head dims (padded_head_dims adds one wherever a compiled width is left without a
 # padded neighbour): 8 and 40 pad to 32 / 64, 80 to 96 or 128, 112 to 128, 136 to 192 or 256, 200 to 256.
 PREFERRED_PADDED = (8, 40, 80, 112, 136, 200)
