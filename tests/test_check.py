@@ -30,8 +30,13 @@ def _gate(fn, cases=None, seed=0, name="cpu", **report_kwargs):
     return check.report(results, seed=seed, **report_kwargs), results
 
 
+def _plain(cases):
+    """The plain cases on compiled head dims (no variant, no padded head dim, no HW4)."""
+    return [c for c in cases if c.variant is None and not c.hw4 and c.d in cutlassfa.HEAD_DIMS]
+
+
 def _f32_cases():
-    return [c for c in check.build_cases(quick=True, dtypes=["float32"]) if not c.hw4]
+    return _plain(check.build_cases(quick=True, dtypes=["float32"]))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -72,13 +77,13 @@ def test_matrix_covers_the_axes(quick):
     assert any(c.Nq == 1 for c in cases) and any(c.Nq % 64 for c in cases if c.Nq > 1)
     assert any(c.hw4 for c in cases) and all(c.dtype == "float32" and c.H == 1 for c in cases if c.hw4)
     if not quick:
-        assert {32, 64, 128} <= {c.d for c in cases} == set(cutlassfa.HEAD_DIMS)
+        assert {32, 64, 128} <= {c.d for c in _plain(cases)} == set(cutlassfa.HEAD_DIMS)
 
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_matrix_covers_every_advertised_configuration(quick):
     cases = check.build_cases(quick)
-    assert {(c.dtype, c.d, c.causal) for c in cases} == {
+    assert {(c.dtype, c.d, c.causal) for c in _plain(cases)} == {
         (dt, d, causal) for dt in check.DTYPES for d in cutlassfa.HEAD_DIMS for causal in (False, True)}
     assert check.coverage_gaps("cpu", lambda case: Advertised(True), cases, check.DTYPES) == []
 
@@ -86,12 +91,15 @@ def test_matrix_covers_every_advertised_configuration(quick):
 def test_advertised_configuration_outside_the_matrix_fails(monkeypatch, capsys):
     """A head dim advertised but missing from the matrix (here: added after the cases were built) is a
     failure, not a silent pass."""
-    cases = [c for c in check.build_cases(quick=True, dtypes=["float32"]) if not c.hw4][:2]
+    cases = _f32_cases()[:2]
     monkeypatch.setattr(cutlassfa, "HEAD_DIMS", (32, 64, 128, 256))  # 256 added after the cases were built
     gaps = check.coverage_gaps("cpu", lambda case: Advertised(case.d != 64), cases, ["float32"])
     assert {(c.d, c.causal) for c in cases} == {(32, False)}
-    assert len(gaps) == 3 * 2 - 1  # d 32, 128, 256 advertised, x causal, but for the one covered
-    assert any("d=256" in gap for gap in gaps) and not any("d=64" in gap for gap in gaps)
+    compiled = [gap for gap in gaps if "{'causal'" in gap and "d=" in gap]
+    assert len(compiled) == 3 * 2 - 1  # d 32, 128, 256 advertised, x causal, but for the one covered
+    assert any("d=256" in gap for gap in compiled) and not any("d=64 " in gap for gap in gaps)
+    # and every padded head dim and variant, which these two cases do not cover either
+    assert len(gaps) == len(compiled) + len(check.variants.padded_head_dims()) + len(check.variants.SPECS)
     results = check.run_check([Backend("cpu", _cpu)], cases, seed=0)
     assert check.report(results, seed=0, gaps=gaps) == 1
     assert "which no case of the matrix covers" in capsys.readouterr().out

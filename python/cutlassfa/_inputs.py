@@ -33,9 +33,51 @@ class Unsupported(Exception):
 
 
 @dataclass(frozen=True)
+class Variant:
+    """What a case asks for beyond the plain call (`cutlassfa.check.variants` builds and runs them).
+
+    kind "dense": forward with window / softcap / num_splits on (B, H, N, d) arrays. kind "kvcache":
+    forward against a KV cache of B = len(cache_seqlens) entries, contiguous (page_size 0, Ncache = the
+    case's Nk) or paged (pages of page_size keys, capacity >= the case's Nk), with n_new keys appended
+    through k_new / v_new and cache_leftpad when given. kind "varlen": varlen_forward over sequences of
+    seqlens_q / seqlens_k (B of them)."""
+
+    name: str
+    kind: str = "dense"
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    num_splits: int | None = None
+    cache_seqlens: tuple[int, ...] = ()
+    cache_leftpad: tuple[int, ...] = ()
+    page_size: int = 0
+    n_new: int = 0
+    seqlens_q: tuple[int, ...] = ()
+    seqlens_k: tuple[int, ...] = ()
+
+    @property
+    def mode(self) -> dict[str, Any]:
+        """The mode keys of `cutlassfa.supports` that ask for this variant."""
+        mode: dict[str, Any] = {}
+        if self.window is not None:
+            mode["window"] = self.window
+        if self.softcap:
+            mode["softcap"] = self.softcap
+        if self.kind == "kvcache":
+            mode["kv_cache"] = True
+            if self.page_size:
+                mode["paged"] = True
+        if self.kind == "varlen":
+            mode["varlen"] = True
+        if self.num_splits is not None:
+            mode["num_splits"] = self.num_splits
+        return mode
+
+
+@dataclass(frozen=True)
 class Case:
     """One attention configuration: q is (B, H, Nq, d), k and v (B, Hk, Nk, d). `hw4` cases use 3-D
-    (B, N, d) arrays with float32 values uniform in [-3, 3], as the HW4 test files do."""
+    (B, N, d) arrays with float32 values uniform in [-3, 3], as the HW4 test files do. `variant`: what
+    the case asks for beyond the plain call (None: nothing); its shapes are then the variant's own."""
 
     dtype: str
     B: int
@@ -46,20 +88,26 @@ class Case:
     d: int
     causal: bool
     hw4: bool = False
+    variant: Variant | None = None
 
     @property
     def mode(self) -> dict[str, Any]:
         """The keyword arguments of `cutlassfa.supports` that describe this case's masking."""
-        return {"causal": self.causal}
+        return {"causal": self.causal, **(self.variant.mode if self.variant else {})}
+
+    @property
+    def variant_name(self) -> str:
+        return self.variant.name if self.variant else "plain"
 
     @property
     def label(self) -> str:
         heads = f"H{self.H}" if self.H == self.Hk else f"H{self.H}/{self.Hk}"
         tag = " hw4" if self.hw4 else ""
+        tag += f" {self.variant.name}" if self.variant else ""
         return f"{self.dtype} B{self.B} {heads} {self.Nq}x{self.Nk} d{self.d}{' causal' if self.causal else ''}{tag}"
 
     def shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of q, k, v."""
+        """Shapes of q, k, v (plain and dense-variant cases)."""
         if self.hw4:
             return [(self.B, self.Nq, self.d), (self.B, self.Nk, self.d), (self.B, self.Nk, self.d)]
         return [(self.B, self.H, self.Nq, self.d)] + [(self.B, self.Hk, self.Nk, self.d)] * 2

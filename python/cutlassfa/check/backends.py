@@ -11,7 +11,11 @@ from .._inputs import Case, gpu_framework
 from .support import Advertised, supports
 
 BACKEND_ORDER = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive", "cpu")
-ForwardFn = Callable[..., Any]  # fn(q, k, v, *, causal, softmax_scale) -> (out, lse) or out
+# fn(q, k, v, *, causal, softmax_scale, **variant) -> (out, lse) or out. Plain cases pass causal and
+# softmax_scale only; variant cases add forward's keyword arguments (window, softcap, num_splits,
+# cache_seqlens, cache_leftpad, block_table, k_new, v_new) or, for varlen, cu_seqlens_q, cu_seqlens_k,
+# max_seqlen_q and max_seqlen_k (varlen_forward's).
+ForwardFn = Callable[..., Any]
 
 
 def advertises_everything(case: Case) -> Advertised:
@@ -20,30 +24,39 @@ def advertises_everything(case: Case) -> Advertised:
 
 @dataclass
 class Backend:
-    """A backend under test. `fn(q, k, v, *, causal, softmax_scale)` returns (out, lse) or out;
-    `framework` is the array type it is fed ("numpy", "torch", "cupy"); `advertises(case)` says
-    whether it claims to take the case (only those are run, and each must pass)."""
+    """A backend under test. `fn(q, k, v, *, causal, softmax_scale, **variant)` returns (out, lse) or
+    out; `framework` is the array type it is fed ("numpy", "torch", "cupy"); `advertises(case)` says
+    whether it claims to take the case (only those are run, and each must pass). `variants_on_host`:
+    whether `fn` computes variant cases on numpy arrays itself (the GPU backends do not: `forward`
+    runs those on the cpu backend, so they are checked on CUDA arrays only)."""
 
     name: str
     fn: ForwardFn
     framework: str = "numpy"
     advertises: Callable[[Case], Advertised] = field(default=advertises_everything)
+    variants_on_host: bool = True
 
 
 def public_backend(name: str, framework: str) -> Backend:
     """A backend that goes through the public :func:`cutlassfa.forward`, advertising what
     `cutlassfa.supports` says."""
 
-    def fn(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None) -> Any:
+    def fn(q: Any, k: Any, v: Any, *, causal: bool, softmax_scale: float | None, cu_seqlens_q: Any = None,
+           cu_seqlens_k: Any = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+           **variant: Any) -> Any:
         import cutlassfa
 
+        if cu_seqlens_q is not None:
+            return cutlassfa.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                            max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                                            backend=name, return_lse=True, **variant)
         return cutlassfa.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=name,
-                                 return_lse=True)
+                                 return_lse=True, **variant)
 
     def advertises(case: Case) -> Advertised:
         return supports(name, case.dtype, case.d, **case.mode)
 
-    return Backend(name, fn, framework, advertises)
+    return Backend(name, fn, framework, advertises, variants_on_host=name == "cpu")
 
 
 @dataclass

@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         return _usage("no backend available: " + "; ".join(f"{n}: {why}" for n, why in gated.unavailable.items()))
     seed = args.seed if args.seed is not None else secrets.randbits(31)
     cases = build_cases(args.quick, args.dtypes)
-    print(f"cutlassfa check: seed {seed} (replay with --seed {seed}); {len(cases)} cases x "
+    variant = sum(c.variant is not None for c in cases)
+    print(f"cutlassfa check: seed {seed} (replay with --seed {seed}); {len(cases)} cases ({variant} of them "
+          f"variants: windows, softcap, KV caches, varlen) x "
           f"{len(gated.backends)} backends: " + ", ".join(f"{b.name} ({b.framework} inputs)" for b in gated.backends))
     for name, why in gated.unavailable.items():
         print(f"  not available: {name}: {why}")

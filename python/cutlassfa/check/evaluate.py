@@ -6,13 +6,16 @@ A case passes when
 * float16 / bfloat16: rel-L2(out) <= 2 x rel-L2(naive_same_precision) + FA_RULE_FLOOR[dtype]
   (FlashAttention's own test rule: no worse than twice a computation done in the input dtype);
 * HW4 cases: max |out - ref| <= 5e-3.
-The reference is :func:`cutlassfa.reference.attention_reference` in float64 on the same *rounded*
-inputs the backend saw, so input rounding is not counted as error.
+The reference is :func:`cutlassfa.reference.attention_reference` (kvcache_reference, varlen_reference
+for those variants) in float64 on the same *rounded* inputs the backend saw, so input rounding is not
+counted as error.
 
 Statuses: `pass`; `fail` (a rule broken, or the backend refused a case it advertises); `error` (it
 raised); `unchecked` (it advertises the case but the harness cannot build its inputs here, e.g.
-bfloat16 numpy arrays without ml_dtypes, or CuPy inputs, which have no bfloat16); `not advertised`
-(not run: the backend does not claim the case).
+bfloat16 numpy arrays without ml_dtypes, or CuPy inputs, which have no bfloat16, or a variant case for a
+GPU backend fed numpy arrays: `forward` runs variant calls on host arrays on the cpu backend, so the
+backend named would not be the one checked); `not advertised` (not run: the backend does not claim the
+case).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .._inputs import Case, Unsupported, case_values, classify_error, numpy_dtyp
 from .._text import first_line
 from .backends import Backend
 from .bounds import FA_RULE_FACTOR, FA_RULE_FLOOR, HW4_MAX_ABS, bound_for, rel_l2_limit
+from .variant_inputs import index_to_framework, variant_inputs
 
 CHECKED = ("pass", "fail", "error")  # statuses of a case that was run
 NOT_ADVERTISED = "not advertised"
@@ -49,13 +53,17 @@ class Result:
         # JSON has no inf / NaN: those become null (the reasons say what was wrong).
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in asdict(self).items() if k != "case"}
-        row.update(asdict(self.case))
+        row.update(asdict(self.case))  # variant: its fields, or None for a plain case
+        row.update(variant_name=self.case.variant_name, label=self.case.label,
+                   mode={k: list(v) if isinstance(v, tuple) else v for k, v in self.case.mode.items()})
         return row
 
 
 @dataclass
 class CaseInputs:
-    """One case's inputs: float32 host values rounded to the dtype, and the float64 reference."""
+    """One case's inputs: float32 host values rounded to the dtype, and the float64 reference. Variant
+    cases add float arrays (k_new, v_new), int32 index arrays and scalar options, passed to the backend
+    as keyword arguments of `forward` / `varlen_forward`."""
 
     q: np.ndarray
     k: np.ndarray
@@ -63,6 +71,9 @@ class CaseInputs:
     ref_out: np.ndarray
     ref_lse: np.ndarray
     naive_err: float | None
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    index: dict[str, np.ndarray] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def make_inputs(case: Case, seed: int, index: int) -> CaseInputs:
@@ -70,7 +81,13 @@ def make_inputs(case: Case, seed: int, index: int) -> CaseInputs:
     the half-precision yardstick cannot be computed here (bfloat16 without ml_dtypes)."""
     from cutlassfa import reference
 
-    q, k, v = case_values(case, np.random.default_rng([seed, index]))
+    rng = np.random.default_rng([seed, index])
+    if case.variant is not None:
+        made = variant_inputs(case, rng)
+        naive_err = None if made.naive is None else reference.rel_l2(made.naive, made.ref_out)
+        return CaseInputs(made.q, made.k, made.v, made.ref_out, made.ref_lse, naive_err, made.arrays, made.index,
+                          made.options)
+    q, k, v = case_values(case, rng)
     ref_out, ref_lse = reference.attention_reference(q, k, v, causal=case.causal)
     naive_err = None
     if case.dtype in FA_RULE_FLOOR:
@@ -89,12 +106,19 @@ def evaluate(backend: Backend, case: Case, inputs: CaseInputs) -> Result:
     """Runs one backend on one case it advertises and applies every rule."""
     from cutlassfa import reference
 
+    if case.variant is not None and backend.framework == "numpy" and not backend.variants_on_host:
+        return Result(backend.name, case, "unchecked", reasons=[
+            f"variant calls on numpy arrays run on the cpu backend, not on {backend.name}: pass --inputs torch or "
+            f"--inputs cupy (CUDA arrays) to check it"])
+    fw = backend.framework
     try:
-        q, k, v = (to_framework(x, case.dtype, backend.framework) for x in (inputs.q, inputs.k, inputs.v))
+        q, k, v = (to_framework(x, case.dtype, fw) for x in (inputs.q, inputs.k, inputs.v))
+        extra = {name: to_framework(x, case.dtype, fw) for name, x in inputs.arrays.items()}
     except Unsupported as error:  # the harness cannot feed this backend this dtype here
         return Result(backend.name, case, "unchecked", reasons=[str(error)])
+    extra.update({name: index_to_framework(x, fw) for name, x in inputs.index.items()}, **inputs.options)
     try:
-        result = backend.fn(q, k, v, causal=case.causal, softmax_scale=None)
+        result = backend.fn(q, k, v, causal=case.causal, softmax_scale=None, **extra)
     except Exception as error:  # a backend refusing or crashing is reported, never fatal
         if classify_error(error) == "unsupported":
             return Result(backend.name, case, "fail", reasons=[f"refused a case it advertises: {first_line(error)}"])

@@ -2,7 +2,8 @@
 
 The gate passes only when every case it ran passed, every advertised case was run, every backend it
 gates checked at least one case, and no backend that must run (CUTLASSFA_REQUIRE_GPU=1) was missing.
-The report says how many cases each backend checked, and why any advertised case was not.
+The report says how many cases each backend checked (per dtype, and per variant: plain, padded head
+dim, hw4, each window / softcap / KV-cache / varlen mode), and why any advertised case was not.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .._text import format_table
 from .bounds import BOUNDS, FA_RULE_FACTOR, FA_RULE_FLOOR, GATE_REL_L2, HW4_MAX_ABS, rel_l2_limit
+from .cases import group
 from .evaluate import CHECKED, NOT_ADVERTISED, Result
 
-SCHEMA = "cutlassfa-check/2"
+# /3: each result also holds its variant (the Variant's fields, or null), variant_name, label and the
+# mode `cutlassfa.supports` was asked with; the document holds checked_per_variant.
+SCHEMA = "cutlassfa-check/3"
 
 
 def _fmt(x: float | None, spec: str = ".2e") -> str:
@@ -42,7 +46,8 @@ def problems(results: Sequence[Result], backends: Sequence[str], required: Mappi
     lines += list(gaps)
     unchecked = Counter((r.backend, r.reasons[0] if r.reasons else "") for r in results if r.status == "unchecked")
     for (backend, why), n in unchecked.items():
-        lines.append(f"{backend}: {n} advertised cases not checked: {why} (--dtypes leaves a dtype out)")
+        hint = "" if "--inputs" in why else " (--dtypes leaves a dtype out)"
+        lines.append(f"{backend}: {n} advertised cases not checked: {why}{hint}")
     per_backend = counts(results)
     for name in backends:
         if per_backend.get(name, {}).get("checked", 0) == 0:
@@ -72,6 +77,30 @@ def summary_table(results: Sequence[Result]) -> str:
                          "worst rel-L2", "bound", "worst lse err", "worst err/naive", "HW4 max abs"], rows)
 
 
+def checked_per_variant(results: Iterable[Result]) -> dict[str, dict[str, int]]:
+    """backend -> {group (see cases.group) -> cases checked}."""
+    table: dict[str, Counter] = {}
+    for r in results:
+        table.setdefault(r.backend, Counter())[group(r.case)] += r.status in CHECKED
+    return {backend: dict(c) for backend, c in table.items()}
+
+
+def variant_table(results: Sequence[Result]) -> str:
+    """Per backend and variant: cases checked, passed, failed, unchecked, not advertised, and the worst
+    rel-L2 as a fraction of its bound."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.backend, group(r.case)), []).append(r)
+    rows = []
+    for (backend, name), rs in groups.items():
+        n = Counter(r.status for r in rs)
+        used = [r.rel_err / r.rel_bound for r in rs if r.rel_err is not None and r.rel_bound]
+        rows.append([backend, name, sum(n[s] for s in CHECKED), n["pass"], n["fail"] + n["error"], n["unchecked"],
+                     n[NOT_ADVERTISED], _fmt(max(used, default=None), ".2f")])
+    return format_table(["backend", "variant", "checked", "pass", "fail", "unchecked", "not advertised",
+                         "worst rel-L2 / bound"], rows)
+
+
 def offenders_table(results: Sequence[Result]) -> str:
     rows = [[r.backend, r.case.label, r.status, _fmt(r.rel_err), _fmt(r.rel_bound), "; ".join(r.reasons)]
             for r in results if r.status in ("fail", "error")]
@@ -85,6 +114,7 @@ def document(results: Sequence[Result], *, seed: int, passed: bool, problem_line
 
     return {"schema": SCHEMA, **provenance(), "seed": seed, "passed": passed, "problems": list(problem_lines),
             "checked": {b: c["checked"] for b, c in counts(results).items()}, "counts": counts(results),
+            "checked_per_variant": checked_per_variant(results),
             "gate_rel_l2": GATE_REL_L2,
             "bounds": {b: {dt: bd._asdict() for dt, bd in row.items()} for b, row in BOUNDS.items()},
             "hw4_max_abs": HW4_MAX_ABS, "fa_rule": {"factor": FA_RULE_FACTOR, "floor": FA_RULE_FLOOR},
@@ -105,6 +135,8 @@ def report(results: Sequence[Result], *, seed: int, elapsed: float = 0.0, json_p
     passed = not problem_lines
     print()
     print(summary_table(results))
+    print()
+    print(variant_table(results))
     per_backend = counts(results)
     print("\nchecked per backend: " + (", ".join(f"{b} {per_backend.get(b, {}).get('checked', 0)}" for b in names)
                                        or "none"))

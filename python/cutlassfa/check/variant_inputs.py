@@ -1,0 +1,159 @@
+"""Inputs of the variant cases, their float64 reference and the half-precision yardstick.
+
+Dense variants use the plain case's q, k, v. A KV-cache case draws each entry's keys (cache part, then
+the appended ones) and writes the cache part into a contiguous cache (B, Hkv, Ncache, d) or into the
+pages of a paged one that a shuffled block_table names; every slot no entry owns holds other random
+values, so a backend that reads past a length, before a leftpad or through the wrong page is off.
+A varlen case packs ragged sequences. The reference is cutlassfa.reference's kvcache_reference /
+varlen_reference on the cache layout; the yardstick (naive_same_precision) runs on each entry's own
+keys, so the scatter into the cache is checked too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._inputs import Case, case_values, numpy_dtype, round_to
+
+HALF = ("float16", "bfloat16")
+
+
+@dataclass
+class VariantInputs:
+    """q, k, v (float32, rounded to the dtype), further float arrays (k_new, v_new), int32 index arrays
+    (cache_seqlens, block_table, cu_seqlens_q ...), scalar options (window, softcap, num_splits,
+    max_seqlen_*), the float64 reference and the same-precision naive output (half dtypes only)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    ref_out: np.ndarray
+    ref_lse: np.ndarray
+    naive: np.ndarray | None
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    index: dict[str, np.ndarray] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _mask_options(case: Case) -> dict[str, Any]:
+    v = case.variant
+    options: dict[str, Any] = {}
+    if v.window is not None:
+        options["window"] = v.window
+    if v.softcap:
+        options["softcap"] = v.softcap
+    return options
+
+
+def variant_inputs(case: Case, rng: np.random.Generator) -> VariantInputs:
+    """Inputs and reference of a variant case. Raises Unsupported where the yardstick needs a dtype
+    numpy cannot hold here (bfloat16 without ml_dtypes)."""
+    half = numpy_dtype(case.dtype) if case.dtype in HALF else None
+    build = {"dense": _dense, "kvcache": _kvcache, "varlen": _varlen}[case.variant.kind]
+    return build(case, rng, half)
+
+
+def _draw(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    return round_to(rng.standard_normal(shape), dtype)
+
+
+def _dense(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
+    from cutlassfa import reference
+
+    q, k, v = case_values(case, rng)
+    masking = _mask_options(case)
+    ref_out, ref_lse = reference.attention_reference(q, k, v, causal=case.causal, **masking)
+    naive = None if half is None else reference.naive_same_precision(q, k, v, half, causal=case.causal, **masking)
+    options = dict(masking)
+    if case.variant.num_splits is not None:
+        options["num_splits"] = case.variant.num_splits
+    return VariantInputs(q, k, v, ref_out, ref_lse, naive, options=options)
+
+
+def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
+    from cutlassfa import reference
+
+    var, dt = case.variant, case.dtype
+    b, hk, d = case.B, case.Hk, case.d
+    seqlens = np.array(var.cache_seqlens, np.int32)
+    leftpad = np.array(var.cache_leftpad or (0,) * b, np.int32)
+    q = _draw(rng, (b, case.H, case.Nq, d), dt)
+    # Each entry's keys and values: the cache part, then the n_new appended ones.
+    keys = [_draw(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
+    values = [_draw(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
+    index: dict[str, np.ndarray] = {"cache_seqlens": seqlens}
+    if var.cache_leftpad:
+        index["cache_leftpad"] = leftpad
+    if var.page_size:
+        per_entry = case.Nk // var.page_size
+        pages = b * per_entry + 1  # one page no entry uses
+        table = rng.permutation(pages)[: b * per_entry].reshape(b, per_entry).astype(np.int32)
+        k_cache, v_cache = _draw(rng, (pages, hk, var.page_size, d), dt), _draw(rng, (pages, hk, var.page_size, d), dt)
+        for i, n in enumerate(seqlens):
+            at = np.arange(n)
+            k_cache[table[i, at // var.page_size], :, at % var.page_size] = keys[i][:, :n].transpose(1, 0, 2)
+            v_cache[table[i, at // var.page_size], :, at % var.page_size] = values[i][:, :n].transpose(1, 0, 2)
+        index["block_table"] = table
+    else:
+        k_cache, v_cache = _draw(rng, (b, hk, case.Nk, d), dt), _draw(rng, (b, hk, case.Nk, d), dt)
+        for i, n in enumerate(seqlens):
+            k_cache[i, :, :n], v_cache[i, :, :n] = keys[i][:, :n], values[i][:, :n]
+    arrays = {}
+    if var.n_new:
+        arrays = {"k_new": np.stack([x[:, n:] for x, n in zip(keys, seqlens)]),
+                  "v_new": np.stack([x[:, n:] for x, n in zip(values, seqlens)])}
+    masking = _mask_options(case)
+    ref_out, ref_lse = reference.kvcache_reference(q, k_cache, v_cache, causal=case.causal, **index, **arrays,
+                                                   **masking)
+    naive = None
+    if half is not None:
+        naive = np.concatenate([reference.naive_same_precision(q[i:i + 1], keys[i][None, :, lp:], values[i][None, :, lp:],
+                                                               half, causal=case.causal, **masking)
+                                for i, lp in enumerate(leftpad)])
+    options = dict(masking)
+    if var.num_splits is not None:
+        options["num_splits"] = var.num_splits
+    return VariantInputs(q, k_cache, v_cache, ref_out, ref_lse, naive, arrays, index, options)
+
+
+def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
+    from cutlassfa import reference
+
+    var, dt = case.variant, case.dtype
+    cu_q = np.concatenate([[0], np.cumsum(var.seqlens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(var.seqlens_k)]).astype(np.int32)
+    q = _draw(rng, (int(cu_q[-1]), case.H, case.d), dt)
+    k, v = (_draw(rng, (int(cu_k[-1]), case.Hk, case.d), dt) for _ in range(2))
+    masking = _mask_options(case)
+    ref_out, ref_lse = reference.varlen_reference(q, k, v, cu_q, cu_k, causal=case.causal, **masking)
+    naive = None
+    if half is not None:
+        naive = np.zeros(q.shape, np.float64)
+        heads_first = lambda x: x.transpose(1, 0, 2)[None]  # noqa: E731 - (n, H, d) -> (1, H, n, d)
+        for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]):
+            o = reference.naive_same_precision(heads_first(q[q0:q1]), heads_first(k[k0:k1]), heads_first(v[k0:k1]),
+                                               half, causal=case.causal, **masking)
+            naive[q0:q1] = o[0].transpose(1, 0, 2)
+    options = dict(masking, max_seqlen_q=max(var.seqlens_q), max_seqlen_k=max(var.seqlens_k))
+    return VariantInputs(q, k, v, ref_out, ref_lse, naive, index={"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k},
+                         options=options)
+
+
+def index_to_framework(x: np.ndarray, framework: str) -> Any:
+    """An int32 index array as `framework` arrays: numpy on the host, int32 on the CUDA device otherwise
+    (what a serving stack passes; the kernels then read the values on the device)."""
+    x = np.ascontiguousarray(x, dtype=np.int32)
+    if framework == "numpy":
+        return x
+    if framework == "torch":
+        import torch
+
+        return torch.from_numpy(x).to("cuda")
+    if framework == "cupy":
+        import cupy
+
+        return cupy.asarray(x)
+    raise ValueError(f"unknown array framework {framework!r}")
