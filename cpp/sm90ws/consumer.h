@@ -22,17 +22,26 @@ namespace cutlassfa::sm90ws {
 using namespace cute;
 
 // Ping-pong turns: warpgroup wg waits for its turn before issuing its GEMMs and hands the turn to the
-// other one right after issuing them. Warpgroup 0 starts with the turn (first_turn).
+// other one right after issuing them. Warpgroup 0 starts with the turn (first_turn). Both warpgroups
+// take the same number of turns (they walk the same K/V tiles); the one arrival left on turn 0 at the
+// end is never waited for. kEnabled = false: no turns (Traits::kPingPong).
+template <bool kEnabled>
 struct MmaTurns {
   int wg;  // 0 or 1 among the consumers
   __forceinline__ __device__ void first_turn() const {
-    if (wg == 0) { cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0)); }
+    if (kEnabled && wg == 0) {
+      cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0));
+    }
   }
   __forceinline__ __device__ void wait_turn() const {
-    cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + wg);
+    if constexpr (kEnabled) {
+      cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + wg);
+    }
   }
   __forceinline__ __device__ void pass_turn() const {
-    cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + (1 - wg));
+    if constexpr (kEnabled) {
+      cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + (1 - wg));
+    }
   }
 };
 
@@ -68,7 +77,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   Tensor tOrP = make_tensor<Element>(acc_as_a_operand(acc_s_shape.layout()));  // (MMA, MMA_M, kBlockN / 16)
 
   int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
-  MmaTurns const turns{thread_idx / 128};
+  MmaTurns<Traits::kPingPong> const turns{thread_idx / 128};
   typename Traits::PipelineState read_k;  // stage 0, phase 0
   typename Traits::PipelineState read_v;
   auto wait = [](typename Traits::Pipeline& pipeline, typename Traits::PipelineState const& state) {

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
     Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
     TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
     if (has_keys) {
-      MmaTurns{thread_idx / 128}.first_turn();
+      MmaTurns<Traits::kPingPong>{thread_idx / 128}.first_turn();
       consume<Traits>(fwd, storage, pipeline_k, pipeline_v, mask, tile.m_block, n_block_min, n_block_max, thread_idx,
                       acc_o, softmax);
     } else {

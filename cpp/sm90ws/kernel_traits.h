@@ -56,7 +56,10 @@ struct Traits {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static_assert(kNConsumerWarpGroups == 2, "ping-pong between two consumer warpgroups");
-  static_assert(kHeadDim % 64 == 0, "128-byte swizzle rows (d = 96 needs the 64-byte atom)");
+  static_assert(kHeadDim % 32 == 0, "a 64- or 128-byte swizzle atom spans the columns");
+  // Ping-pong: the consumer warpgroups take turns issuing their GEMMs (sm90ws/consumer.h, MmaTurns).
+  // false lets both issue whenever their operands are ready, for measuring what the turns buy.
+  static constexpr bool kPingPong = true;
 
   // ---- MMA: S = Q K^T (both from shared memory), O += P V (P from registers) ------------------------
   // Warpgroup w of the consumers owns rows [64w, 64w + 64): the atom layout stacks the two along M.
@@ -71,8 +74,10 @@ struct Traits {
       AtomLayout{}));
 
   // ---- Shared layouts: one layout per tile, written by TMA and read by wgmma ------------------------
-  // 8 rows x 64 columns with the 16-byte chunk XORed by the row (128-byte swizzle), K-major.
-  using SmemLayoutAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // 8 rows x 64 columns with the 16-byte chunk XORed by the row (128-byte swizzle), K-major; rows of
+  // 32 (mod 64) columns (d = 96) take the 64-byte swizzle.
+  using SmemLayoutAtom = cute::conditional_t<kHeadDim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                             GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = SmemLayoutK;  // (kBlockN, d, stage), as TMA writes it
@@ -86,6 +91,7 @@ struct Traits {
   using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint32_t>, Element>;  // two columns a store
   // Shared -> global for one warpgroup's 64 rows: 16 bytes a thread, whole rows.
   static constexpr int kThreadsPerRowO = kHeadDim / 8;
+  static_assert(128 % kThreadsPerRowO == 0, "whole rows per pass of the warpgroup (d = 96, 192: another layout)");
   using GmemTiledCopyO = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
       Layout<Shape<Int<128 / kThreadsPerRowO>, Int<kThreadsPerRowO>>, Stride<Int<kThreadsPerRowO>, _1>>{},
