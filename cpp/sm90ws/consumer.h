@@ -1,0 +1,148 @@
+// The consumer mainloop of one warpgroup (64 query rows): S = Q K^T and O += P V on wgmma, mask and
+// online softmax in registers, with FlashAttention-3's two overlaps:
+//  - intra-warpgroup: step n issues S[n] = Q K[n]^T and O += P[n+1] V[n+1] back to back, then runs
+//    the softmax of S[n] while the P V MMA is still in flight (O is rescaled only once it completed);
+//  - ping-pong between the two consumer warpgroups: a named barrier hands the tensor cores from one
+//    warpgroup to the other each step, so one's softmax runs under the other's GEMMs.
+// K and V buffers come from the producer's rings; each is released as soon as its MMA has completed.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cutlass/arch/barrier.h>
+
+#include "common/mask.h"
+#include "common/tensor_utils.h"
+#include "sm90ws/kernel_traits.h"
+#include "sm90ws/softmax.h"
+#include "sm90ws/utils.h"
+
+namespace cutlassfa::sm90ws {
+
+using namespace cute;
+
+// Ping-pong turns: warpgroup wg waits for its turn before issuing its GEMMs and hands the turn to the
+// other one right after issuing them. Warpgroup 0 starts with the turn (first_turn). Both warpgroups
+// take the same number of turns (they walk the same K/V tiles); the one arrival left on turn 0 at the
+// end is never waited for. kEnabled = false: no turns (Traits::kPingPong).
+template <bool kEnabled>
+struct MmaTurns {
+  int wg;  // 0 or 1 among the consumers
+  __forceinline__ __device__ void first_turn() const {
+    if (kEnabled && wg == 0) {
+      cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0));
+    }
+  }
+  __forceinline__ __device__ void wait_turn() const {
+    if constexpr (kEnabled) {
+      cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + wg);
+    }
+  }
+  __forceinline__ __device__ void pass_turn() const {
+    if constexpr (kEnabled) {
+      cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + (1 - wg));
+    }
+  }
+};
+
+// Runs the K/V tiles [n_block_min, n_block_max) (non-empty) for this thread's rows; acc_o ends
+// unnormalized, softmax holds m and l. thread_idx: 0 .. 255 among the consumers.
+template <class Traits, class MaskT, class TensorO, class Softmax>
+__forceinline__ __device__ void consume(FwdParams const& params, typename Traits::SharedStorage& storage,
+                                        typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
+                                        MaskT const& mask, int m_block, int n_block_min, int n_block_max,
+                                        int thread_idx, TensorO& acc_o, Softmax& softmax) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, d)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, d, stage)
+  Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (d, kBlockN, stage)
+
+  typename Traits::TiledMmaQK tiled_mma_qk;
+  typename Traits::TiledMmaPV tiled_mma_pv;
+  auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
+  auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+  Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
+  Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage) descriptors
+  Tensor tOrV = thr_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage) descriptors
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (kBlockM, kBlockN) -> (row, col)
+  Tensor tScS = thr_mma_qk.partition_C(cS);                               // (MMA, MMA_M, MMA_N)
+  Tensor tScS80 = make_tensor(tScS.data(), acc_as_sm80(tScS.layout()));   // mma.sync view for the mask
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_as_sm80(acc_o.layout())));  // (nrow, d)
+
+  // P: the softmax output in Element, laid out as the A operand of P V; the same registers every step.
+  Tensor acc_s_shape = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tOrP = make_tensor<Element>(acc_as_a_operand(acc_s_shape.layout()));  // (MMA, MMA_M, kBlockN / 16)
+
+  int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
+  MmaTurns<Traits::kPingPong> const turns{thread_idx / 128};
+  typename Traits::PipelineState read_k;  // stage 0, phase 0
+  typename Traits::PipelineState read_v;
+  auto wait = [](typename Traits::Pipeline& pipeline, typename Traits::PipelineState const& state) {
+    pipeline.consumer_wait(state, pipeline.consumer_try_wait(state));
+  };
+  // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O.
+  auto softmax_step = [&](auto& acc_s) {
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
+    return softmax.update(scores, params.softmax_scale_log2);
+  };
+
+  storage.barrier_q.wait(0);
+
+  // ---- First (highest) K/V tile: S alone, always masked (the ragged end or the diagonal lies here) ----
+  {
+    Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    wait(pipeline_k, read_k);
+    turns.wait_turn();
+    gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()),
+                                                                   acc_s);
+    turns.pass_turn();
+    warpgroup_wait<0>();
+    pipeline_k.consumer_release(read_k);
+    ++read_k;
+    Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
+    mask.apply(acc_s80, tScS80, m_block, n_block_max - 1, n_block_unmasked_begin);
+    softmax_step(acc_s);  // alpha is 0: O starts at zero
+    convert_into(acc_s, tOrP);
+  }
+  clear(acc_o);
+
+  // ---- Steps n = n_block_max - 2 .. n_block_min: S[n] and P[n+1] V[n+1] in flight together -------------
+  auto kv_step = [&](int const n_block, auto is_masked_step) __attribute__((always_inline)) {
+    Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    wait(pipeline_k, read_k);
+    turns.wait_turn();
+    gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()),
+                                                                   acc_s);
+    wait(pipeline_v, read_v);
+    gemm</*kZeroInit=*/false, /*kWait=*/-1, /*kARegisters=*/true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()),
+                                                                   acc_o);
+    turns.pass_turn();
+    warpgroup_wait<1>();  // S[n] has completed (P V may still run)
+    pipeline_k.consumer_release(read_k);
+    ++read_k;
+    if constexpr (decltype(is_masked_step)::value) {
+      Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
+      mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin);
+    }
+    auto const alpha = softmax_step(acc_s);
+    warpgroup_wait<0>();  // P[n+1] V[n+1] has completed: O and tOrP are free
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(tOrP);
+    pipeline_v.consumer_release(read_v);
+    ++read_v;
+    convert_into(acc_s, tOrP);
+    softmax.rescale_o(acc_o_rc, alpha);
+  };
+  for_each_kv_tile(n_block_min, n_block_max - 1, n_block_unmasked_begin, mask.n_block_unmasked_end(m_block), kv_step);
+
+  // ---- Last P V -------------------------------------------------------------------------------------------
+  wait(pipeline_v, read_v);
+  gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()),
+                                                                acc_o);
+  pipeline_v.consumer_release(read_v);
+}
+
+}  // namespace cutlassfa::sm90ws

@@ -1,0 +1,62 @@
+// The end of one consumer warpgroup's 64 rows: O normalized, converted, staged in shared memory over
+// its own rows of the Q tile (nobody reads them any more: its last S = Q K^T has completed), then
+// written to global memory in 16-byte row pieces (common/epilogue.h), rows past the queries skipped;
+// lse from the quads' column-0 threads. The two warpgroups finish independently (a named barrier each).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cutlass/arch/barrier.h>
+
+#include "common/epilogue.h"
+#include "common/tensor_utils.h"
+#include "common/tile.h"
+#include "sm90ws/kernel_traits.h"
+#include "sm90ws/utils.h"
+
+namespace cutlassfa::sm90ws {
+
+using namespace cute;
+
+// acc_o: this thread's unnormalized O (or anything when the tile saw no key: kEmpty writes O = 0 and
+// lse = -inf). thread_idx: 0 .. 255 among the consumers.
+template <class Traits, class TensorO, class Softmax>
+__forceinline__ __device__ void store_output(FwdParams const& params, typename Traits::SharedStorage& storage,
+                                             TileCoord const& tile, SeqInfo const& seq, int thread_idx,
+                                             TensorO& acc_o, Softmax& softmax) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  int const wg = thread_idx / 128;
+  int const rows_q = seq.seqlen_q - tile.m_block * kBlockM;  // valid rows of the tile
+
+  typename Traits::TiledMmaPV tiled_mma_pv;
+  auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_as_sm80(acc_o.layout())));  // (nrow, d)
+  Tensor lse = softmax.finalize(acc_o_rc, params.softmax_scale);                                // (nrow)
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
+  Tensor taccOcO = thr_mma_pv.partition_C(cO);                             // (MMA, MMA_M, MMA_N) -> (row, col)
+  Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
+
+  float* const lse_row0 = lse_tile_row0(params, tile, seq, tile.m_block * kBlockM);
+  if (lse_row0 != nullptr) { write_lse(lse_row0, lse, taccOcO_rc, rows_q); }
+
+  // Registers -> shared (this warpgroup's rows of the O tile, over its rows of Q).
+  Tensor sO = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutO{});  // (kBlockM, d)
+  Tensor rO = make_tensor_like<Element>(acc_o);
+  convert_into(acc_o, rO);
+  auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma_pv);
+  auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(thread_idx);
+  copy(smem_tiled_copy_O, smem_thr_copy_O.retile_S(rO), smem_thr_copy_O.partition_D(sO));
+  cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(NamedBarriers::kEpilogue0) + wg);
+
+  // Shared -> global: this warpgroup's 64 rows.
+  Tensor mO = head_tensor<kHeadDim>(static_cast<Element*>(params.o), params.o_batch_stride, params.o_head_stride,
+                                    params.o_row_stride, tile.batch, tile.head, seq.seqlen_q);  // (seqlen_q, d)
+  Tensor gO = local_tile(mO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(tile.m_block * 2 + wg, _0{}));  // (64, d)
+  Tensor sO_wg = local_tile(sO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(wg, _0{}));                 // (64, d)
+  Tensor cO_wg = make_identity_tensor(Shape<Int<64>, Int<kHeadDim>>{});
+  store_o_rows<typename Traits::GmemTiledCopyO>(sO_wg, gO, cO_wg, rows_q - 64 * wg, kHeadDim, thread_idx % 128);
+}
+
+}  // namespace cutlassfa::sm90ws

@@ -1,0 +1,73 @@
+// The producer: one thread of the producer warpgroup issues every TMA load of the CTA's tile. Q once
+// (its own mbarrier), then K and V tiles into their rings from the last visible tile down, in the
+// order the consumers use them: S = Q K[n]^T runs one step ahead of O += P V[n+1], so K[n] is issued
+// before V[n+1]. Each load first waits until both consumer warpgroups have released the buffer it
+// overwrites (PipelineTmaAsync's empty barrier). Rows past the end of q, k or v (the ragged last
+// tile) arrive as zeros: TMA fills what lies outside the tensor's extent.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/tile.h"
+#include "sm90ws/kernel_traits.h"
+
+namespace cutlassfa::sm90ws {
+
+using namespace cute;
+
+template <class Traits>
+__forceinline__ __device__ void produce(KernelParams<Traits> const& params, typename Traits::SharedStorage& storage,
+                                        typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
+                                        TileCoord const& tile, int n_block_min, int n_block_max) {
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  FwdParams const& p = params.fwd;
+
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});  // (kBlockM, d)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, d, stage)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage)
+
+  // Coordinate tensors of the descriptors' (row, dim, head, batch) views, sliced at this tile's heads.
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, kHeadDim, p.heads_q, p.batch))(_, _, tile.head, tile.batch);
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, kHeadDim, p.heads_kv, p.batch))(_, _, tile.head_kv, tile.batch);
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, kHeadDim, p.heads_kv, p.batch))(_, _, tile.head_kv, tile.batch);
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));  // (kBlockM, d)
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
+
+  auto tma_q = params.tma_q.get_slice(_0{});
+  auto tma_k = params.tma_k.get_slice(_0{});
+  auto tma_v = params.tma_v.get_slice(_0{});
+  Tensor tQgQ = tma_q.partition_S(gQ);  // (TMA, TMA_M, TMA_K)
+  Tensor tQsQ = tma_q.partition_D(sQ);  // (TMA, TMA_M, TMA_K)
+  Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_K, n_blocks)
+  Tensor tKsK = tma_k.partition_D(sK);  // (TMA, TMA_N, TMA_K, stage)
+  Tensor tVgV = tma_v.partition_S(gV);  // (TMA, TMA_N, TMA_K, n_blocks)
+  Tensor tVsV = tma_v.partition_D(sV);  // (TMA, TMA_N, TMA_K, stage)
+
+  // Q is read by this CTA only: evict it first; K and V are re-read by the other Q tiles of the head.
+  storage.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
+  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST), tQgQ,
+       tQsQ);
+
+  typename Traits::PipelineState write_k = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+  typename Traits::PipelineState write_v = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+  auto load = [&](auto const& tma, typename Traits::Pipeline& pipeline, typename Traits::PipelineState& write,
+                  auto const& tXgX, auto& tXsX, int n_block) {
+    pipeline.producer_acquire(write);  // the buffer is free; arms its full barrier with the byte count
+    copy(tma.with(*pipeline.producer_get_barrier(write), 0, TMA::CacheHintSm90::EVICT_LAST), tXgX(_, _, _, n_block),
+         tXsX(_, _, _, write.index()));
+    ++write;
+  };
+
+  load(params.tma_k, pipeline_k, write_k, tKgK, tKsK, n_block_max - 1);
+  CUTE_NO_UNROLL
+  for (int n_block = n_block_max - 2; n_block >= n_block_min; --n_block) {
+    load(params.tma_k, pipeline_k, write_k, tKgK, tKsK, n_block);
+    load(params.tma_v, pipeline_v, write_v, tVgV, tVsV, n_block + 1);
+  }
+  load(params.tma_v, pipeline_v, write_v, tVgV, tVsV, n_block_min);
+}
+
+}  // namespace cutlassfa::sm90ws

@@ -1,0 +1,292 @@
+// Standalone GPU check of launch_sm90ws (the warp-specialized Hopper kernel), independent of the Python
+// package: random inputs, outputs poisoned with NaN before every run, an fp64 CPU reference on the same
+// rounded inputs, the scope refusals (cudaErrorNotSupported), then cudaEvent timings. Built and run by
+// cpp/sm90ws/selftest.sh.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cutlassfa/params.h"
+#include "sm90ws/launch.h"
+
+using cutlassfa::DType;
+using cutlassfa::FwdParams;
+
+#define CHECK_CUDA(expr)                                                                              \
+  do {                                                                                                \
+    cudaError_t const err_ = (expr);                                                                  \
+    if (err_ != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_));    \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+namespace {
+
+void store(DType t, void* base, size_t i, float x) {
+  if (t == DType::kFloat16) { static_cast<__half*>(base)[i] = __float2half_rn(x); }
+  if (t == DType::kBFloat16) { static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); }
+}
+double load(DType t, const void* base, size_t i) {
+  if (t == DType::kFloat16) { return __half2float(static_cast<const __half*>(base)[i]); }
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+}
+const char* name(DType t) { return t == DType::kFloat16 ? "fp16" : "bf16"; }
+
+struct Case {
+  DType dtype;
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  bool causal;
+  bool head_major = false;  // (batch, heads, seqlen, d) instead of (batch, seqlen, heads, d)
+};
+
+struct Buffers {
+  std::vector<char> hq, hk, hv, ho;
+  std::vector<float> hlse;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *do_ = nullptr;
+  float* dlse = nullptr;
+  FwdParams p{};
+};
+
+// Element strides (batch, head, row) of a (batch, heads, rows, d) tensor in the case's layout.
+void strides(const Case& c, int heads, int rows, long long& b, long long& h, long long& r) {
+  long long const d = c.head_dim;
+  b = static_cast<long long>(rows) * heads * d;
+  if (c.head_major) {
+    h = rows * d;
+    r = d;
+  } else {
+    h = d;
+    r = heads * d;
+  }
+}
+
+Buffers make_buffers(const Case& c, unsigned seed, float amplitude) {
+  Buffers b;
+  size_t const nq = size_t(c.batch) * c.seqlen_q * c.heads_q * c.head_dim;
+  size_t const nk = size_t(c.batch) * c.seqlen_k * c.heads_kv * c.head_dim;
+  b.hq.resize(nq * 2);
+  b.hk.resize(nk * 2);
+  b.hv.resize(nk * 2);
+  b.ho.resize(nq * 2);
+  b.hlse.resize(size_t(c.batch) * c.heads_q * c.seqlen_q);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-amplitude, amplitude);
+  for (size_t i = 0; i < nq; ++i) { store(c.dtype, b.hq.data(), i, u(rng)); }
+  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hk.data(), i, u(rng)); }
+  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hv.data(), i, u(rng)); }
+  CHECK_CUDA(cudaMalloc(&b.dq, b.hq.size()));
+  CHECK_CUDA(cudaMalloc(&b.dk, b.hk.size()));
+  CHECK_CUDA(cudaMalloc(&b.dv, b.hv.size()));
+  CHECK_CUDA(cudaMalloc(&b.do_, b.ho.size()));
+  CHECK_CUDA(cudaMalloc(&b.dlse, b.hlse.size() * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(b.dq, b.hq.data(), b.hq.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b.dk, b.hk.data(), b.hk.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b.dv, b.hv.data(), b.hv.size(), cudaMemcpyHostToDevice));
+
+  FwdParams& p = b.p;
+  p.q = b.dq;
+  p.k = b.dk;
+  p.v = b.dv;
+  p.o = b.do_;
+  p.lse = b.dlse;
+  strides(c, c.heads_q, c.seqlen_q, p.q_batch_stride, p.q_head_stride, p.q_row_stride);
+  strides(c, c.heads_q, c.seqlen_q, p.o_batch_stride, p.o_head_stride, p.o_row_stride);
+  strides(c, c.heads_kv, c.seqlen_k, p.k_batch_stride, p.k_head_stride, p.k_row_stride);
+  strides(c, c.heads_kv, c.seqlen_k, p.v_batch_stride, p.v_head_stride, p.v_row_stride);
+  p.batch = c.batch;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.heads_ratio = c.heads_q / c.heads_kv;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_k = c.seqlen_k;
+  p.head_dim = c.head_dim;
+  p.softmax_scale = 1.f / std::sqrt(float(c.head_dim));
+  p.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  if (c.causal) { p.window_right = 0; }
+  p.lse_head_stride = c.seqlen_q;
+  p.lse_batch_stride = static_cast<long long>(c.heads_q) * c.seqlen_q;
+  p.dtype = c.dtype;
+  return b;
+}
+
+void poison(Buffers& b) {
+  CHECK_CUDA(cudaMemset(b.do_, 0xff, b.ho.size()));  // NaN in fp16, bf16 and fp32
+  CHECK_CUDA(cudaMemset(b.dlse, 0xff, b.hlse.size() * sizeof(float)));
+}
+
+void free_buffers(Buffers& b) {
+  CHECK_CUDA(cudaFree(b.dq));
+  CHECK_CUDA(cudaFree(b.dk));
+  CHECK_CUDA(cudaFree(b.dv));
+  CHECK_CUDA(cudaFree(b.do_));
+  CHECK_CUDA(cudaFree(b.dlse));
+}
+
+// rel-L2 of O against fp64 on the same rounded inputs, lse (abs), and the rows that see no key (O exactly
+// 0, lse = -inf). Run twice with fresh poison: the second run must give bit-identical results.
+bool check_case(const Case& c) {
+  Buffers b = make_buffers(c, 1234u + c.head_dim + 7 * c.seqlen_q + 13 * c.seqlen_k + int(c.causal), 3.f);
+  poison(b);
+  CHECK_CUDA(cutlassfa::launch_sm90ws(b.p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaMemcpy(b.ho.data(), b.do_, b.ho.size(), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(b.hlse.data(), b.dlse, b.hlse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  std::vector<char> ho_first = b.ho;
+  std::vector<float> hlse_first = b.hlse;
+  poison(b);
+  CHECK_CUDA(cutlassfa::launch_sm90ws(b.p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaMemcpy(b.ho.data(), b.do_, b.ho.size(), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(b.hlse.data(), b.dlse, b.hlse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  bool const deterministic = ho_first == b.ho && std::memcmp(hlse_first.data(), b.hlse.data(), b.hlse.size() * 4) == 0;
+
+  int const d = c.head_dim;
+  double const scale = b.p.softmax_scale;
+  double err2 = 0, ref2 = 0, max_abs = 0, max_lse = 0;
+  long long bad = 0;
+  std::vector<double> s(c.seqlen_k), o(d);
+  for (int bi = 0; bi < c.batch; ++bi) {
+    for (int h = 0; h < c.heads_q; ++h) {
+      int const hk = h / (c.heads_q / c.heads_kv);
+      for (int i = 0; i < c.seqlen_q; ++i) {
+        size_t const qrow = size_t(b.p.q_batch_stride) * bi + size_t(b.p.q_head_stride) * h + size_t(b.p.q_row_stride) * i;
+        // Bottom-right causal: query i sees keys j <= i + Nk - Nq.
+        int const visible = c.causal ? std::min(c.seqlen_k, std::max(0, i + 1 + c.seqlen_k - c.seqlen_q)) : c.seqlen_k;
+        double m = -INFINITY;
+        for (int j = 0; j < visible; ++j) {
+          size_t const krow = size_t(b.p.k_batch_stride) * bi + size_t(b.p.k_head_stride) * hk + size_t(b.p.k_row_stride) * j;
+          double acc = 0;
+          for (int x = 0; x < d; ++x) { acc += load(c.dtype, b.hq.data(), qrow + x) * load(c.dtype, b.hk.data(), krow + x); }
+          s[j] = acc * scale;
+          m = std::max(m, s[j]);
+        }
+        double l = 0;
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int j = 0; j < visible; ++j) {
+          double const pj = std::exp(s[j] - m);
+          l += pj;
+          size_t const vrow = size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j;
+          for (int x = 0; x < d; ++x) { o[x] += pj * load(c.dtype, b.hv.data(), vrow + x); }
+        }
+        double const lse_ref = visible == 0 ? -INFINITY : m + std::log(l);
+        float const lse_got = b.hlse[(size_t(bi) * c.heads_q + h) * c.seqlen_q + i];
+        if (visible == 0) {
+          if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
+        } else {
+          double const e = std::fabs(lse_got - lse_ref);
+          if (!(e <= 1e-3)) { ++bad; }
+          max_lse = std::max(max_lse, e);
+        }
+        size_t const orow = size_t(b.p.o_batch_stride) * bi + size_t(b.p.o_head_stride) * h + size_t(b.p.o_row_stride) * i;
+        for (int x = 0; x < d; ++x) {
+          double const ref = visible == 0 ? 0.0 : o[x] / l;
+          double const got = load(c.dtype, b.ho.data(), orow + x);
+          if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
+          err2 += (got - ref) * (got - ref);
+          ref2 += ref * ref;
+          max_abs = std::max(max_abs, std::fabs(got - ref));
+        }
+      }
+    }
+  }
+  double const rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  double const tol = c.dtype == DType::kBFloat16 ? 1e-2 : 5e-3;
+  bool const ok = bad == 0 && rel <= tol && deterministic;
+  std::printf("%s %s d=%3d B=%d H=%d/%d Nq=%5d Nk=%5d causal=%d %s  relL2=%.2e maxabs=%.2e lse=%.1e bad=%lld%s\n",
+              ok ? "PASS" : "FAIL", name(c.dtype), d, c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k,
+              int(c.causal), c.head_major ? "bhsd" : "bshd", rel, max_abs, max_lse, bad,
+              deterministic ? "" : " NOT-DETERMINISTIC");
+  free_buffers(b);
+  return ok;
+}
+
+// Outside the kernel's scope: cudaErrorNotSupported, and nothing written.
+bool check_refusals() {
+  Case const c{DType::kBFloat16, 1, 2, 2, 100, 100, 128, false};
+  int failed = 0;
+  auto expect = [&](const char* what, auto modify) {
+    Buffers b = make_buffers(c, 7u, 1.f);
+    modify(b.p);
+    poison(b);
+    cudaError_t const err = cutlassfa::launch_sm90ws(b.p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    bool const ok = err == cudaErrorNotSupported;
+    if (!ok) { ++failed; }
+    std::printf("%s refuses %s (%s)\n", ok ? "PASS" : "FAIL", what, cudaGetErrorName(err));
+    free_buffers(b);
+  };
+  expect("a sliding window", [](FwdParams& p) { p.window_left = 16; });
+  expect("window_right > 0", [](FwdParams& p) { p.window_right = 3; });
+  expect("softcap", [](FwdParams& p) { p.softcap_pre = 0.1f; });
+  expect("head_dim 96", [](FwdParams& p) { p.head_dim = 96; });
+  expect("fp32", [](FwdParams& p) { p.dtype = DType::kFloat32; });
+  expect("split keys", [](FwdParams& p) { p.num_splits = 2; });
+  expect("a row stride off 16 bytes", [](FwdParams& p) { p.k_row_stride += 4; });
+  expect("a base off 16 bytes", [](FwdParams& p) { p.v = static_cast<char const*>(p.v) + 2; });
+  expect("a negative row stride", [](FwdParams& p) { p.q_row_stride = -p.q_row_stride; });
+  return failed == 0;
+}
+
+void bench_case(const Case& c) {
+  Buffers b = make_buffers(c, 99u, 1.f);
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) { CHECK_CUDA(cutlassfa::launch_sm90ws(b.p, nullptr)); }
+  int const reps = 20;
+  CHECK_CUDA(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) { CHECK_CUDA(cutlassfa::launch_sm90ws(b.p, nullptr)); }
+  CHECK_CUDA(cudaEventRecord(stop));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  ms /= reps;
+  double const flops =
+      4.0 * c.batch * c.heads_q * double(c.seqlen_q) * c.seqlen_k * c.head_dim * (c.causal ? 0.5 : 1.0);
+  std::printf("BENCH %s d=%3d B=%d H=%d N=%5d causal=%d  %.3f ms  %.1f TFLOP/s\n", name(c.dtype), c.head_dim, c.batch,
+              c.heads_q, c.seqlen_q, int(c.causal), ms, flops / ms * 1e-9);
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  free_buffers(b);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool const do_bench = argc < 2 || std::strcmp(argv[1], "check") != 0;
+  int failed = 0, passed = 0;
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    for (int d : {64, 128}) {
+      for (bool causal : {false, true}) {
+        Case const cases[] = {
+            {t, 2, 8, 2, 77, 257, d, causal},         // GQA 4:1, Nq < Nk, ragged, B*H > 1
+            {t, 1, 2, 2, 257, 77, d, causal},         // Nq > Nk: causal rows that see no key
+            {t, 1, 2, 1, 1000, 1000, d, causal},      // ragged, many K/V steps
+            {t, 2, 3, 3, 256, 384, d, causal, true},  // exact tiles, (batch, heads, seqlen, d) layout
+            {t, 1, 4, 1, 1, 1000, d, causal},         // one query row, MQA
+            {t, 1, 1, 1, 128, 1, d, causal},          // one key
+        };
+        for (const Case& c : cases) { check_case(c) ? ++passed : ++failed; }
+      }
+    }
+  }
+  check_refusals() ? ++passed : ++failed;
+  if (do_bench) {
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      for (int d : {64, 128}) {
+        for (bool causal : {false, true}) { bench_case({t, 4, 16, 16, 8192, 8192, d, causal, true}); }
+      }
+    }
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
