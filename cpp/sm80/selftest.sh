@@ -19,7 +19,7 @@ sed -e 's/@CUTLASSFA_SMALL_TILE_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_LA
     -e 's/@CUTLASSFA_SM80_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM@/128/' \
     -e 's/@CUTLASSFA_SM90_HEAD_DIMS_CSV@/64, 128/' -e "s/@CUTLASSFA_ARCH_STRING@/$arch/" \
     -e "s/@CUTLASSFA_SM80_ARCH_STRING@/$arch/" -e 's/@CUTLASSFA_SM90_ARCH_STRING@//' -e 's/@CUTLASSFA_HAS_CUDA@/1/' \
-    -e 's/@CUTLASSFA_HAS_SM80@/1/' -e 's/@CUTLASSFA_HAS_SM90@/0/' cpp/include/cutlassfa/config.h.in \
+    -e 's/@CUTLASSFA_HAS_SM80@/1/' -e 's/@CUTLASSFA_HAS_SM90@/0/' -e 's/@CUTLASSFA_HAS_SM90WS@/0/' cpp/include/cutlassfa/config.h.in \
     > "$build/generated/cutlassfa/config.h"
 sources=(cpp/sm80/launch.cu cpp/sm80/selftest.cu)
 for d in $head_dims; do

@@ -3,11 +3,12 @@
 
 #include <cuda_runtime.h>
 
+#include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
 
 namespace cutlassfa {
 
-// Enqueues the kernel on `stream` and returns the first CUDA error (never synchronizes). Covers
+// (Declared in cutlassfa/launch.h, for the dispatch.) Enqueues the kernel on `stream` and returns the first CUDA error (never synchronizes). Covers
 // fp16 / bf16, head dims of CUTLASSFA_SM90WS_HEAD_DIMS (exactly), dense (batch, heads, seqlen, d)
 // tensors whose base and batch / head / row strides are 16-byte aligned (the TMA descriptors), any
 // seqlen_q and seqlen_k, causal or not (window_left = -1, window_right -1 or 0), GQA / MQA, lse.

@@ -20,7 +20,7 @@ sed -e 's/@CUTLASSFA_SMALL_TILE_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_LA
     -e 's/@CUTLASSFA_SM80_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM@/128/' \
     -e 's/@CUTLASSFA_SM90_HEAD_DIMS_CSV@/64, 128/' -e 's/@CUTLASSFA_ARCH_STRING@/90a/' \
     -e 's/@CUTLASSFA_SM80_ARCH_STRING@/90a/' -e 's/@CUTLASSFA_SM90_ARCH_STRING@/90a/' -e 's/@CUTLASSFA_HAS_CUDA@/1/' \
-    -e 's/@CUTLASSFA_HAS_SM80@/1/' -e 's/@CUTLASSFA_HAS_SM90@/1/' cpp/include/cutlassfa/config.h.in \
+    -e 's/@CUTLASSFA_HAS_SM80@/1/' -e 's/@CUTLASSFA_HAS_SM90@/1/' -e 's/@CUTLASSFA_HAS_SM90WS@/1/' cpp/include/cutlassfa/config.h.in \
     > "$build/generated/cutlassfa/config.h"
 sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(echo $head_dims | sed 's/ /, /g')/" cpp/sm90ws/head_dims.h.in \
     > "$build/generated/sm90ws/head_dims.h"

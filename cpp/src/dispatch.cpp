@@ -29,7 +29,14 @@ cudaError_t launch_tensorcore(Backend backend, const FwdParams& params, cudaStre
   if (err != cudaSuccess) return err;
   // (fp32 calls the wgmma family's pre-pass cannot lay out go on to mma.sync inside launch_sm90.)
   bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim);
-  return wgmma ? launch_sm90(params, stream) : launch_sm80(params, stream);
+  if (!wgmma) return launch_sm80(params, stream);
+#if CUTLASSFA_HAS_SM90WS
+  // The warp-specialized kernel where it covers the call (dense fp16 / bf16 of its head dims, causal or
+  // not); the wgmma kernel for everything else.
+  cudaError_t const ws = launch_sm90ws(params, stream);
+  if (ws != cudaErrorNotSupported) return ws;
+#endif
+  return launch_sm90(params, stream);
 }
 
 // Split keys: fp32 partials (num_splits, B, Hq, Nq, d) and their lse (num_splits, B, Hq, Nq) from the

@@ -26,6 +26,11 @@ cudaError_t launch_sm80(const FwdParams& params, cudaStream_t stream);
 // pre-split into fp16 hi/lo. cpp/sm90/launch.cu.
 cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream);
 
+// The warp-specialized Hopper kernel (sm_90a only): TMA producer warpgroup, two consumer warpgroups.
+// Covers dense fp16 / bf16 calls of its head dims, causal or not; returns cudaErrorNotSupported before
+// any launch for anything else (the caller then runs launch_sm90). cpp/sm90ws/launch.h says exactly what.
+cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
+
 // ---- Steps around the attention kernels (built for every architecture, beside fill.cu) ----
 
 // Keys appended to a KV cache this call: k_new / v_new (batch, heads_kv, n_new, head_dim) of the
