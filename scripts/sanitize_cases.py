@@ -8,7 +8,7 @@ Host (numpy) arrays are compacted before the launch, so they test compact layout
 cases run the kernels on CUDA tensors in the transposed and padded layouts of cutlassfa._inputs with a
 strided `out=` (needs PyTorch with CUDA; --no-strided leaves them out, and says so).
 
-    python scripts/sanitize_cases.py [--no-strided] [backend ...]
+    python scripts/sanitize_cases.py [--no-strided] [--no-variants | --variants-only] [backend ...]
 """
 
 import sys
@@ -97,6 +97,8 @@ def _variant_runs(backend, dtype, rng):
 
 def main(argv) -> int:
     strided = "--no-strided" not in argv
+    variants = "--no-variants" not in argv
+    plain = "--variants-only" not in argv
     names = [a for a in argv if not a.startswith("--")]
     backends = [name for name in ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive")
                 if cutlassfa.backends()[name].available and (not names or name in names)]
@@ -119,7 +121,7 @@ def main(argv) -> int:
         print("strided device cases left out (--no-strided): only compact layouts are checked")
     rng = np.random.default_rng()
     failures = runs = 0
-    for backend in backends:
+    for backend in backends if plain else ():
         for dtype in DTYPES:
             for d in (32, 64, 128):
                 for causal in (False, True):
@@ -132,7 +134,7 @@ def main(argv) -> int:
                             if not err <= bound_for(backend, dtype).rel_l2:
                                 failures += 1
                                 print(f"FAIL {backend} {case.label} {layout or 'host'} rel_err={err:.3g}")
-    if strided:  # the variants take CUDA arrays
+    if strided and variants:  # the variants take CUDA arrays
         for backend in backends:
             for dtype in DTYPES:
                 for label, err in _variant_runs(backend, dtype, rng):
@@ -141,7 +143,7 @@ def main(argv) -> int:
                         failures += 1
                         print(f"FAIL {backend} {dtype} {label} rel_err={err:.3g}")
     print(f"{runs} runs over {backends} (layouts: {', '.join(l or 'host' for l in layouts)}; variants on CUDA "
-          f"tensors: {'yes' if strided else 'no'}), {failures} failures")
+          f"tensors: {'yes' if strided and variants else 'no'}), {failures} failures")
     if strided:
         # Give PyTorch's cached blocks back before exit: memcheck's leak check reported them (allocated by
         # Tensor.to in as_layout) although no tensor was alive any more.
