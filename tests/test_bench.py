@@ -431,3 +431,15 @@ def test_peaks_on_gpu():
     peaks = bench.measure_peaks(frame, ["float16"], frame.timer(), n=2048, repeats=3, warmup=1)
     assert peaks["fp16_gemm"]["tflops"] > 1 and "2048" in peaks["fp16_gemm"]["how"]
     assert math.isfinite(peaks["fp16_gemm"]["tflops"])
+
+
+def test_commit_given_by_environment_wins_over_an_ambient_checkout(monkeypatch):
+    """A copy of a checkout run elsewhere may carry a .git of another commit: the commit its runner
+    states (CUTLASSFA_COMMIT / CUTLASSFA_DIRTY) is the one recorded."""
+    from cutlassfa import _provenance
+
+    monkeypatch.setenv("CUTLASSFA_COMMIT", "0123abc")
+    monkeypatch.setenv("CUTLASSFA_DIRTY", "0")
+    assert _provenance.git_state() == {"commit": "0123abc", "dirty": False, "commit_source": "CUTLASSFA_COMMIT"}
+    monkeypatch.delenv("CUTLASSFA_COMMIT")
+    assert _provenance.git_state()["commit"] != "0123abc"

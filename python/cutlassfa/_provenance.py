@@ -44,10 +44,15 @@ def _our_checkout(where: Path) -> Path | None:
 
 
 def git_state() -> dict[str, Any]:
-    """{commit, dirty, commit_source}. Read from git in the source tree the package was imported from,
-    else in the current directory; else from the build configuration (`_build_config.GIT_COMMIT` /
-    `GIT_DIRTY`, when the build recorded them); else from CUTLASSFA_COMMIT / CUTLASSFA_DIRTY (0 or 1)
-    set by whoever ran a build from a copy of a checkout. Unknown: ("<version>+unknown", None)."""
+    """{commit, dirty, commit_source}. CUTLASSFA_COMMIT / CUTLASSFA_DIRTY (0 or 1) first, when whoever
+    ran a build from a copy of a checkout set them (such a copy may carry a .git of another commit);
+    else git in the source tree the package was imported from, else in the current directory; else the
+    build configuration (`_build_config.GIT_COMMIT` / `GIT_DIRTY`, when the build recorded them).
+    Unknown: ("<version>+unknown", None)."""
+    if os.environ.get("CUTLASSFA_COMMIT"):
+        flag = os.environ.get("CUTLASSFA_DIRTY", "")
+        dirty = {"0": False, "1": True}.get(flag)
+        return {"commit": os.environ["CUTLASSFA_COMMIT"], "dirty": dirty, "commit_source": "CUTLASSFA_COMMIT"}
     for where in (Path(__file__).resolve().parent, Path.cwd()):
         top = _our_checkout(where)
         if top is not None:
@@ -64,10 +69,6 @@ def git_state() -> dict[str, Any]:
             return {"commit": _build_config.GIT_COMMIT, "dirty": dirty, "commit_source": "build configuration"}
     except ImportError:
         pass
-    if os.environ.get("CUTLASSFA_COMMIT"):
-        flag = os.environ.get("CUTLASSFA_DIRTY", "")
-        dirty = {"0": False, "1": True}.get(flag)
-        return {"commit": os.environ["CUTLASSFA_COMMIT"], "dirty": dirty, "commit_source": "CUTLASSFA_COMMIT"}
     return {"commit": f"{package_version()}+unknown", "dirty": None, "commit_source": None}
 
 

@@ -1,0 +1,44 @@
+"""The README's results table from a `cutlassfa bench --json` document: one row per shape, TFLOP/s and
+time per backend, and `tensorcore` against cuDNN's and FlashAttention-2's SDPA backends.
+
+    python scripts/readme_table.py bench/results/<gpu>-<commit>.json > table.md
+"""
+
+import json
+import sys
+
+COLUMNS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def cell(row):
+    if row is None or row.get("status") != "ok":
+        return "–"
+    return f"{row['tflops']:.0f} ({row['ms']:.3g} ms)"
+
+
+def ratio(a, b):
+    ok = a is not None and b is not None and a.get("status") == b.get("status") == "ok"
+    return f"{a['tflops'] / b['tflops']:.2f}" if ok else "–"
+
+
+def table(doc):
+    shapes = {}
+    for row in doc["rows"]:
+        key = (row["dtype"], row["B"], row["H"], row["Hk"], row["Nq"], row["Nk"], row["d"], row["causal"])
+        shapes.setdefault(key, {})[row["backend"]] = row
+    head = ["dtype", "B", "H", "N", "d", "causal", *COLUMNS, "tc / cuDNN", "tc / FA2"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (dtype, b, h, hk, nq, nk, d, causal), rows in shapes.items():
+        heads = str(h) if h == hk else f"{h}:{hk}"
+        n = str(nq) if nq == nk else f"{nq}×{nk}"
+        tc = rows.get("tensorcore")
+        cells = [DTYPE[dtype], str(b), heads, n, str(d), "yes" if causal else "no",
+                 *(cell(rows.get(c)) for c in COLUMNS), ratio(tc, rows.get("sdpa_cudnn")), ratio(tc, rows.get("sdpa_flash"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        print(table(json.load(f)))
