@@ -133,6 +133,22 @@ def test_window_and_softcap(rng, backend, dtype, window, causal, softcap):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("window,causal", WINDOWS, ids=str)
+def test_window_without_softcap_at_wide_head_dims(rng, backend, dtype, d, window, causal):
+    """Windows without softcap at the head dims whose kernels differ from d = 64's (on sm_90, d = 128
+    runs the warp-specialized kernel), ragged, GQA, Nq != Nk both ways."""
+    _need(backend, "window")
+    _supported(backend, dtype, d, causal=causal, window=window)
+    for b, hq, hkv, nq, nk in ((1, 2, 2, 257, 257), (2, 4, 2, 77, 300), (1, 2, 1, 300, 100)):
+        q, k, v = inputs(rng, b, hq, hkv, nq, nk, d, dtype)
+        out, lse = cutlassfa.forward(*(to_backend(backend, x) for x in (q, k, v)), causal=causal, window=window,
+                                     backend=backend, return_lse=True)
+        assert_close(backend, dtype, out, lse, *attention_reference(q, k, v, causal=causal, window=window))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("d", range(8, 257, 8))
 def test_every_head_dim(rng, backend, dtype, d):

@@ -129,6 +129,15 @@ struct KvRows {
     int const page = min(max(table[page_index], 0), num_pages - 1);
     return head_base + page * page_stride + row_in_page * row_stride;
   }
+
+  // Row key0 of a tile of `rows` keys when the whole tile lies in one page (always, when contiguous):
+  // its rows then follow at row_stride, one block-table read for the tile instead of one per row.
+  // nullptr when the tile crosses a page boundary (page sizes below the tile, or not a divisor of it).
+  __forceinline__ __device__ Element const* tile_base(int key0, int rows) const {
+    if (table == nullptr) { return head_base + key0 * row_stride; }
+    int const in_page = page_size_log2 >= 0 ? (key0 & (page_size - 1)) : key0 % page_size;
+    return in_page + rows <= page_size ? row(key0) : nullptr;
+  }
 };
 
 // The K or V rows of tile t: `cache` is params.k or params.v with its strides.
@@ -172,11 +181,13 @@ __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, T
   Tensor tXsX = thr_copy.partition_D(sX);  // (KCPY, KCPY_N, KCPY_K)
   Tensor tXcX = thr_copy.partition_D(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
   constexpr int kVec = decltype(size<0>(tXsX))::value;
+  constexpr int kTileRows = decltype(size<0>(cX))::value;
+  Element const* const tile_row0 = rows.tile_base(key0, kTileRows);  // nullptr: the tile crosses pages
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tXsX); ++m) {
     int const row = get<0>(tXcX(0, m, 0));
     if (row >= row_begin && row < row_end) {
-      Element const* src_row = rows.row(key0 + row);
+      Element const* src_row = tile_row0 != nullptr ? tile_row0 + row * rows.row_stride : rows.row(key0 + row);
       CUTE_UNROLL
       for (int kk = 0; kk < size<2>(tXsX); ++kk) {
         int const col = get<1>(tXcX(0, m, kk));

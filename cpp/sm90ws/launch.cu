@@ -28,10 +28,10 @@ bool tma_strides(long long batch_stride, long long head_stride, long long row_st
 bool in_scope(const FwdParams& p) {
   bool const dense = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.seqlens_k == nullptr &&
                      p.leftpad_k == nullptr && p.block_table == nullptr && p.num_splits <= 1;
-  bool const causal_or_full = p.window_left < 0 && (p.window_right < 0 || p.window_right == 0);
   bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
   int const eb = 2;
-  return dense && causal_or_full && halves && p.softcap_pre == 0.f &&
+  // Any window: the mask, the trip counts and the masked steps at either edge are common/mask.h's.
+  return dense && halves && p.softcap_pre == 0.f &&
          head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.batch, p.heads_q, p.seqlen_q, eb) &&
          tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.batch, p.heads_kv, p.seqlen_k, eb) &&

@@ -224,8 +224,6 @@ bool check_refusals() {
     std::printf("%s refuses %s (%s)\n", ok ? "PASS" : "FAIL", what, cudaGetErrorName(err));
     free_buffers(b);
   };
-  expect("a sliding window", [](FwdParams& p) { p.window_left = 16; });
-  expect("window_right > 0", [](FwdParams& p) { p.window_right = 3; });
   expect("softcap", [](FwdParams& p) { p.softcap_pre = 0.1f; });
   expect("head_dim 96", [](FwdParams& p) { p.head_dim = 96; });
   expect("fp32", [](FwdParams& p) { p.dtype = DType::kFloat32; });

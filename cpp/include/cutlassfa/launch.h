@@ -27,7 +27,7 @@ cudaError_t launch_sm80(const FwdParams& params, cudaStream_t stream);
 cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream);
 
 // The warp-specialized Hopper kernel (sm_90a only): TMA producer warpgroup, two consumer warpgroups.
-// Covers dense fp16 / bf16 calls of its head dims, causal or not; returns cudaErrorNotSupported before
+// Covers dense fp16 / bf16 calls of its head dims, any window (causal included); returns cudaErrorNotSupported before
 // any launch for anything else (the caller then runs launch_sm90). cpp/sm90ws/launch.h says exactly what.
 cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 
