@@ -64,13 +64,6 @@ int min_capability(Backend backend) {
   return 1000;
 }
 
-bool in_list(int value, std::initializer_list<int> list) {
-  for (int x : list) {
-    if (x == value) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 const char* backend_name(Backend backend) {
