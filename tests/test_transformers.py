@@ -347,36 +347,6 @@ def _run(rng, config, ids, mask=None):
         return _models(rng, config, [_OURS])[_OURS](ids, attention_mask=mask)
 
 
-def test_window_refused_until_forward_takes_it(rng):
-    if _forward_takes("window"):
-        pytest.skip("cutlassfa.forward takes window=: test_mistral_sliding_window covers the layer")
-    with pytest.raises(NotImplementedError, match="sliding windows"):
-        _run(rng, _mistral(window=8), _inputs(rng, 1, 20)[0])
-
-
-def test_softcap_refused_until_forward_takes_it(rng):
-    if _forward_takes("softcap"):
-        pytest.skip("cutlassfa.forward takes softcap=: the Gemma 2 tests cover it")
-    with pytest.raises(NotImplementedError, match="softcapping"):
-        _run(rng, _gemma2(window=64), _inputs(rng, 1, 20)[0])
-
-
-def test_left_padding_refused_until_forward_takes_lengths(rng):
-    if _forward_takes("cache_seqlens", "cache_leftpad"):
-        pytest.skip("cutlassfa.forward takes per-sequence lengths: the left-padding tests cover them")
-    ids, mask = _inputs(rng, 2, 20, left_pad=(3, 0))
-    with pytest.raises(NotImplementedError, match="cache_seqlens"):
-        _run(rng, _llama(), ids, mask)
-
-
-def test_padding_on_both_sides_refused_without_varlen(rng):
-    if hasattr(cutlassfa, "varlen_forward"):
-        pytest.skip("cutlassfa has varlen_forward: test_llama_padding_on_both_sides covers it")
-    ids, mask = _inputs(rng, 2, 20, left_pad=(2, 0), right_pad=(3, 0))
-    with pytest.raises(NotImplementedError, match="varlen_forward"):
-        _run(rng, _llama(), ids, mask)
-
-
 def test_mask_with_a_hole_refused(rng):
     ids, mask = _inputs(rng, 2, 20)
     mask[0, 7] = 0  # a padding token in the middle: keys of one query in two ranges
