@@ -182,24 +182,33 @@ __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, T
   Tensor tXcX = thr_copy.partition_D(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
   constexpr int kVec = decltype(size<0>(tXsX))::value;
   constexpr int kTileRows = decltype(size<0>(cX))::value;
-  Element const* const tile_row0 = rows.tile_base(key0, kTileRows);  // nullptr: the tile crosses pages
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tXsX); ++m) {
-    int const row = get<0>(tXcX(0, m, 0));
-    if (row >= row_begin && row < row_end) {
-      Element const* src_row = tile_row0 != nullptr ? tile_row0 + row * rows.row_stride : rows.row(key0 + row);
-      CUTE_UNROLL
-      for (int kk = 0; kk < size<2>(tXsX); ++kk) {
-        int const col = get<1>(tXcX(0, m, kk));
-        if (col < col_end) {
-          copy(tiled_copy, make_tensor(make_gmem_ptr(src_row + col), Layout<Shape<Int<kVec>>>{}), tXsX(_, m, kk));
-        } else {
-          clear(tXsX(_, m, kk));
+  auto copy_rows = [&](auto const& address_of_row) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tXsX); ++m) {
+      int const row = get<0>(tXcX(0, m, 0));
+      if (row >= row_begin && row < row_end) {
+        Element const* src_row = address_of_row(row);
+        CUTE_UNROLL
+        for (int kk = 0; kk < size<2>(tXsX); ++kk) {
+          int const col = get<1>(tXcX(0, m, kk));
+          if (col < col_end) {
+            copy(tiled_copy, make_tensor(make_gmem_ptr(src_row + col), Layout<Shape<Int<kVec>>>{}), tXsX(_, m, kk));
+          } else {
+            clear(tXsX(_, m, kk));
+          }
         }
+      } else {
+        clear(tXsX(_, m, _));
       }
-    } else {
-      clear(tXsX(_, m, _));
     }
+  };
+  // Two copies of the loop, not one with a select per row: a select computed both addresses (the
+  // block-table read included) and made pages smaller than the tile 10% slower (H200, bench/NOTES-variants.md).
+  Element const* const tile_row0 = rows.tile_base(key0, kTileRows);  // nullptr: the tile crosses pages
+  if (tile_row0 != nullptr) {
+    copy_rows([&](int row) { return tile_row0 + row * rows.row_stride; });
+  } else {
+    copy_rows([&](int row) { return rows.row(key0 + row); });
   }
 }
 
