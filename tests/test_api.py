@@ -125,10 +125,22 @@ def test_not_an_array(rng):
     _expect_refused(rng, TypeError, "q must be a numpy array", q=[[1.0] * 32])
 
 
-@pytest.mark.skipif(cutlassfa.backends()["small_tile"].available, reason="a GPU is present")
 @pytest.mark.parametrize("backend", ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"])
 def test_gpu_backend_without_gpu_is_a_clear_error(rng, backend):
-    _expect_refused(rng, RuntimeError, f"backend '{backend}' is not available", backend=backend)
+    if not cutlassfa.backends()["small_tile"].available:
+        _expect_refused(rng, RuntimeError, f"backend '{backend}' is not available", backend=backend)
+        return
+    # A GPU is present: hide it from a fresh process.
+    code = ("import cutlassfa, numpy as np\n"
+            "q = np.ones((1, 1, 4, 32), np.float32)\n"
+            "try:\n"
+            f"    cutlassfa.forward(q, q, q, backend={backend!r})\n"
+            "except RuntimeError as error:\n"
+            "    print('refused:', error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr
+    assert f"refused: backend '{backend}' is not available" in result.stdout
 
 
 def test_backends_report():
