@@ -26,13 +26,13 @@ using namespace cute;
 // one register-resident P (the A operand of P V) allows:
 //  - d = 64 and 96: three consumer warpgroups (192 rows) so that two softmaxes run under one warpgroup's
 //    GEMMs (the exponentials cost as much as at d = 128, the GEMMs less). 160 registers a consumer
-//    thread: S + P + O are 64 + 32 + 32 at d = 64 x 128 keys, 56 + 28 + 48 at d = 96 x 112 keys
-//    (FA3 takes 144 keys at d = 96 with P through shared memory instead).
+//    thread: S + P + O are 64 + 32 + 32 at d = 64 x 128 keys, 48 + 24 + 48 at d = 96 x 96 keys
+//    (112 keys spilled 16 bytes; FA3 takes 144 keys at d = 96 with P through shared memory instead).
 //  - d = 128: 128 x 128 (FA3: 176 keys without a causal mask).
 //  - d = 192 / 256: two consumer warpgroups, 112 / 80 keys, the most that two stages of K and V beside
 //    the Q tile fit in 227 KB (216 KB / 224 KB). S + P + O = 56 + 28 + 96 and 40 + 20 + 128 of 240.
-// Measurement builds may override a row: -DCUTLASSFA_SM90WS_TILE_D96=128,128,2 (kBlockM, kBlockN,
-// kStages; kBlockM 128 or 192, kBlockN a multiple of 16).
+// Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> as kBlockM, kBlockN,
+// kStages (kBlockM 128 or 192, kBlockN a multiple of 16): cpp/sm90ws/selftest.sh, TILES="96=128,128,2".
 template <int kBlockM_, int kBlockN_, int kStages_>
 struct TileShape {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
@@ -41,7 +41,7 @@ struct TileShape {
 #define CUTLASSFA_SM90WS_TILE_D64 192, 128, 2
 #endif
 #ifndef CUTLASSFA_SM90WS_TILE_D96
-#define CUTLASSFA_SM90WS_TILE_D96 192, 112, 2
+#define CUTLASSFA_SM90WS_TILE_D96 192, 96, 2
 #endif
 #ifndef CUTLASSFA_SM90WS_TILE_D128
 #define CUTLASSFA_SM90WS_TILE_D128 128, 128, 2

@@ -5,8 +5,9 @@
 # Run from the repository root. BUILD_DIR (default /tmp/sm90ws_selftest) holds the objects;
 # BUILD_ONLY=1 compiles and links without running (for machines without a GPU); HEAD_DIMS (default
 # "64 96 128 192 256") the head dims to instantiate and test; JOBS (default: all at once) how many
-# objects compile together; NVCC_FLAGS extra flags, e.g. -DNDEBUG, -Xptxas=-v, or a tile override
-# (-DCUTLASSFA_SM90WS_TILE_D64=128,128,2, sm90ws/kernel_traits.h).
+# objects compile together; NVCC_FLAGS extra flags (-DNDEBUG, -Xptxas=-v); TILES tile overrides for
+# measurements, "d=kBlockM,kBlockN,kStages ..." (e.g. TILES="64=128,128,2 96=128,176,2";
+# sm90ws/kernel_traits.h, TileConfig).
 set -uo pipefail
 build=${BUILD_DIR:-/tmp/sm90ws_selftest}
 mkdir -p "$build"
@@ -28,12 +29,16 @@ sed -e 's/@CUTLASSFA_SMALL_TILE_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_LA
     > "$build/generated/cutlassfa/config.h"
 sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(echo $head_dims | sed 's/ /, /g')/" cpp/sm90ws/head_dims.h.in \
     > "$build/generated/sm90ws/head_dims.h"
+: > "$build/generated/sm90ws/tile_overrides.h"
+for t in ${TILES:-}; do
+  echo "#define CUTLASSFA_SM90WS_TILE_D${t%%=*} ${t#*=}" >> "$build/generated/sm90ws/tile_overrides.h"
+done
 sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu)
 for d in $head_dims; do
   sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate.cu.in > "$build/generated/sm90ws_hdim$d.cu"
   sources+=("$build/generated/sm90ws_hdim$d.cu")
 done
-flags="-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$inc -Icpp/include -Icpp -I$build/generated ${NVCC_FLAGS:-}"
+flags="-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$inc -Icpp/include -Icpp -I$build/generated -include sm90ws/tile_overrides.h ${NVCC_FLAGS:-}"
 start=$(date +%s)
 pids=()
 for f in "${sources[@]}"; do
