@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
             {t, 1, 2, 2, 257, 77, d, causal},         // Nq > Nk: causal rows that see no key
             {t, 1, 2, 1, 1000, 1000, d, causal},      // ragged, many K/V steps
             {t, 2, 3, 3, 256, 384, d, causal, true},  // exact tiles, (batch, heads, seqlen, d) layout
-            {t, 1, 2, 2, 384, 560, d, causal, true},  // whole 128- and 192-row Q tiles, 80- and 112-key tiles (96: 5 5/6)
+            {t, 1, 2, 2, 384, 560, d, causal, true},  // whole Q tiles of 128 and 192 rows, whole key tiles of 80 and 112
             {t, 1, 4, 1, 1, 1000, d, causal},         // one query row, MQA
             {t, 1, 1, 1, 128, 1, d, causal},          // one key
         };
