@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (nvcc only, no CMake / Python package) and run the warp-specialized Hopper kernel's self-test,
 # cpp/sm90ws/selftest.cu, on an sm_90 GPU.
-#   bash cpp/sm90ws/selftest.sh [check]      (check: correctness only, no timings)
+#   bash cpp/sm90ws/selftest.sh [check|bench]  (check: correctness only; bench: timings only)
 # Run from the repository root. BUILD_DIR (default /tmp/sm90ws_selftest) holds the objects;
 # BUILD_ONLY=1 compiles and links without running (for machines without a GPU); HEAD_DIMS (default
 # "64 96 128 192 256") the head dims to instantiate and test; JOBS (default: all at once) how many
