@@ -22,8 +22,9 @@ namespace cutlassfa::sm90ws {
 using namespace cute;
 
 // Tile per head dim: kBlockM query rows (64 per consumer warpgroup), kBlockN keys per K/V step, kStages
-// buffers in each of the K and V rings. FlashAttention-3's choices (hopper/tile_size.h), within what
-// one register-resident P (the A operand of P V) allows:
+// buffers in each of the K and V rings, and whether the consumer warpgroups take turns at the tensor
+// cores (ping-pong). FlashAttention-3's choices (hopper/tile_size.h; ping-pong up to d = 128, as its
+// UseSchedulerBarrier), within what one register-resident P (the A operand of P V) allows:
 //  - d = 64 and 96: three consumer warpgroups (192 rows) so that two softmaxes run under one warpgroup's
 //    GEMMs (the exponentials cost as much as at d = 128, the GEMMs less). 160 registers a consumer
 //    thread: S + P + O are 64 + 32 + 32 at d = 64 x 128 keys, 48 + 24 + 48 at d = 96 x 96 keys
@@ -31,26 +32,29 @@ using namespace cute;
 //  - d = 128: 128 x 128 (FA3: 176 keys without a causal mask).
 //  - d = 192 / 256: two consumer warpgroups, 112 / 80 keys, the most that two stages of K and V beside
 //    the Q tile fit in 227 KB (216 KB / 224 KB). S + P + O = 56 + 28 + 96 and 40 + 20 + 128 of 240.
+//    The GEMMs are long beside the softmax: no turns.
 // Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> as kBlockM, kBlockN,
-// kStages (kBlockM 128 or 192, kBlockN a multiple of 16): cpp/sm90ws/selftest.sh, TILES="96=128,128,2".
-template <int kBlockM_, int kBlockN_, int kStages_>
+// kStages, ping-pong (kBlockM 128 or 192, kBlockN a multiple of 16): cpp/sm90ws/selftest.sh,
+// TILES="96=128,128,2,1".
+template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_>
 struct TileShape {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr bool kPingPong = kPingPong_;
 };
 #ifndef CUTLASSFA_SM90WS_TILE_D64
-#define CUTLASSFA_SM90WS_TILE_D64 192, 128, 2
+#define CUTLASSFA_SM90WS_TILE_D64 192, 128, 2, true
 #endif
 #ifndef CUTLASSFA_SM90WS_TILE_D96
-#define CUTLASSFA_SM90WS_TILE_D96 192, 96, 2
+#define CUTLASSFA_SM90WS_TILE_D96 192, 96, 2, true
 #endif
 #ifndef CUTLASSFA_SM90WS_TILE_D128
-#define CUTLASSFA_SM90WS_TILE_D128 128, 128, 2
+#define CUTLASSFA_SM90WS_TILE_D128 128, 128, 2, true
 #endif
 #ifndef CUTLASSFA_SM90WS_TILE_D192
-#define CUTLASSFA_SM90WS_TILE_D192 128, 112, 2
+#define CUTLASSFA_SM90WS_TILE_D192 128, 112, 2, false
 #endif
 #ifndef CUTLASSFA_SM90WS_TILE_D256
-#define CUTLASSFA_SM90WS_TILE_D256 128, 80, 2
+#define CUTLASSFA_SM90WS_TILE_D256 128, 80, 2, false
 #endif
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<64> : TileShape<CUTLASSFA_SM90WS_TILE_D64> {};
@@ -88,8 +92,8 @@ struct Traits {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "P V takes K slices of 16 keys; one wgmma spans the keys");
   static_assert(kHeadDim % 32 == 0, "a 64- or 128-byte swizzle atom spans the columns");
   // Ping-pong: the consumer warpgroups take turns issuing their GEMMs, in a ring (sm90ws/consumer.h,
-  // MmaTurns). false lets each issue whenever its operands are ready, for measuring what the turns buy.
-  static constexpr bool kPingPong = true;
+  // MmaTurns). false lets each issue whenever its operands are ready.
+  static constexpr bool kPingPong = TileConfig<kHeadDim>::kPingPong;
 
   // ---- MMA: S = Q K^T (both from shared memory), O += P V (P from registers) ------------------------
   // Warpgroup w of the consumers owns rows [64w, 64w + 64): the atom layout stacks them along M.

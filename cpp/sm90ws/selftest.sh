@@ -6,7 +6,7 @@
 # BUILD_ONLY=1 compiles and links without running (for machines without a GPU); HEAD_DIMS (default
 # "64 96 128 192 256") the head dims to instantiate and test; JOBS (default: all at once) how many
 # objects compile together; NVCC_FLAGS extra flags (-DNDEBUG, -Xptxas=-v); TILES tile overrides for
-# measurements, "d=kBlockM,kBlockN,kStages ..." (e.g. TILES="64=128,128,2 96=128,176,2";
+# measurements, "d=kBlockM,kBlockN,kStages,pingpong ..." (e.g. TILES="64=128,128,2,1 256=128,80,2,1";
 # sm90ws/kernel_traits.h, TileConfig).
 set -uo pipefail
 build=${BUILD_DIR:-/tmp/sm90ws_selftest}
