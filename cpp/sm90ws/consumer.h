@@ -2,8 +2,8 @@
 // online softmax in registers, with FlashAttention-3's two overlaps:
 //  - intra-warpgroup: step n issues S[n] = Q K[n]^T and O += P[n+1] V[n+1] back to back, then runs
 //    the softmax of S[n] while the P V MMA is still in flight (O is rescaled only once it completed);
-//  - ping-pong between the two consumer warpgroups: a named barrier hands the tensor cores from one
-//    warpgroup to the other each step, so one's softmax runs under the other's GEMMs.
+//  - ping-pong between the consumer warpgroups: named barriers hand the tensor cores from one
+//    warpgroup to the next each step, so the others' softmax runs under one's GEMMs.
 // K and V buffers come from the producer's rings; each is released as soon as its MMA has completed.
 #pragma once
 
@@ -21,13 +21,15 @@ namespace cutlassfa::sm90ws {
 
 using namespace cute;
 
-// Ping-pong turns: warpgroup wg waits for its turn before issuing its GEMMs and hands the turn to the
-// other one right after issuing them. Warpgroup 0 starts with the turn (first_turn). Both warpgroups
-// take the same number of turns (they walk the same K/V tiles); the one arrival left on turn 0 at the
-// end is never waited for. kEnabled = false: no turns (Traits::kPingPong).
-template <bool kEnabled>
+// Ping-pong turns: one token goes round the consumer warpgroups 0, 1, .., kN - 1, 0, ...; warpgroup wg
+// waits for it (its barrier kMmaTurn0 + wg: its own 128 threads and the 128 arrivals of the previous
+// warpgroup) before issuing its GEMMs and hands it to the next one right after issuing them. Warpgroup 0
+// puts the token in (first_turn). Every warpgroup takes the same number of turns (they walk the same
+// K/V tiles); the one arrival left on a barrier at the end is never waited for. kEnabled = false: no
+// turns (Traits::kPingPong).
+template <bool kEnabled, int kN>
 struct MmaTurns {
-  int wg;  // 0 or 1 among the consumers
+  int wg;  // 0 .. kN - 1 among the consumers
   __forceinline__ __device__ void first_turn() const {
     if (kEnabled && wg == 0) {
       cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0));
@@ -40,13 +42,16 @@ struct MmaTurns {
   }
   __forceinline__ __device__ void pass_turn() const {
     if constexpr (kEnabled) {
-      cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + (1 - wg));
+      int const next = wg + 1 == kN ? 0 : wg + 1;
+      cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(NamedBarriers::kMmaTurn0) + next);
     }
   }
 };
+template <class Traits>
+using MmaTurnsOf = MmaTurns<Traits::kPingPong, Traits::kNConsumerWarpGroups>;
 
 // Runs the K/V tiles [n_block_min, n_block_max) (non-empty) for this thread's rows; acc_o ends
-// unnormalized, softmax holds m and l. thread_idx: 0 .. 255 among the consumers.
+// unnormalized, softmax holds m and l. thread_idx: 0 .. kNConsumerThreads - 1 among the consumers.
 template <class Traits, class MaskT, class TensorO, class Softmax>
 __forceinline__ __device__ void consume(FwdParams const& params, typename Traits::SharedStorage& storage,
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -77,7 +82,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   Tensor tOrP = make_tensor<Element>(acc_as_a_operand(acc_s_shape.layout()));  // (MMA, MMA_M, kBlockN / 16)
 
   int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
-  MmaTurns<Traits::kPingPong> const turns{thread_idx / 128};
+  MmaTurnsOf<Traits> const turns{thread_idx / 128};
   typename Traits::PipelineState read_k;  // stage 0, phase 0
   typename Traits::PipelineState read_v;
   auto wait = [](typename Traits::Pipeline& pipeline, typename Traits::PipelineState const& state) {

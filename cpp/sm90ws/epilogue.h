@@ -1,7 +1,7 @@
 // The end of one consumer warpgroup's 64 rows: O normalized, converted, staged in shared memory over
 // its own rows of the Q tile (nobody reads them any more: its last S = Q K^T has completed), then
 // written to global memory in 16-byte row pieces (common/epilogue.h), rows past the queries skipped;
-// lse from the quads' column-0 threads. The two warpgroups finish independently (a named barrier each).
+// lse from the quads' column-0 threads. The warpgroups finish independently (a named barrier each).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,7 +19,7 @@ namespace cutlassfa::sm90ws {
 using namespace cute;
 
 // acc_o: this thread's unnormalized O (or anything when the tile saw no key: kEmpty writes O = 0 and
-// lse = -inf). thread_idx: 0 .. 255 among the consumers.
+// lse = -inf). thread_idx: 0 .. kNConsumerThreads - 1 among the consumers.
 template <class Traits, class TensorO, class Softmax>
 __forceinline__ __device__ void store_output(FwdParams const& params, typename Traits::SharedStorage& storage,
                                              TileCoord const& tile, SeqInfo const& seq, int thread_idx,
@@ -53,8 +53,9 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
   // Shared -> global: this warpgroup's 64 rows.
   Tensor mO = head_tensor<kHeadDim>(static_cast<Element*>(params.o), params.o_batch_stride, params.o_head_stride,
                                     params.o_row_stride, tile.batch, tile.head, seq.seqlen_q);  // (seqlen_q, d)
-  Tensor gO = local_tile(mO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(tile.m_block * 2 + wg, _0{}));  // (64, d)
-  Tensor sO_wg = local_tile(sO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(wg, _0{}));                 // (64, d)
+  int const wg_block = tile.m_block * Traits::kNConsumerWarpGroups + wg;  // 64-row block of the queries
+  Tensor gO = local_tile(mO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(wg_block, _0{}));  // (64, d)
+  Tensor sO_wg = local_tile(sO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(wg, _0{}));     // (64, d)
   Tensor cO_wg = make_identity_tensor(Shape<Int<64>, Int<kHeadDim>>{});
   store_o_rows<typename Traits::GmemTiledCopyO>(sO_wg, gO, cO_wg, rows_q - 64 * wg, kHeadDim, thread_idx % 128);
 }

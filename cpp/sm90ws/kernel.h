@@ -1,6 +1,7 @@
-// The warp-specialized Hopper forward kernel: one CTA per (128-row Q tile, head, batch), the grid order
-// of common/tile.h. Warpgroup 0 is the producer (TMA, sm90ws/producer.h) and gives up its registers;
-// warpgroups 1 and 2 are the consumers (sm90ws/consumer.h, sm90ws/epilogue.h), 64 query rows each.
+// The warp-specialized Hopper forward kernel: one CTA per (kBlockM-row Q tile, head, batch), the grid
+// order of common/tile.h. Warpgroup 0 is the producer (TMA, sm90ws/producer.h) and gives up its
+// registers; warpgroups 1 .. kBlockM / 64 are the consumers (sm90ws/consumer.h, sm90ws/epilogue.h), 64
+// query rows each.
 // The roles meet only at mbarriers (Q, the K and V rings) and the consumers' named barriers.
 #pragma once
 
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
     storage.barrier_q.init(1);
   }
   // Barriers of the K and V rings, initialized by warp 0: full counts the producer's one arrival plus
-  // the bytes, empty the 256 consumer threads' releases.
+  // the bytes, empty the consumer warpgroups' releases.
   typename Pipeline::Params pipeline_params;
   pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
   pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
     Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
     TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
     if (has_keys) {
-      MmaTurns<Traits::kPingPong>{thread_idx / 128}.first_turn();
+      MmaTurnsOf<Traits>{thread_idx / 128}.first_turn();
       consume<Traits>(fwd, storage, pipeline_k, pipeline_v, mask, tile.m_block, n_block_min, n_block_max, thread_idx,
                       acc_o, softmax);
     } else {

@@ -2,8 +2,8 @@
 // head dim, the CTA's roles and their registers, the shared layouts seen by TMA and by wgmma, the TMA
 // copy types, the named barriers, and the shared storage.
 //
-// One CTA = 1 producer warpgroup (one thread issues every TMA load) + 2 consumer warpgroups, each
-// owning 64 of the tile's kBlockM = 128 query rows and running both GEMMs and the softmax for them.
+// One CTA = 1 producer warpgroup (one thread issues every TMA load) + 2 or 3 consumer warpgroups, each
+// owning 64 of the tile's kBlockM = 128 or 192 query rows and running both GEMMs and the softmax for them.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,48 +21,82 @@ namespace cutlassfa::sm90ws {
 
 using namespace cute;
 
-// Tile per head dim (kBlockM is always 128: two consumer warpgroups of 64 rows). FlashAttention-3
-// takes kBlockN = 128 at d = 128 for causal masks (176 non-causal) and a 192-row tile with three
-// consumer warpgroups at d = 64; this kernel keeps two consumer warpgroups and power-of-two key tiles
-// for its first version, so 128 keys at both: S then costs 64 fp32 registers a thread beside O (32 at
-// d = 64, 64 at d = 128), well inside the 240 a consumer thread gets. Two K/V stages: shared memory
-// 80 KB at d = 64, 160 KB at d = 128 (Q 128 rows, K and V 2 x 128 rows each).
-// Another head dim adds a row here (and to CUTLASSFA_SM90WS_HEAD_DIMS): d = 96 would take a 64-byte
-// swizzle (SmemLayoutAtom below), d = 192 / 256 a narrower key tile (kBlockN = 112 / 80 in FA3).
-template <int kHeadDim> struct TileConfig;
-template <> struct TileConfig<64>  { static constexpr int kBlockN = 128, kStages = 2; };
-template <> struct TileConfig<128> { static constexpr int kBlockN = 128, kStages = 2; };
-
-// Named barrier ids (cutlass::arch::NamedBarrier adds the ids CUTLASS reserves; 0 is __syncthreads).
-enum class NamedBarriers : uint32_t {
-  kMmaTurn0 = 0,  // consumer warpgroup 0 may issue its GEMMs (ping-pong), 256 threads
-  kMmaTurn1 = 1,  // consumer warpgroup 1 may issue its GEMMs
-  kEpilogue0 = 2, // consumer warpgroup 0's O tile is complete in shared memory, 128 threads
-  kEpilogue1 = 3,
+// Tile per head dim: kBlockM query rows (64 per consumer warpgroup), kBlockN keys per K/V step, kStages
+// buffers in each of the K and V rings, and whether the consumer warpgroups take turns at the tensor
+// cores (ping-pong). FlashAttention-3's choices (hopper/tile_size.h; ping-pong up to d = 128, as its
+// UseSchedulerBarrier), within what one register-resident P (the A operand of P V) allows:
+//  - d = 64 and 96: three consumer warpgroups (192 rows) so that two softmaxes run under one warpgroup's
+//    GEMMs (the exponentials cost as much as at d = 128, the GEMMs less). 160 registers a consumer
+//    thread: S + P + O are 64 + 32 + 32 at d = 64 x 128 keys, 48 + 24 + 48 at d = 96 x 96 keys
+//    (112 keys spilled 16 bytes; FA3 takes 144 keys at d = 96 with P through shared memory instead).
+//  - d = 128: 128 x 128 (FA3: 176 keys without a causal mask).
+//  - d = 192 / 256: two consumer warpgroups, 112 / 80 keys, the most that two stages of K and V beside
+//    the Q tile fit in 227 KB (216 KB / 224 KB). S + P + O = 56 + 28 + 96 and 40 + 20 + 128 of 240.
+//    The GEMMs are long beside the softmax: no turns.
+// Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> as kBlockM, kBlockN,
+// kStages, ping-pong (kBlockM 128 or 192, kBlockN a multiple of 16): cpp/sm90ws/selftest.sh,
+// TILES="96=128,128,2,1".
+template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_>
+struct TileShape {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr bool kPingPong = kPingPong_;
 };
+#ifndef CUTLASSFA_SM90WS_TILE_D64
+#define CUTLASSFA_SM90WS_TILE_D64 192, 128, 2, true
+#endif
+#ifndef CUTLASSFA_SM90WS_TILE_D96
+#define CUTLASSFA_SM90WS_TILE_D96 192, 96, 2, true
+#endif
+#ifndef CUTLASSFA_SM90WS_TILE_D128
+#define CUTLASSFA_SM90WS_TILE_D128 128, 128, 2, true
+#endif
+#ifndef CUTLASSFA_SM90WS_TILE_D192
+#define CUTLASSFA_SM90WS_TILE_D192 128, 112, 2, false
+#endif
+#ifndef CUTLASSFA_SM90WS_TILE_D256
+#define CUTLASSFA_SM90WS_TILE_D256 128, 80, 2, false
+#endif
+template <int kHeadDim> struct TileConfig;
+template <> struct TileConfig<64> : TileShape<CUTLASSFA_SM90WS_TILE_D64> {};
+template <> struct TileConfig<96> : TileShape<CUTLASSFA_SM90WS_TILE_D96> {};
+template <> struct TileConfig<128> : TileShape<CUTLASSFA_SM90WS_TILE_D128> {};
+template <> struct TileConfig<192> : TileShape<CUTLASSFA_SM90WS_TILE_D192> {};
+template <> struct TileConfig<256> : TileShape<CUTLASSFA_SM90WS_TILE_D256> {};
+
+// Named barrier ids (cutlass::arch::NamedBarrier adds the ids CUTLASS reserves; 0 is __syncthreads;
+// 8 are left to users). Consumer warpgroup w uses kMmaTurn0 + w and kEpilogue0 + w.
+enum class NamedBarriers : uint32_t {
+  kMmaTurn0 = 0,   // consumer warpgroup 0 may issue its GEMMs (ping-pong), 256 threads; 1, 2: the others
+  kEpilogue0 = 3,  // consumer warpgroup 0's O tile is complete in shared memory, 128 threads; 4, 5: the others
+  kCount = 6,
+};
+static_assert(static_cast<uint32_t>(NamedBarriers::kCount) + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount <=
+                  cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
+              "the named barriers fit beside CUTLASS's reserved ones");
 
 template <int kHeadDim_, class Element_>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;
+  static constexpr int kBlockM = TileConfig<kHeadDim>::kBlockM;
   static constexpr int kBlockN = TileConfig<kHeadDim>::kBlockN;
   static constexpr int kStages = TileConfig<kHeadDim>::kStages;
   static constexpr int kNConsumerWarpGroups = kBlockM / 64;
   static constexpr int kNConsumerThreads = 128 * kNConsumerWarpGroups;
   static constexpr int kNThreads = 128 + kNConsumerThreads;  // producer warpgroup first
   // setmaxnreg: the producer warpgroup only issues TMA; the consumers take the rest of the register
-  // file (128 x 24 + 256 x 240 = 64512 of 65536), FlashAttention-3's split.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
-  static_assert(kNConsumerWarpGroups == 2, "ping-pong between two consumer warpgroups");
+  // file, FlashAttention-3's split: 128 x 24 + 256 x 240 = 64512, or 128 x 32 + 384 x 160 = 65536.
+  static constexpr int kProducerRegisters = kNConsumerWarpGroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kNConsumerWarpGroups == 2 ? 240 : 160;
+  static_assert(kBlockM == 128 || kBlockM == 192, "two or three consumer warpgroups of 64 rows");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "P V takes K slices of 16 keys; one wgmma spans the keys");
   static_assert(kHeadDim % 32 == 0, "a 64- or 128-byte swizzle atom spans the columns");
-  // Ping-pong: the consumer warpgroups take turns issuing their GEMMs (sm90ws/consumer.h, MmaTurns).
-  // false lets both issue whenever their operands are ready, for measuring what the turns buy.
-  static constexpr bool kPingPong = true;
+  // Ping-pong: the consumer warpgroups take turns issuing their GEMMs, in a ring (sm90ws/consumer.h,
+  // MmaTurns). false lets each issue whenever its operands are ready.
+  static constexpr bool kPingPong = TileConfig<kHeadDim>::kPingPong;
 
   // ---- MMA: S = Q K^T (both from shared memory), O += P V (P from registers) ------------------------
-  // Warpgroup w of the consumers owns rows [64w, 64w + 64): the atom layout stacks the two along M.
+  // Warpgroup w of the consumers owns rows [64w, 64w + 64): the atom layout stacks them along M.
   using AtomLayout = Layout<Shape<Int<kNConsumerWarpGroups>, _1, _1>>;
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>>(),
@@ -89,9 +123,11 @@ struct Traits {
   // rows once its last S = Q K^T has completed.
   using SmemLayoutO = SmemLayoutQ;
   using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint32_t>, Element>;  // two columns a store
-  // Shared -> global for one warpgroup's 64 rows: 16 bytes a thread, whole rows.
-  static constexpr int kThreadsPerRowO = kHeadDim / 8;
-  static_assert(128 % kThreadsPerRowO == 0, "whole rows per pass of the warpgroup (d = 96, 192: another layout)");
+  // Shared -> global for one warpgroup's 64 rows: 16 bytes a thread; the threads of a row cover the
+  // largest power-of-two number of 16-byte chunks that divides the row (d / 8 = 8, 12, 16, 24, 32
+  // chunks: 8, 4, 16, 8, 32 threads), so a pass of the warpgroup is whole rows and tiles (64, d).
+  static constexpr int kThreadsPerRowO = (kHeadDim / 8) & -(kHeadDim / 8);
+  static_assert(128 % kThreadsPerRowO == 0 && 64 % (128 / kThreadsPerRowO) == 0, "passes tile the warpgroup's rows");
   using GmemTiledCopyO = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
       Layout<Shape<Int<128 / kThreadsPerRowO>, Int<kThreadsPerRowO>>, Stride<Int<kThreadsPerRowO>, _1>>{},
@@ -109,8 +145,8 @@ struct Traits {
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);  // out-of-range rows count too
 
-  // ---- Pipelines: K and V each a ring of kStages buffers (full: TMA landed; empty: both consumer
-  // warpgroups are done reading) ------------------------------------------------------------------------
+  // ---- Pipelines: K and V each a ring of kStages buffers (full: TMA landed; empty: every consumer
+  // warpgroup is done reading) ------------------------------------------------------------------------
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
 

@@ -1,5 +1,5 @@
 // Host side of one instantiation: the TMA descriptors of q, k and v over their (row, dim, head, batch)
-// views, and the launch (one CTA per 128-row Q tile, head and batch; common/launch_kernel.h's grid).
+// views, and the launch (one CTA per kBlockM-row Q tile, head and batch; common/launch_kernel.h's grid).
 // Included only by the instantiation files generated from cpp/sm90ws/instantiate.cu.in.
 #pragma once
 

@@ -1,7 +1,7 @@
 // The producer: one thread of the producer warpgroup issues every TMA load of the CTA's tile. Q once
 // (its own mbarrier), then K and V tiles into their rings from the last visible tile down, in the
 // order the consumers use them: S = Q K[n]^T runs one step ahead of O += P V[n+1], so K[n] is issued
-// before V[n+1]. Each load first waits until both consumer warpgroups have released the buffer it
+// before V[n+1]. Each load first waits until every consumer warpgroup has released the buffer it
 // overwrites (PipelineTmaAsync's empty barrier). Rows past the end of q, k or v (the ragged last
 // tile) arrive as zeros: TMA fills what lies outside the tensor's extent.
 #pragma once

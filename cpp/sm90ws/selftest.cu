@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cutlassfa/params.h"
+#include "sm90ws/head_dims.h"
 #include "sm90ws/launch.h"
 
 using cutlassfa::DType;
@@ -225,7 +226,7 @@ bool check_refusals() {
     free_buffers(b);
   };
   expect("softcap", [](FwdParams& p) { p.softcap_pre = 0.1f; });
-  expect("head_dim 96", [](FwdParams& p) { p.head_dim = 96; });
+  expect("head_dim 80", [](FwdParams& p) { p.head_dim = 80; });
   expect("fp32", [](FwdParams& p) { p.dtype = DType::kFloat32; });
   expect("split keys", [](FwdParams& p) { p.num_splits = 2; });
   expect("a row stride off 16 bytes", [](FwdParams& p) { p.k_row_stride += 4; });
@@ -259,28 +260,35 @@ void bench_case(const Case& c) {
 
 }  // namespace
 
+// No argument: the checks, then the timings; "check": the checks only; "bench": the timings only (tile
+// sweeps of a build whose default tiles passed the checks).
 int main(int argc, char** argv) {
   bool const do_bench = argc < 2 || std::strcmp(argv[1], "check") != 0;
+  bool const do_check = argc < 2 || std::strcmp(argv[1], "bench") != 0;
+  int const head_dims[] = {CUTLASSFA_SM90WS_HEAD_DIMS};  // what this build instantiated (selftest.sh)
   int failed = 0, passed = 0;
-  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
-    for (int d : {64, 128}) {
-      for (bool causal : {false, true}) {
-        Case const cases[] = {
-            {t, 2, 8, 2, 77, 257, d, causal},         // GQA 4:1, Nq < Nk, ragged, B*H > 1
-            {t, 1, 2, 2, 257, 77, d, causal},         // Nq > Nk: causal rows that see no key
-            {t, 1, 2, 1, 1000, 1000, d, causal},      // ragged, many K/V steps
-            {t, 2, 3, 3, 256, 384, d, causal, true},  // exact tiles, (batch, heads, seqlen, d) layout
-            {t, 1, 4, 1, 1, 1000, d, causal},         // one query row, MQA
-            {t, 1, 1, 1, 128, 1, d, causal},          // one key
-        };
-        for (const Case& c : cases) { check_case(c) ? ++passed : ++failed; }
+  if (do_check) {
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      for (int d : head_dims) {
+        for (bool causal : {false, true}) {
+          Case const cases[] = {
+              {t, 2, 8, 2, 77, 257, d, causal},         // GQA 4:1, Nq < Nk, ragged, B*H > 1
+              {t, 1, 2, 2, 257, 77, d, causal},         // Nq > Nk: causal rows that see no key
+              {t, 1, 2, 1, 1000, 1000, d, causal},      // ragged, many K/V steps
+              {t, 2, 3, 3, 256, 384, d, causal, true},  // exact tiles, (batch, heads, seqlen, d) layout
+              {t, 1, 2, 2, 384, 560, d, causal, true},  // whole 128- / 192-row Q tiles, 80- / 112-key tiles
+              {t, 1, 4, 1, 1, 1000, d, causal},         // one query row, MQA
+              {t, 1, 1, 1, 128, 1, d, causal},          // one key
+          };
+          for (const Case& c : cases) { check_case(c) ? ++passed : ++failed; }
+        }
       }
     }
+    check_refusals() ? ++passed : ++failed;
   }
-  check_refusals() ? ++passed : ++failed;
   if (do_bench) {
     for (DType t : {DType::kFloat16, DType::kBFloat16}) {
-      for (int d : {64, 128}) {
+      for (int d : head_dims) {
         for (bool causal : {false, true}) { bench_case({t, 4, 16, 16, 8192, 8192, d, causal, true}); }
       }
     }
