@@ -31,8 +31,8 @@ cudaError_t launch_tensorcore(Backend backend, const FwdParams& params, cudaStre
   bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim);
   if (!wgmma) return launch_sm80(params, stream);
 #if CUTLASSFA_HAS_SM90WS
-  // The warp-specialized kernel where it covers the call (dense fp16 / bf16 of its head dims, causal or
-  // not); the wgmma kernel for everything else.
+  // The warp-specialized kernel where it covers the call (dense fp16 / bf16 of its head dims, any window,
+  // no softcap); the wgmma kernel for everything else.
   cudaError_t const ws = launch_sm90ws(params, stream);
   if (ws != cudaErrorNotSupported) return ws;
 #endif
