@@ -173,8 +173,8 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                    window: tuple[int, int] | None = None, softcap: float = 0.0, backend: str = "auto",
                    return_lse: bool = False, out: Any = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding (FlashAttention's
-    varlen layout). The `cpu` backend computes it, on host arrays (numpy, PyTorch CPU tensors); the GPU
-    kernels do not have it yet (NotImplementedError).
+    varlen layout). GPU backends compute it on CUDA arrays (PyTorch, CuPy); host arrays (numpy, PyTorch
+    CPU tensors) run on the `cpu` backend. JAX arrays are not taken yet (NotImplementedError).
 
     q (total_q, Hq, d); k, v (total_k, Hkv, d), Hq a multiple of Hkv; dtypes as `forward`, d a multiple
     of 8 from 8 to 256, any strides. cu_seqlens_q / cu_seqlens_k: (B+1,) int prefix sums, 0 first,
