@@ -1,7 +1,5 @@
-// Register-level helpers of the warp-specialized Hopper kernel: views of a wgmma accumulator in the
-// mma.sync shapes (so common/mask.h applies unchanged), the S accumulator re-viewed as the register A
-// operand of O += P V, a conversion into an existing fragment, and one warpgroup GEMM that may be
-// left in flight.
+// Register-level helpers of the warp-specialized Hopper kernel: a conversion into an existing fragment
+// and one warpgroup GEMM that may be left in flight (the accumulator views are common/wgmma_layouts.h's).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,30 +9,11 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "common/wgmma_layouts.h"
+
 namespace cutlassfa::sm90ws {
 
 using namespace cute;
-
-// A wgmma accumulator fragment is ((2, 2, N/8), MMA_M, MMA_N): per 8-column chunk a thread holds
-// columns (2c, 2c+1) of rows r and r+8, the values of one mma.sync 16x8 atom. Regrouped as that
-// fragment: ((2, 2), MMA_M, (N/8, MMA_N)).
-template <class Layout>
-__forceinline__ __device__ auto acc_as_sm80(Layout acc_layout) {
-  static_assert(decltype(rank<0>(acc_layout))::value == 3 && decltype(rank(acc_layout))::value == 3);
-  return make_layout(make_layout(get<0, 0>(acc_layout), get<0, 1>(acc_layout)), get<1>(acc_layout),
-                     make_layout(get<0, 2>(acc_layout), get<2>(acc_layout)));
-}
-
-// The S accumulator as the register A operand of O += P V: two neighbouring 8-column chunks are the
-// k and k+8 halves of one 64x16 A slice, so ((2, 2, N/8), MMA_M, MMA_N) becomes
-// ((2, 2, 2), MMA_M, N/16 * MMA_N).
-template <class Layout>
-__forceinline__ __device__ auto acc_as_a_operand(Layout acc_layout) {
-  static_assert(decltype(size<0, 2>(acc_layout))::value % 2 == 0, "pairs of 8-column chunks make one K=16 slice");
-  auto chunks = logical_divide(get<0, 2>(acc_layout), Tile<_2>{});  // ((2, N/16))
-  return make_layout(make_layout(get<0, 0>(acc_layout), get<0, 1>(acc_layout), get<0, 0>(chunks)),
-                     get<1>(acc_layout), coalesce(make_layout(get<0, 1>(chunks), get<2>(acc_layout))));
-}
 
 // dst = src converted element-wise (cvt.rn.f16x2.f32 / bf16x2 pairs). dst is an existing fragment (P):
 // its registers stay the same from one K/V step to the next, which keeps the in-flight P V MMA
