@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if constexpr (Traits::kSplitQK) {
       gemm_split(tiled_mma_s, tSrQ, tSrK, acc_s);
     } else {
-      gemm</*kZeroInit=*/true, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
+      warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/0, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
     }
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
     Tensor rP = convert_type<Element>(acc_s);                        // (MMA, MMA_M, MMA_N)
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, kBlockN / 16)
-    gemm</*kZeroInit=*/false, /*kARegisters=*/true>(tiled_mma_o, tOrP, tOrVt, acc_o);
+    warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_o, tOrP, tOrVt, acc_o);
   };
 
   for_each_kv_tile(n_block_min, n_block_max, n_block_unmasked_begin, n_block_unmasked_end, kv_step);

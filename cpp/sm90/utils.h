@@ -1,37 +1,16 @@
-// Register-level helpers of the SM90 forward kernel: one warpgroup GEMM (the accumulator views are
-// common/wgmma_layouts.h's).
+// Register-level helpers of the SM90 forward kernel: the split-fp16 S GEMM of fp32 inputs (the
+// accumulator views and the warpgroup GEMM are common/wgmma.h's).
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
-#include "common/wgmma_layouts.h"
+#include "common/wgmma.h"
 
 namespace cutlassfa::sm90 {
 
 using namespace cute;
-
-// acc (+)= A B^T for one warpgroup tile: all K slices issued as one wgmma batch, then waited for.
-// kZeroInit: the first slice overwrites acc (no clear needed). kARegisters: A is a register
-// fragment (P) rather than shared-memory descriptors (Q); the fences keep the compiler from
-// touching those registers while the asynchronous MMAs may still read or write them.
-template <bool kZeroInit, bool kARegisters, class TiledMma, class TensorA, class TensorB, class TensorC>
-__forceinline__ __device__ void gemm(TiledMma& tiled_mma, TensorA& tCrA, TensorB const& tCrB, TensorC& tCrC) {
-  if constexpr (kARegisters) { warpgroup_fence_operand(tCrA); }
-  warpgroup_fence_operand(tCrC);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) { tiled_mma.accumulate_ = GMMA::ScaleOut::Zero; }
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
-    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tCrC);
-  if constexpr (kARegisters) { warpgroup_fence_operand(tCrA); }
-}
 
 // fp32 inputs: S = Qhi Khi^T + Qhi Klo^T + Qlo Khi^T with Q and K in shared memory as [hi | lo]
 // column halves (the first half of the 16-column K slices hi, the second lo): three MMAs per

@@ -101,8 +101,8 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wait(pipeline_k, read_k);
     turns.wait_turn();
-    gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()),
-                                                                   acc_s);
+    warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ,
+                                                                            tSrK(_, _, _, read_k.index()), acc_s);
     turns.pass_turn();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read_k);
@@ -119,11 +119,11 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wait(pipeline_k, read_k);
     turns.wait_turn();
-    gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()),
-                                                                   acc_s);
+    warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ,
+                                                                            tSrK(_, _, _, read_k.index()), acc_s);
     wait(pipeline_v, read_v);
-    gemm</*kZeroInit=*/false, /*kWait=*/-1, /*kARegisters=*/true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()),
-                                                                   acc_o);
+    warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/-1, /*kARegisters=*/true>(tiled_mma_pv, tOrP,
+                                                                            tOrV(_, _, _, read_v.index()), acc_o);
     turns.pass_turn();
     warpgroup_wait<1>();  // S[n] has completed (P V may still run)
     pipeline_k.consumer_release(read_k);
@@ -145,8 +145,8 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
 
   // ---- Last P V -------------------------------------------------------------------------------------------
   wait(pipeline_v, read_v);
-  gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()),
-                                                                acc_o);
+  warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_pv, tOrP,
+                                                                         tOrV(_, _, _, read_v.index()), acc_o);
   pipeline_v.consumer_release(read_v);
 }
 
