@@ -217,7 +217,8 @@ def _scale(softmax_scale: Any) -> float | None:
 def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto") -> str:
     """The backend `forward(q, k, v, causal=causal, backend=backend)` runs: `auto` resolves to the first
     of tensorcore (sm_80+), large_tile (sm_80+), small_tile (sm_61+) and naive (sm_61+) that is available
-    and runs the head dim, then cpu for host arrays when no GPU can be used. Raises as `forward` would for invalid arguments."""
+    and runs the head dim, then cpu for host arrays when no GPU can be used. Raises as `forward` would for
+    invalid arguments."""
     code = _backend_code(backend)
     causal = _flag(causal, "causal")
     _require_extension()
