@@ -50,13 +50,16 @@ struct MmaTurns {
 template <class Traits>
 using MmaTurnsOf = MmaTurns<Traits::kPingPong, Traits::kNConsumerWarpGroups>;
 
-// Runs the K/V tiles [n_block_min, n_block_max) (non-empty) for this thread's rows; acc_o ends
-// unnormalized, softmax holds m and l. thread_idx: 0 .. kNConsumerThreads - 1 among the consumers.
+// Runs the K/V tiles [n_block_min, n_block_max) (non-empty) for this thread's rows, Q having landed;
+// acc_o ends unnormalized, softmax holds m and l. read_k / read_v run on across the CTA's tiles.
+// thread_idx: 0 .. kNConsumerThreads - 1 among the consumers.
 template <class Traits, class MaskT, class TensorO, class Softmax>
 __forceinline__ __device__ void consume(FwdParams const& params, typename Traits::SharedStorage& storage,
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
-                                        MaskT const& mask, int m_block, int n_block_min, int n_block_max,
-                                        int thread_idx, TensorO& acc_o, Softmax& softmax) {
+                                        typename Traits::PipelineState& read_k,
+                                        typename Traits::PipelineState& read_v, MaskT const& mask, int m_block,
+                                        int n_block_min, int n_block_max, int thread_idx, TensorO& acc_o,
+                                        Softmax& softmax) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -83,8 +86,6 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
 
   int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
   MmaTurnsOf<Traits> const turns{thread_idx / 128};
-  typename Traits::PipelineState read_k;  // stage 0, phase 0
-  typename Traits::PipelineState read_v;
   auto wait = [](typename Traits::Pipeline& pipeline, typename Traits::PipelineState const& state) {
     pipeline.consumer_wait(state, pipeline.consumer_try_wait(state));
   };
@@ -93,8 +94,6 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
     return softmax.update(scores, params.softmax_scale_log2);
   };
-
-  storage.barrier_q.wait(0);
 
   // ---- First (highest) K/V tile: S alone, always masked (the ragged end or the diagonal lies here) ----
   {
@@ -143,11 +142,13 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   };
   for_each_kv_tile(n_block_min, n_block_max - 1, n_block_unmasked_begin, mask.n_block_unmasked_end(m_block), kv_step);
 
-  // ---- Last P V -------------------------------------------------------------------------------------------
+  // ---- Last P V (every S = Q K^T has completed: Q may go, unless O is to be staged over it) -------------
+  if constexpr (Traits::kSeparateO) { storage.barrier_q_empty.arrive(); }
   wait(pipeline_v, read_v);
   warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_pv, tOrP,
                                                                          tOrV(_, _, _, read_v.index()), acc_o);
   pipeline_v.consumer_release(read_v);
+  ++read_v;  // the state runs on into the CTA's next tile
 }
 
 }  // namespace cutlassfa::sm90ws

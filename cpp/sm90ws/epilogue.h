@@ -1,7 +1,8 @@
-// The end of one consumer warpgroup's 64 rows: O normalized, converted, staged in shared memory over
-// its own rows of the Q tile (nobody reads them any more: its last S = Q K^T has completed), then
-// written to global memory in 16-byte row pieces (common/epilogue.h), rows past the queries skipped;
-// lse from the quads' column-0 threads. The warpgroups finish independently (a named barrier each).
+// The end of one consumer warpgroup's 64 rows: O normalized, converted, staged in shared memory (O's
+// own buffer, or its own rows of the Q tile: nobody reads them any more, its last S = Q K^T has
+// completed), then written to global memory in 16-byte row pieces (common/epilogue.h), rows past the
+// queries skipped; lse from the quads' column-0 threads. The warpgroups finish independently (a named
+// barrier each).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -41,10 +42,13 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
   float* const lse_row0 = lse_tile_row0(params, tile, seq, tile.m_block * kBlockM);
   if (lse_row0 != nullptr) { write_lse(lse_row0, lse, taccOcO_rc, rows_q); }
 
-  // Registers -> shared (this warpgroup's rows of the O tile, over its rows of Q).
-  Tensor sO = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutO{});  // (kBlockM, d)
+  // Registers -> shared (this warpgroup's rows of the O tile, in O's own buffer or over its rows of Q),
+  // once each thread of the warpgroup is done reading the last tile's O out of them.
+  Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? storage.o.data() : storage.q.data()),
+                          typename Traits::SmemLayoutO{});  // (kBlockM, d)
   Tensor rO = make_tensor_like<Element>(acc_o);
   convert_into(acc_o, rO);
+  cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(NamedBarriers::kEpilogue0) + wg);
   auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma_pv);
   auto smem_thr_copy_O = smem_tiled_copy_O.get_thread_slice(thread_idx);
   copy(smem_tiled_copy_O, smem_thr_copy_O.retile_S(rO), smem_thr_copy_O.partition_D(sO));

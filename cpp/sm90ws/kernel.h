@@ -1,8 +1,9 @@
-// The warp-specialized Hopper forward kernel: one CTA per (kBlockM-row Q tile, head, batch), the grid
-// order of common/tile.h. Warpgroup 0 is the producer (TMA, sm90ws/producer.h) and gives up its
+// The warp-specialized Hopper forward kernel, persistent: each CTA walks the tiles the scheduler gives
+// it (sm90ws/scheduler.h). Warpgroup 0 is the producer (TMA, sm90ws/producer.h) and gives up its
 // registers; warpgroups 1 .. kBlockM / 64 are the consumers (sm90ws/consumer.h, sm90ws/epilogue.h), 64
 // query rows each.
-// The roles meet only at mbarriers (Q, the K and V rings) and the consumers' named barriers.
+// The roles meet only at mbarriers (Q full / empty with the tile index, the K and V rings) and the
+// consumers' named barriers. The K/V rings and the ping-pong turns run on from one tile to the next.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -18,18 +19,50 @@
 #include "sm90ws/epilogue.h"
 #include "sm90ws/kernel_traits.h"
 #include "sm90ws/producer.h"
+#include "sm90ws/scheduler.h"
 #include "sm90ws/softmax.h"
 
 namespace cutlassfa::sm90ws {
 
 using namespace cute;
 
+// What both roles derive from a tile index, alike on both sides.
+template <class Traits>
+struct TileWork {
+  TileCoord tile;
+  SeqInfo seq;
+  Mask</*kHasMask=*/true, Traits::kBlockM, Traits::kBlockN> mask;
+  int n_block_min, n_block_max;  // the K/V tiles some row sees
+
+  __forceinline__ __device__ TileWork(FwdParams const& fwd, TileScheduler const& scheduler, int index)
+      : tile(scheduler.tile(fwd, index)),
+        seq(seq_info(fwd, tile.batch)),  // dense: the full lengths, no offsets
+        mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &fwd},
+        n_block_min(mask.n_block_min(tile.m_block)),
+        n_block_max(mask.n_block_max(tile.m_block)) {}
+  __forceinline__ __device__ bool has_keys() const { return n_block_max > n_block_min; }
+};
+
+// The tile index goes through shared memory beside barrier_q, whose arrive (release) and wait (acquire)
+// order it in hardware; the empty asm statements keep the compiler from moving the access across the
+// barrier calls (their asm has no memory clobber), and the volatile read is done once, never re-read
+// after barrier_q_empty lets the producer overwrite it.
+template <class Storage>
+__forceinline__ __device__ void publish_tile_index(Storage& storage, int index) {
+  *static_cast<int volatile*>(&storage.tile_index) = index;
+  asm volatile("" ::: "memory");
+}
+template <class Storage>
+__forceinline__ __device__ int read_tile_index(Storage& storage) {
+  asm volatile("" ::: "memory");
+  return *static_cast<int volatile*>(&storage.tile_index);
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__grid_constant__ const KernelParams<Traits> params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Pipeline = typename Traits::Pipeline;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
 
   extern __shared__ __align__(1024) char smem[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
@@ -40,6 +73,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     storage.barrier_q.init(1);
+    storage.barrier_q_empty.init(Traits::kNConsumerThreads);
   }
   // Barriers of the K and V rings, initialized by warp 0: full counts the producer's one arrival plus
   // the bytes, empty the consumer warpgroups' releases.
@@ -53,30 +87,58 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
   __syncthreads();  // barrier initialization visible to every thread (the pipelines fenced it)
 
   FwdParams const& fwd = params.fwd;
-  TileCoord const tile = tile_of_this_block<kBlockM>(fwd);
-  SeqInfo const seq = seq_info(fwd, tile.batch);  // dense: the full lengths, no offsets
-  Mask</*kHasMask=*/true, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &fwd};
-  int const n_block_min = mask.n_block_min(tile.m_block);
-  int const n_block_max = mask.n_block_max(tile.m_block);
-  bool const has_keys = n_block_max > n_block_min;  // false: no row of the tile sees a key
+  TileScheduler const& scheduler = params.scheduler;
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (threadIdx.x == 0 && has_keys) { produce<Traits>(params, storage, pipeline_k, pipeline_v, tile, n_block_min, n_block_max); }
+    if (threadIdx.x == 0) {
+      typename Traits::PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
+      typename Traits::PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
+      int empty_phase = 0;
+      for (int index = scheduler.first();; index = scheduler.next(index)) {
+        if (index != scheduler.first()) {  // the consumers are done with the last tile's Q and index
+          storage.barrier_q_empty.wait(empty_phase);
+          empty_phase ^= 1;
+        }
+        publish_tile_index(storage, index);
+        if (index >= scheduler.num_tiles) {
+          storage.barrier_q.arrive();  // the consumers read the end
+          break;
+        }
+        TileWork<Traits> const work(fwd, scheduler, index);
+        if (work.has_keys()) {
+          produce<Traits>(params, storage, pipeline_k, pipeline_v, write_k, write_v, work.tile, work.n_block_min,
+                          work.n_block_max);
+        } else {
+          storage.barrier_q.arrive();  // no row sees a key: no Q, no K/V
+        }
+      }
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
     int const thread_idx = threadIdx.x - 128;
-    typename Traits::TiledMmaPV tiled_mma_pv;
-    Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
-    TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
-    if (has_keys) {
-      MmaTurnsOf<Traits>{thread_idx / 128}.first_turn();
-      consume<Traits>(fwd, storage, pipeline_k, pipeline_v, mask, tile.m_block, n_block_min, n_block_max, thread_idx,
-                      acc_o, softmax);
-    } else {
-      clear(acc_o);  // finalize: O = 0, lse = -inf
+    typename Traits::PipelineState read_k;  // stage 0, phase 0
+    typename Traits::PipelineState read_v;
+    MmaTurnsOf<Traits>{thread_idx / 128}.first_turn();
+    for (int full_phase = 0;; full_phase ^= 1) {
+      storage.barrier_q.wait(full_phase);
+      int const index = read_tile_index(storage);
+      if (index >= scheduler.num_tiles) { break; }
+      TileWork<Traits> const work(fwd, scheduler, index);
+      typename Traits::TiledMmaPV tiled_mma_pv;
+      Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
+      TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
+      if (work.has_keys()) {
+        // Releases Q (barrier_q_empty) before its last P V when O has shared memory of its own.
+        consume<Traits>(fwd, storage, pipeline_k, pipeline_v, read_k, read_v, work.mask, work.tile.m_block,
+                        work.n_block_min, work.n_block_max, thread_idx, acc_o, softmax);
+      } else {
+        clear(acc_o);  // finalize: O = 0, lse = -inf
+        if constexpr (Traits::kSeparateO) { storage.barrier_q_empty.arrive(); }
+      }
+      store_output<Traits>(fwd, storage, work.tile, work.seq, thread_idx, acc_o, softmax);
+      if constexpr (!Traits::kSeparateO) { storage.barrier_q_empty.arrive(); }  // O was staged over Q
     }
-    store_output<Traits>(fwd, storage, tile, seq, thread_idx, acc_o, softmax);
   }
 #endif
 }

@@ -16,6 +16,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cutlassfa/params.h"
+#include "sm90ws/scheduler.h"
 
 namespace cutlassfa::sm90ws {
 
@@ -119,9 +120,13 @@ struct Traits {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
-  // The O tile is staged over the Q tile (same layout): each consumer warpgroup overwrites its own 64
-  // rows once its last S = Q K^T has completed.
+  // The O tile is staged in shared memory of its own where it fits beside Q and the rings (d <= 128), so
+  // that the next tile's Q can load during the epilogue; else over the Q tile (each consumer warpgroup
+  // overwrites its own 64 rows once its last S = Q K^T has completed), and the next Q waits for it.
   using SmemLayoutO = SmemLayoutQ;
+  static constexpr int kSmemBytesQ = cosize_v<SmemLayoutQ> * sizeof(Element);
+  static constexpr int kSmemBytesKV = 2 * cosize_v<SmemLayoutK> * sizeof(Element);
+  static constexpr bool kSeparateO = 2 * kSmemBytesQ + kSmemBytesKV + 1024 <= 227 * 1024;
   using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint32_t>, Element>;  // two columns a store
   // Shared -> global for one warpgroup's 64 rows: 16 bytes a thread; the threads of a row cover the
   // largest power-of-two number of 16-byte chunks that divides the row (d / 8 = 8, 12, 16, 24, 32
@@ -155,7 +160,13 @@ struct Traits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;  // Q landed (one phase: Q loads once)
+    alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutO> : 0, 1024> o;
+    // The persistent loop's hand-over (sm90ws/kernel.h), one phase a tile: barrier_q completes when the
+    // producer has written tile_index (and, for a tile with keys, Q has landed); barrier_q_empty when
+    // every consumer thread is done with Q (and with tile_index).
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;
+    int tile_index;
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
   };
@@ -163,7 +174,7 @@ struct Traits {
   static_assert(kSmemSize <= 227 * 1024, "one CTA per SM fits its shared memory");
 };
 
-// What the kernel receives: the run-time problem and the three TMA descriptors (in parameter space,
+// What the kernel receives: the run-time problem, its tile order and the three TMA descriptors (in parameter space,
 // __grid_constant__, where TMA reads them).
 template <class Traits>
 struct KernelParams {
@@ -171,6 +182,7 @@ struct KernelParams {
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
+  TileScheduler scheduler;
 };
 
 }  // namespace cutlassfa::sm90ws

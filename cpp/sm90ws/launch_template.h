@@ -1,8 +1,9 @@
 // Host side of one instantiation: the TMA descriptors of q, k and v over their (row, dim, head, batch)
-// views, and the launch (one CTA per kBlockM-row Q tile, head and batch; common/launch_kernel.h's grid).
+// views, the tile scheduler (sm90ws/scheduler.h) and the persistent launch, one CTA per SM at most.
 // Included only by the instantiation files generated from cpp/sm90ws/instantiate.cu.in.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 
 #include "common/launch_kernel.h"
 #include "cutlassfa/params.h"
+#include "cutlassfa/workspace.h"
 #include "sm90ws/kernel.h"
 #include "sm90ws/kernel_traits.h"
 #include "sm90ws/launch_fwd.h"
@@ -33,6 +35,13 @@ auto rdhb_tensor(void const* base, long long batch_stride, long long head_stride
 template <int kHeadDim, class Element>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   using T = Traits<kHeadDim, Element>;
+  int sms = 0;
+  cudaError_t err = multiprocessor_count(&sms);
+  if (err != cudaSuccess) { return err; }
+  int const num_m_blocks = (params.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  long long const num_tiles = static_cast<long long>(num_m_blocks) * params.heads_q * params.batch;
+  if (num_tiles > INT_MAX - sms) { return cudaErrorInvalidConfiguration; }  // tile indices run to num_tiles + grid
+  int const grid = static_cast<int>(std::min<long long>(num_tiles, sms));
   KernelParams<T> kp{params,
                      make_tma_copy(SM90_TMA_LOAD{},
                                    rdhb_tensor<T>(params.q, params.q_batch_stride, params.q_head_stride,
@@ -45,15 +54,31 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
                      make_tma_copy(SM90_TMA_LOAD{},
                                    rdhb_tensor<T>(params.v, params.v_batch_stride, params.v_head_stride,
                                                   params.v_row_stride, params.seqlen_k, params.heads_kv, params.batch),
-                                   take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{})};
+                                   take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{}),
+                     TileScheduler{static_cast<int>(num_tiles), num_m_blocks, 1, nullptr}};
   auto* const kernel = &flash_fwd_ws_kernel<T>;
-  cudaError_t const err = opt_in_shared_memory(kernel, T::kSmemSize);
+  err = opt_in_shared_memory(kernel, T::kSmemSize);
   if (err != cudaSuccess) { return err; }
-  long long const num_m_blocks = (params.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-  long long const num_ctas = num_m_blocks * params.heads_q * params.batch;
-  if (num_ctas > INT_MAX) { return cudaErrorInvalidConfiguration; }
-  kernel<<<static_cast<unsigned>(num_ctas), T::kNThreads, T::kSmemSize, stream>>>(kp);
-  return cudaGetLastError();
+  // A mask makes tiles unequal (causal, windows): past the first wave, tiles go to whoever is free, the
+  // heaviest first, in sections of heads whose K and V fit in L2 together (32 MB, FlashAttention-3's
+  // figure for an H100's 50 MB).
+  bool const unequal = params.window_left >= 0 || params.window_right >= 0;
+  void* counter = nullptr;
+  if (unequal && num_tiles > grid) {
+    long long const kv_bytes = 2ll * params.seqlen_k * kHeadDim * sizeof(Element) / params.heads_ratio;
+    long long const pairs = static_cast<long long>(params.heads_q) * params.batch;
+    kp.scheduler.heads_per_section = static_cast<int>(std::clamp((32ll << 20) / std::max(kv_bytes, 1ll), 1ll, pairs));
+    err = workspace_alloc(&counter, sizeof(int), stream);
+    if (err != cudaSuccess) { return err; }
+    err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
+    kp.scheduler.counter = static_cast<int*>(counter);
+  }
+  if (err == cudaSuccess) {
+    kernel<<<grid, T::kNThreads, T::kSmemSize, stream>>>(kp);
+    err = cudaGetLastError();
+  }
+  cudaError_t const free_err = workspace_free(counter, stream);
+  return err != cudaSuccess ? err : free_err;
 }
 
 }  // namespace cutlassfa::sm90ws

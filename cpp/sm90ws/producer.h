@@ -1,5 +1,6 @@
-// The producer: one thread of the producer warpgroup issues every TMA load of the CTA's tile. Q once
-// (its own mbarrier), then K and V tiles into their rings from the last visible tile down, in the
+// The producer: one thread of the producer warpgroup issues every TMA load of a tile with keys. Q (its
+// own mbarrier, which also publishes the tile index: sm90ws/kernel.h), then K and V tiles into their
+// rings (whose write states run on across the CTA's tiles) from the last visible tile down, in the
 // order the consumers use them: S = Q K[n]^T runs one step ahead of O += P V[n+1], so K[n] is issued
 // before V[n+1]. Each load first waits until every consumer warpgroup has released the buffer it
 // overwrites (PipelineTmaAsync's empty barrier). Rows past the end of q, k or v (the ragged last
@@ -18,7 +19,9 @@ using namespace cute;
 template <class Traits>
 __forceinline__ __device__ void produce(KernelParams<Traits> const& params, typename Traits::SharedStorage& storage,
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
-                                        TileCoord const& tile, int n_block_min, int n_block_max) {
+                                        typename Traits::PipelineState& write_k,
+                                        typename Traits::PipelineState& write_v, TileCoord const& tile,
+                                        int n_block_min, int n_block_max) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -51,8 +54,6 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST), tQgQ,
        tQsQ);
 
-  typename Traits::PipelineState write_k = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-  typename Traits::PipelineState write_v = cutlass::make_producer_start_state<typename Traits::Pipeline>();
   auto load = [&](auto const& tma, typename Traits::Pipeline& pipeline, typename Traits::PipelineState& write,
                   auto const& tXgX, auto& tXsX, int n_block) {
     pipeline.producer_acquire(write);  // the buffer is free; arms its full barrier with the byte count

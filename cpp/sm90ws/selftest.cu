@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -79,11 +80,16 @@ Buffers make_buffers(const Case& c, unsigned seed, float amplitude) {
   b.hv.resize(nk * 2);
   b.ho.resize(nq * 2);
   b.hlse.resize(size_t(c.batch) * c.heads_q * c.seqlen_q);
+  // Fresh values for every element of the checked shapes; the timed ones (hundreds of millions of
+  // elements) repeat a pool of 2^24, which keeps their set-up to about a second.
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-amplitude, amplitude);
-  for (size_t i = 0; i < nq; ++i) { store(c.dtype, b.hq.data(), i, u(rng)); }
-  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hk.data(), i, u(rng)); }
-  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hv.data(), i, u(rng)); }
+  std::vector<float> pool(std::min<size_t>(std::max(nq, nk), size_t{1} << 24));
+  for (char* dst : {b.hq.data(), b.hk.data(), b.hv.data()}) {
+    size_t const n = dst == b.hq.data() ? nq : nk;
+    for (float& x : pool) { x = u(rng); }
+    for (size_t i = 0; i < n; ++i) { store(c.dtype, dst, i, pool[i % pool.size()]); }
+  }
   CHECK_CUDA(cudaMalloc(&b.dq, b.hq.size()));
   CHECK_CUDA(cudaMalloc(&b.dk, b.hk.size()));
   CHECK_CUDA(cudaMalloc(&b.dv, b.hv.size()));
@@ -152,6 +158,12 @@ bool check_case(const Case& c) {
 
   int const d = c.head_dim;
   double const scale = b.p.softmax_scale;
+  auto widen = [&](std::vector<char> const& h) {  // the rounded inputs in fp64, converted once
+    std::vector<double> out(h.size() / 2);
+    for (size_t i = 0; i < out.size(); ++i) { out[i] = load(c.dtype, h.data(), i); }
+    return out;
+  };
+  std::vector<double> const q64 = widen(b.hq), k64 = widen(b.hk), v64 = widen(b.hv);
   double err2 = 0, ref2 = 0, max_abs = 0, max_lse = 0;
   long long bad = 0;
   std::vector<double> s(c.seqlen_k), o(d);
@@ -166,7 +178,7 @@ bool check_case(const Case& c) {
         for (int j = 0; j < visible; ++j) {
           size_t const krow = size_t(b.p.k_batch_stride) * bi + size_t(b.p.k_head_stride) * hk + size_t(b.p.k_row_stride) * j;
           double acc = 0;
-          for (int x = 0; x < d; ++x) { acc += load(c.dtype, b.hq.data(), qrow + x) * load(c.dtype, b.hk.data(), krow + x); }
+          for (int x = 0; x < d; ++x) { acc += q64[qrow + x] * k64[krow + x]; }
           s[j] = acc * scale;
           m = std::max(m, s[j]);
         }
@@ -176,7 +188,7 @@ bool check_case(const Case& c) {
           double const pj = std::exp(s[j] - m);
           l += pj;
           size_t const vrow = size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j;
-          for (int x = 0; x < d; ++x) { o[x] += pj * load(c.dtype, b.hv.data(), vrow + x); }
+          for (int x = 0; x < d; ++x) { o[x] += pj * v64[vrow + x]; }
         }
         double const lse_ref = visible == 0 ? -INFINITY : m + std::log(l);
         float const lse_got = b.hlse[(size_t(bi) * c.heads_q + h) * c.seqlen_q + i];
@@ -263,6 +275,7 @@ void bench_case(const Case& c) {
 // No argument: the checks, then the timings; "check": the checks only; "bench": the timings only (tile
 // sweeps of a build whose default tiles passed the checks).
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, also into a file that a timeout cuts
   bool const do_bench = argc < 2 || std::strcmp(argv[1], "check") != 0;
   bool const do_check = argc < 2 || std::strcmp(argv[1], "bench") != 0;
   int const head_dims[] = {CUTLASSFA_SM90WS_HEAD_DIMS};  // what this build instantiated (selftest.sh)
@@ -279,6 +292,11 @@ int main(int argc, char** argv) {
               {t, 1, 2, 2, 384, 560, d, causal, true},  // whole 128- / 192-row Q tiles, 80- / 112-key tiles
               {t, 1, 4, 1, 1, 1000, d, causal},         // one query row, MQA
               {t, 1, 1, 1, 128, 1, d, causal},          // one key
+              // More tiles than an H100's / H200's 132 SMs: CTAs walk several tiles (the dynamic
+              // scheduler when causal), GQA 3:1; then Nq > Nk, where causal tiles without keys
+              // alternate with the others.
+              {t, 2, 36, 12, 200, 300, d, causal},
+              {t, 1, 150, 150, 300, 40, d, causal},
           };
           for (const Case& c : cases) { check_case(c) ? ++passed : ++failed; }
         }
@@ -287,9 +305,22 @@ int main(int argc, char** argv) {
     check_refusals() ? ++passed : ++failed;
   }
   if (do_bench) {
-    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
-      for (int d : head_dims) {
-        for (bool causal : {false, true}) { bench_case({t, 4, 16, 16, 8192, 8192, d, causal, true}); }
+    // (B, H, N) of the timings: (4, 16, 8192), or BENCH_SHAPES="B,H,N B,H,N ..." (e.g. short sequences).
+    std::vector<std::array<int, 3>> shapes;
+    char const* const env = std::getenv("BENCH_SHAPES");
+    for (char const* at = env; at != nullptr && *at != '\0';) {
+      std::array<int, 3> bhn{};
+      int used = 0;
+      if (std::sscanf(at, " %d,%d,%d%n", &bhn[0], &bhn[1], &bhn[2], &used) != 3) { break; }
+      shapes.push_back(bhn);
+      at += used;
+    }
+    if (shapes.empty()) { shapes.push_back({4, 16, 8192}); }
+    for (auto const& [batch, heads, n] : shapes) {
+      for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+        for (int d : head_dims) {
+          for (bool causal : {false, true}) { bench_case({t, batch, heads, heads, n, n, d, causal, true}); }
+        }
       }
     }
   }

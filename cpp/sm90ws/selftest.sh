@@ -7,7 +7,7 @@
 # "64 96 128 192 256") the head dims to instantiate and test; JOBS (default: all at once) how many
 # objects compile together; NVCC_FLAGS extra flags (-DNDEBUG, -Xptxas=-v); TILES tile overrides for
 # measurements, "d=kBlockM,kBlockN,kStages,pingpong ..." (e.g. TILES="64=128,128,2,1 256=128,80,2,1";
-# sm90ws/kernel_traits.h, TileConfig).
+# sm90ws/kernel_traits.h, TileConfig). BENCH_SHAPES="B,H,N ..." sets the timed shapes (default 4,16,8192).
 set -uo pipefail
 build=${BUILD_DIR:-/tmp/sm90ws_selftest}
 mkdir -p "$build"
@@ -33,7 +33,7 @@ sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(echo $head_dims | sed 's/ /, /g')/"
 for t in ${TILES:-}; do
   echo "#define CUTLASSFA_SM90WS_TILE_D${t%%=*} ${t#*=}" >> "$build/generated/sm90ws/tile_overrides.h"
 done
-sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu)
+sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu cpp/src/workspace.cpp)
 for d in $head_dims; do
   sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate.cu.in > "$build/generated/sm90ws_hdim$d.cu"
   sources+=("$build/generated/sm90ws_hdim$d.cu")
