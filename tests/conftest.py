@@ -11,7 +11,8 @@ import ...", a reason starting with "optional package", or one starting with "ma
 machine lacks, such as a second GPU). A broken driver or extension then cannot
 read as "no GPU, everything green".
 
-`slow` tests run only with --run-slow (or CUTLASSFA_RUN_SLOW=1).
+`slow` tests run only with --run-slow (or CUTLASSFA_RUN_SLOW=1). `--shard I/N` runs one of N disjoint parts
+of the suite (scripts/test_shards.sh runs all N at once).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--seed", type=int, default=None,
                      help=f"session seed of the random inputs (default: ${SEED_VARIABLE}, else fresh)")
     parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow")
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only part I (0-based) of N disjoint parts of the collected tests "
+                          "(scripts/test_shards.sh runs the N parts in parallel)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -82,7 +86,53 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(_seed_line())
 
 
+def shard_of_items(nodeids: list[str], count: int) -> list[int]:
+    """The part (0 .. count - 1) of each test id. Whole modules, so that a module's fixtures (the ring
+    tests' process group) are set up once: largest first onto the part with the fewest tests. A module
+    with more tests than a part's share is dealt out test by test instead. Every process of a sharded
+    run collects the same ids and computes the same parts."""
+    modules: dict[str, list[int]] = {}
+    for i, nodeid in enumerate(nodeids):
+        modules.setdefault(nodeid.split("::", 1)[0], []).append(i)
+    share = len(nodeids) / count
+    parts = [0] * len(nodeids)
+    loads = [0] * count
+    whole = []
+    for name, indices in modules.items():
+        if len(indices) > share:
+            for k, i in enumerate(indices):
+                parts[i] = k % count
+                loads[k % count] += 1
+        else:
+            whole.append(name)
+    for name in sorted(whole, key=lambda m: (-len(modules[m]), m)):
+        part = min(range(count), key=lambda p: (loads[p], p))
+        loads[part] += len(modules[name])
+        for i in modules[name]:
+            parts[i] = part
+    return parts
+
+
+def _apply_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
+    spec = config.getoption("--shard")
+    if spec is None:
+        return
+    try:
+        index, count = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes I/N (e.g. 0/4), got {spec!r}") from None
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--shard {spec}: I must be in 0 .. N - 1")
+    parts = shard_of_items([item.nodeid for item in items], count)
+    kept = [item for item, part in zip(items, parts) if part == index]
+    dropped = [item for item, part in zip(items, parts) if part != index]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _apply_shard(config, items)
     if config.getoption("--run-slow") or os.environ.get("CUTLASSFA_RUN_SLOW", "") not in ("", "0"):
         return
     skip = pytest.mark.skip(reason="slow: runs with --run-slow or CUTLASSFA_RUN_SLOW=1")

@@ -1,10 +1,13 @@
 """The suite's own rules (tests/conftest.py), run in a fresh pytest on a scratch directory: with
 CUTLASSFA_REQUIRE_GPU=1 a skipped GPU test fails with its reason (a missing optional package excepted),
-and --seed replays the inputs of a test."""
+--seed replays the inputs of a test, and --shard I/N splits the suite into disjoint parts that together
+run every test once (scripts/test_shards.sh)."""
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,3 +70,37 @@ def test_each_test_draws_from_its_own_seed():
     assert derive_seed("tests/a.py::test_x") == derive_seed("tests/a.py::test_x")
     assert derive_seed("tests/a.py::test_x") != derive_seed("tests/a.py::test_y")
     assert isinstance(session_seed(), int)
+
+
+def test_shards_cover_every_test_once_with_modules_whole():
+    from conftest import shard_of_items
+
+    # a: 10 tests, b: 3, c: 3, d: 1, big: 40 (more than a part's share of 57 / 3 = 19: dealt out)
+    ids = [f"tests/{m}.py::test_{i}" for m, n in (("a", 10), ("big", 40), ("b", 3), ("c", 3), ("d", 1))
+           for i in range(n)]
+    parts = shard_of_items(ids, 3)
+    assert len(parts) == len(ids) and set(parts) <= {0, 1, 2}
+    by_module = collections.defaultdict(set)
+    for nodeid, part in zip(ids, parts):
+        by_module[nodeid.split("::")[0]].add(part)
+    assert all(len(by_module[f"tests/{m}.py"]) == 1 for m in "abcd")  # whole modules stay in one part
+    assert by_module["tests/big.py"] == {0, 1, 2}
+    loads = collections.Counter(parts)
+    assert max(loads.values()) - min(loads.values()) <= 10  # within the largest whole module
+    assert shard_of_items(ids, 1) == [0] * len(ids)
+    assert shard_of_items(ids, 3) == parts  # the same in every process of a run
+
+
+def test_shard_option_runs_disjoint_parts_of_the_suite(tmp_path):
+    (tmp_path / "test_more.py").write_text("def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
+    whole = _pytest(tmp_path, "--collect-only")
+    every = set(re.findall(r"\S+\.py::\S+", whole.stdout))
+    assert len(every) == 5, whole.stdout
+    seen = []
+    for i in range(3):
+        part = _pytest(tmp_path, "--collect-only", "--shard", f"{i}/3")
+        assert part.returncode in (0, 5), part.stdout + part.stderr  # 5: this part got no test
+        seen += re.findall(r"\S+\.py::\S+", part.stdout)
+    assert sorted(seen) == sorted(every)
+    bad = _pytest(tmp_path, "--shard", "3/3")
+    assert bad.returncode == 4 and "I must be in 0 .. N - 1" in bad.stdout + bad.stderr
