@@ -15,6 +15,27 @@ namespace cutlassfa {
 
 using namespace cute;
 
+// End of the K/V loop, for every online softmax (this one and sm90ws/softmax.h's two-phase one):
+// out (nrow, head_dim) /= l_i, one reciprocal per row, and lse = m_i * scale + ln(l_i) in natural-log
+// units. A row that saw no key (l_i = 0) gets O = 0 and lse = -inf. row_sum holds this thread's
+// columns only; the quad reduces it here.
+template <class TensorO, class RowTensor>
+__forceinline__ __device__ RowTensor normalize_rows(TensorO& out, RowTensor const& row_max, RowTensor const& row_sum,
+                                                    float scale) {
+  constexpr int kNRows = decltype(size(row_max))::value;
+  RowTensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
+  CUTE_UNROLL
+  for (int mi = 0; mi < kNRows; ++mi) {
+    float const sum = quad_allreduce(row_sum(mi), SumOp{});
+    bool const empty = sum == 0.f;
+    float const inv_sum = empty ? 0.f : 1.f / sum;
+    lse(mi) = empty ? -INFINITY : row_max(mi) * scale + logf(sum);
+    CUTE_UNROLL
+    for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= inv_sum; }
+  }
+  return lse;
+}
+
 // kNRows: accumulator rows held by one thread (2 per 16-row MMA slab).
 template <int kNRows>
 struct OnlineSoftmax {
@@ -59,22 +80,11 @@ struct OnlineSoftmax {
     }
   }
 
-  // End of the K/V loop: O /= l_i (one reciprocal per row) and return lse = m_i * scale + ln(l_i)
-  // in natural-log units. A row that saw no key (l_i = 0) gets O = 0 and lse = -inf.
+  // End of the K/V loop (normalize_rows): O /= l_i, returns lse; acc_o in accumulator layout.
   template <class TensorO>
   __forceinline__ __device__ RowTensor finalize(TensorO& acc_o, float scale) {
     Tensor out = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (nrow, head_dim)
-    RowTensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) {
-      float const sum = quad_allreduce(row_sum(mi), SumOp{});
-      bool const empty = sum == 0.f;
-      float const inv_sum = empty ? 0.f : 1.f / sum;
-      lse(mi) = empty ? -INFINITY : row_max(mi) * scale + logf(sum);
-      CUTE_UNROLL
-      for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= inv_sum; }
-    }
-    return lse;
+    return normalize_rows(out, row_max, row_sum, scale);
   }
 };
 

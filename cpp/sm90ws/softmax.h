@@ -1,12 +1,14 @@
 // Online softmax of one consumer warpgroup, split in two so that it can run while the previous tile's
 // O += P V is still in flight: update() folds a new S tile into the running max and sum and turns it
 // into P without touching O; rescale_o() applies the correction to O once that MMA has completed.
-// finalize() divides by the sum and gives lse. Same arithmetic as common/online_softmax.h
-// (exp2 with the scale pre-multiplied by log2(e)); rows that have seen no key keep m = -inf.
+// finalize() divides by the sum and gives lse (common/online_softmax.h's normalize_rows). Same
+// arithmetic as common/online_softmax.h (exp2 with the scale pre-multiplied by log2(e)); rows that have
+// seen no key keep m = -inf.
 #pragma once
 
 #include <cute/tensor.hpp>
 
+#include "common/online_softmax.h"
 #include "common/tensor_utils.h"
 
 namespace cutlassfa::sm90ws {
@@ -64,20 +66,10 @@ struct TwoPhaseSoftmax {
     }
   }
 
-  // O /= l_i and lse = m_i * scale + ln(l_i) (natural log); a row that saw no key gets O = 0, lse = -inf.
+  // O /= l_i, returns lse (common/online_softmax.h, normalize_rows); out: the (nrow, d) view of O.
   template <class TensorO>
   __forceinline__ __device__ RowTensor finalize(TensorO& out, float scale) {
-    RowTensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) {
-      float const sum = quad_allreduce(row_sum(mi), SumOp{});
-      bool const empty = sum == 0.f;
-      float const inv_sum = empty ? 0.f : 1.f / sum;
-      lse(mi) = empty ? -INFINITY : row_max(mi) * scale + logf(sum);
-      CUTE_UNROLL
-      for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= inv_sum; }
-    }
-    return lse;
+    return normalize_rows(out, row_max, row_sum, scale);
   }
 };
 
