@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       if (index >= scheduler.num_tiles) { break; }
       TileWork<Traits> const work(fwd, scheduler, index);
       typename Traits::TiledMmaPV tiled_mma_pv;
-      Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
+      Tensor acc_o =
+          partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
       TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
       if (work.has_keys()) {
         // Releases Q (barrier_q_empty) before its last P V when O has shared memory of its own.

@@ -174,8 +174,8 @@ struct Traits {
   static_assert(kSmemSize <= 227 * 1024, "one CTA per SM fits its shared memory");
 };
 
-// What the kernel receives: the run-time problem, its tile order and the three TMA descriptors (in parameter space,
-// __grid_constant__, where TMA reads them).
+// What the kernel receives: the run-time problem, the three TMA descriptors (in parameter space,
+// __grid_constant__, where TMA reads them) and the tile order.
 template <class Traits>
 struct KernelParams {
   FwdParams fwd;

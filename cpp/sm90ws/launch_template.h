@@ -60,8 +60,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   err = opt_in_shared_memory(kernel, T::kSmemSize);
   if (err != cudaSuccess) { return err; }
   // A mask makes tiles unequal (causal, windows): past the first wave, tiles go to whoever is free, the
-  // heaviest first, in sections of heads whose K and V fit in L2 together (32 MB, FlashAttention-3's
-  // figure for an H100's 50 MB).
+  // heaviest first, in sections of heads whose K and V fit in 32 MB together (FlashAttention-3's dynamic
+  // scheduler's budget; an H100 / H200 has 50 MB of L2).
   bool const unequal = params.window_left >= 0 || params.window_right >= 0;
   void* counter = nullptr;
   if (unequal && num_tiles > grid) {
