@@ -44,8 +44,10 @@ for step in "$@"; do
   case "$step" in
     build) ;;
     # The whole suite, slow tests included, in $SHARDS parallel parts (one sequential run outlasts a
-    # 10-minute device call): scripts/test_shards.sh.
-    tests) SHARDS=${SHARDS:-4} OUT="$OUT" bash scripts/test_shards.sh --run-slow tests 2>&1 | tee "$OUT/tests.log" | tail -45 ;;
+    # 10-minute device call): scripts/test_shards.sh. A test still running after 120 s has every
+    # thread's stack dumped into its part's log (a hang shows where it waits).
+    tests) SHARDS=${SHARDS:-4} OUT="$OUT" bash scripts/test_shards.sh --run-slow -o faulthandler_timeout=120 tests 2>&1 |
+             tee "$OUT/tests.log" | tail -45 ;;
     gpu-tests) python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 ;;
     check) python3 -m cutlassfa.cli check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | tail -40 ;;
     bench-quick) python3 -m cutlassfa.cli bench --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" | tail -40 ;;
