@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <mutex>
 #include <utility>
@@ -39,21 +38,6 @@ cudaError_t opt_in_shared_memory(Kernel kernel, int bytes) {
     it->second |= bit;
   }
   return cudaSuccess;
-}
-
-// The current device's SM count, asked once per device (devices beyond 64 every time).
-inline cudaError_t multiprocessor_count(int* count) {
-  static std::atomic<int> known[64];  // 0 (static storage): not asked yet
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) { return err; }
-  if (device < 64 && known[device].load(std::memory_order_relaxed) > 0) {
-    *count = known[device].load(std::memory_order_relaxed);
-    return cudaSuccess;
-  }
-  err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && device < 64) { known[device].store(*count, std::memory_order_relaxed); }
-  return err;
 }
 
 // One CTA per (split, m_block, head, batch), flattened into x (limit 2^31 - 1) so that neither batch

@@ -11,6 +11,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/launch_kernel.h"
+#include "cutlassfa/backends.h"
 #include "cutlassfa/params.h"
 #include "cutlassfa/workspace.h"
 #include "sm90ws/kernel.h"
@@ -35,9 +36,11 @@ auto rdhb_tensor(void const* base, long long batch_stride, long long head_stride
 template <int kHeadDim, class Element>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   using T = Traits<kHeadDim, Element>;
-  int sms = 0;
-  cudaError_t err = multiprocessor_count(&sms);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) { return err; }
+  int const sms = device_multiprocessors(device);  // asked once per device (cutlassfa/backends.h)
+  if (sms <= 0) { return cudaErrorInvalidDevice; }
   int const num_m_blocks = (params.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   long long const num_tiles = static_cast<long long>(num_m_blocks) * params.heads_q * params.batch;
   if (num_tiles > INT_MAX - sms) { return cudaErrorInvalidConfiguration; }  // tile indices run to num_tiles + grid

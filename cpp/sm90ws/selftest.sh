@@ -33,7 +33,7 @@ sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(echo $head_dims | sed 's/ /, /g')/"
 for t in ${TILES:-}; do
   echo "#define CUTLASSFA_SM90WS_TILE_D${t%%=*} ${t#*=}" >> "$build/generated/sm90ws/tile_overrides.h"
 done
-sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu cpp/src/workspace.cpp)
+sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu cpp/src/workspace.cpp cpp/src/backends.cpp)
 for d in $head_dims; do
   sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate.cu.in > "$build/generated/sm90ws_hdim$d.cu"
   sources+=("$build/generated/sm90ws_hdim$d.cu")
