@@ -12,7 +12,9 @@ machine lacks, such as a second GPU). A broken driver or extension then cannot
 read as "no GPU, everything green".
 
 `slow` tests run only with --run-slow (or CUTLASSFA_RUN_SLOW=1). `--shard I/N` runs one of N disjoint parts
-of the suite (scripts/test_shards.sh runs all N at once).
+of the suite; `--shard exclusive` runs the tests marked `exclusive` (they time the wall clock or read the
+device's free memory, which other processes would disturb), which no part I/N holds.
+scripts/test_shards.sh runs the N parts at once, then the exclusive ones alone.
 """
 
 from __future__ import annotations
@@ -50,14 +52,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help=f"session seed of the random inputs (default: ${SEED_VARIABLE}, else fresh)")
     parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow")
     parser.addoption("--shard", default=None, metavar="I/N",
-                     help="run only part I (0-based) of N disjoint parts of the collected tests "
-                          "(scripts/test_shards.sh runs the N parts in parallel)")
+                     help="run only part I (0-based) of N disjoint parts of the collected tests, tests "
+                          "marked exclusive left out; 'exclusive' runs only those "
+                          "(scripts/test_shards.sh runs the N parts in parallel, then the exclusive ones)")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     global _SESSION_SEED
     config.addinivalue_line("markers", "slow: minutes on a CPU; runs with --run-slow or CUTLASSFA_RUN_SLOW=1")
+    config.addinivalue_line("markers", "exclusive: times the wall clock or reads device-wide memory; a sharded "
+                                       "run holds it out of the parallel parts (--shard exclusive)")
     seed = config.getoption("--seed")
     if seed is None and os.environ.get(SEED_VARIABLE):
         seed = int(os.environ[SEED_VARIABLE])
@@ -86,49 +91,62 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(_seed_line())
 
 
-def shard_of_items(nodeids: list[str], count: int) -> list[int]:
+def shard_of_items(nodeids: list[str], count: int, weights: list[int] | None = None) -> list[int]:
     """The part (0 .. count - 1) of each test id. Whole modules, so that a module's fixtures (the ring
-    tests' process group) are set up once: largest first onto the part with the fewest tests. A module
-    with more tests than a part's share is dealt out test by test instead. Every process of a sharded
-    run collects the same ids and computes the same parts."""
+    tests' process group) are set up once: heaviest first onto the lightest part. A module heavier than
+    a part's share is dealt out test by test instead. `weights` (default 1 each) stand for each test's
+    run time. Every process of a sharded run collects the same ids and computes the same parts."""
+    weights = weights or [1] * len(nodeids)
     modules: dict[str, list[int]] = {}
     for i, nodeid in enumerate(nodeids):
         modules.setdefault(nodeid.split("::", 1)[0], []).append(i)
-    share = len(nodeids) / count
+    share = sum(weights) / count
     parts = [0] * len(nodeids)
     loads = [0] * count
     whole = []
     for name, indices in modules.items():
-        if len(indices) > share:
-            for k, i in enumerate(indices):
-                parts[i] = k % count
-                loads[k % count] += 1
+        if sum(weights[i] for i in indices) > share:
+            for i in sorted(indices, key=lambda i: -weights[i]):
+                part = min(range(count), key=lambda p: (loads[p], p))
+                parts[i] = part
+                loads[part] += weights[i]
         else:
             whole.append(name)
-    for name in sorted(whole, key=lambda m: (-len(modules[m]), m)):
+    module_weight = {name: sum(weights[i] for i in modules[name]) for name in whole}
+    for name in sorted(whole, key=lambda m: (-module_weight[m], m)):
         part = min(range(count), key=lambda p: (loads[p], p))
-        loads[part] += len(modules[name])
+        loads[part] += module_weight[name]
         for i in modules[name]:
             parts[i] = part
     return parts
+
+
+# A slow test (minutes) weighs as much as this many ordinary ones when the parts are balanced.
+SLOW_TEST_WEIGHT = 150
 
 
 def _apply_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
     spec = config.getoption("--shard")
     if spec is None:
         return
-    try:
-        index, count = (int(x) for x in spec.split("/"))
-    except ValueError:
-        raise pytest.UsageError(f"--shard takes I/N (e.g. 0/4), got {spec!r}") from None
-    if not 0 <= index < count:
-        raise pytest.UsageError(f"--shard {spec}: I must be in 0 .. N - 1")
-    parts = shard_of_items([item.nodeid for item in items], count)
-    kept = [item for item, part in zip(items, parts) if part == index]
-    dropped = [item for item, part in zip(items, parts) if part != index]
+    if spec == "exclusive":
+        keep = ["exclusive" in item.keywords for item in items]
+    else:
+        try:
+            index, count = (int(x) for x in spec.split("/"))
+        except ValueError:
+            raise pytest.UsageError(f"--shard takes I/N (e.g. 0/4) or 'exclusive', got {spec!r}") from None
+        if not 0 <= index < count:
+            raise pytest.UsageError(f"--shard {spec}: I must be in 0 .. N - 1")
+        shared = [item for item in items if "exclusive" not in item.keywords]
+        weights = [SLOW_TEST_WEIGHT if "slow" in item.keywords else 1 for item in shared]
+        part_of = dict(zip((id(item) for item in shared),
+                           shard_of_items([item.nodeid for item in shared], count, weights)))
+        keep = [part_of.get(id(item)) == index for item in items]
+    dropped = [item for item, kept in zip(items, keep) if not kept]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = kept
+    items[:] = [item for item, kept in zip(items, keep) if kept]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -104,3 +104,25 @@ def test_shard_option_runs_disjoint_parts_of_the_suite(tmp_path):
     assert sorted(seen) == sorted(every)
     bad = _pytest(tmp_path, "--shard", "3/3")
     assert bad.returncode == 4 and "I must be in 0 .. N - 1" in bad.stdout + bad.stderr
+
+
+def test_exclusive_tests_run_apart_from_the_parts(tmp_path):
+    (tmp_path / "test_timed.py").write_text(
+        "import pytest\n\n\n@pytest.mark.exclusive\ndef test_timed():\n    pass\n\n\n"
+        "def test_plain():\n    pass\n")
+    ids = lambda result: re.findall(r"\S+\.py::\S+", result.stdout)
+    every = ids(_pytest(tmp_path, "--collect-only"))
+    parts = [ids(_pytest(tmp_path, "--collect-only", "--shard", f"{i}/2")) for i in range(2)]
+    alone = ids(_pytest(tmp_path, "--collect-only", "--shard", "exclusive"))
+    assert [i for i in every if i.endswith("::test_timed")] == alone and len(alone) == 1
+    assert sorted(parts[0] + parts[1] + alone) == sorted(every)
+
+
+def test_a_slow_test_weighs_like_many_in_the_balance():
+    from conftest import shard_of_items
+
+    # one slow test (weight 50) in a module of its own, and 60 plain tests in six modules of 10
+    ids = ["tests/slow.py::test_long"] + [f"tests/m{m}.py::test_{i}" for m in range(6) for i in range(10)]
+    parts = shard_of_items(ids, 2, [50] + [1] * 60)
+    slow_part = parts[0]
+    assert parts[1:].count(slow_part) <= 10  # the slow test's part holds one plain module at most

@@ -335,6 +335,7 @@ def test_memory_is_linear_in_n(rng):
     assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB"
 
 
+@pytest.mark.exclusive  # wall time
 def test_speed(rng):
     # (2, 16, 1024, 64) float32 measured at ~0.2 s on 2 cores; 10 s leaves room for slow CI.
     q, k, v = (rng.standard_normal((2, 16, 1024, 64)).astype(np.float32) for _ in range(3))

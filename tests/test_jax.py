@@ -284,6 +284,7 @@ def _median_seconds(fn, *args, repeats=30):
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive  # wall time
 def test_gpu_no_host_sync_inside_jit(rng):
     """100 chained calls in one jitted function cost no more per call than 1.2x one kernel (a host
     synchronisation or a host round trip per call would add tens of microseconds each)."""

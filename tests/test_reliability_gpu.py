@@ -36,6 +36,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
+@pytest.mark.exclusive  # the device's free memory: other processes would move it
 @pytest.mark.parametrize("path", ["device", "host"])
 def test_soak_no_memory_growth(path):
     torch = _need_torch()

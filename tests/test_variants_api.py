@@ -181,6 +181,7 @@ def test_every_head_dim_with_window_and_softcap(rng, backend, dtype, d):
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive  # wall time
 @pytest.mark.parametrize("backend", GPU_BACKENDS[:4])
 def test_window_cost_grows_with_the_window(rng, backend):
     # Visible pairs of window (512, 0) at N = 16384 are 6% of causal's; skipping tiles outside the
