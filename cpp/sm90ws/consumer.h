@@ -1,7 +1,7 @@
 // The consumer mainloop of one warpgroup (64 query rows): S = Q K^T and O += P V on wgmma, mask and
 // online softmax in registers, with FlashAttention-3's two overlaps:
 //  - intra-warpgroup: step n issues S[n] = Q K[n]^T and O += P[n+1] V[n+1] back to back, then runs
-//    the softmax of S[n] while the P V MMA is still in flight (O is rescaled only once it completed);
+//    the softmax of S[n] while the P V MMA is still in flight (O is rescaled under the next S);
 //  - ping-pong between the consumer warpgroups: named barriers hand the tensor cores from one
 //    warpgroup to the next each step, so the others' softmax runs under one's GEMMs.
 // K and V buffers come from the producer's rings; each is released as soon as its MMA has completed.
@@ -114,12 +114,18 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   clear(acc_o);
 
   // ---- Steps n = n_block_max - 2 .. n_block_min: S[n] and P[n+1] V[n+1] in flight together -------------
+  // O is rescaled by the factor of the last softmax between issuing S[n] and P[n+1] V[n+1], while the
+  // tensor cores run S[n], rather than after the softmax, where it delayed this warpgroup's next turn
+  // (FlashAttention-3's order; H200 self-test: 1.01-1.04x at d = 64 / 128, bench/NOTES-tensorcore.md).
+  auto alpha_pending = softmax.row_max;  // same shape; 0 after the first tile, where O starts at zero
+  fill(alpha_pending, 0.f);
   auto kv_step = [&](int const n_block, auto is_masked_step) __attribute__((always_inline)) {
     Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wait(pipeline_k, read_k);
     turns.wait_turn();
     warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ,
                                                                             tSrK(_, _, _, read_k.index()), acc_s);
+    softmax.rescale_o(acc_o_rc, alpha_pending);
     wait(pipeline_v, read_v);
     warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/-1, /*kARegisters=*/true>(tiled_mma_pv, tOrP,
                                                                             tOrV(_, _, _, read_v.index()), acc_o);
@@ -138,12 +144,13 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     pipeline_v.consumer_release(read_v);
     ++read_v;
     convert_into(acc_s, tOrP);
-    softmax.rescale_o(acc_o_rc, alpha);
+    alpha_pending = alpha;
   };
   for_each_kv_tile(n_block_min, n_block_max - 1, n_block_unmasked_begin, mask.n_block_unmasked_end(m_block), kv_step);
 
   // ---- Last P V (every S = Q K^T has completed: Q may go, unless O is to be staged over it) -------------
   if constexpr (Traits::kSeparateO) { storage.barrier_q_empty.arrive(); }
+  softmax.rescale_o(acc_o_rc, alpha_pending);
   wait(pipeline_v, read_v);
   warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_pv, tOrP,
                                                                          tOrV(_, _, _, read_v.index()), acc_o);

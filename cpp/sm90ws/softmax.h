@@ -1,6 +1,7 @@
 // Online softmax of one consumer warpgroup, split in two so that it can run while the previous tile's
 // O += P V is still in flight: update() folds a new S tile into the running max and sum and turns it
-// into P without touching O; rescale_o() applies the correction to O once that MMA has completed.
+// into P without touching O; rescale_o() applies the correction to O once that MMA has completed (the
+// consumer does it under the next S = Q K^T).
 // finalize() divides by the sum and gives lse (common/online_softmax.h's normalize_rows). Same
 // arithmetic as common/online_softmax.h (exp2 with the scale pre-multiplied by log2(e)); rows that have
 // seen no key keep m = -inf.

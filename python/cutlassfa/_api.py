@@ -266,8 +266,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     in full; device values are not (that would need a synchronization): the kernels clamp lengths to
     the capacity, leftpad to the length, skip page indices outside [0, num_pages), and drop appended
     keys past the capacity.
-    num_splits: None (the backend chooses: FlashAttention-2's heuristic from the batch, heads, key
-    tiles and multiprocessors) or n >= 1 parts of the keys, merged by lse. The split is a schedule of
+    num_splits: None (the backend chooses from the batch, heads, key tiles and multiprocessors: 1.5 or
+    more full waves of CTAs when one pass would not fill the GPU) or n >= 1 parts of the keys, merged by lse. The split is a schedule of
     the tensor-core backends; the CUDA-core backends (and varlen batches) run the keys in one pass.
     It changes nothing beyond rounding.
     """

@@ -25,9 +25,10 @@ bool splits_keys(Backend backend);
 bool packs_gqa(const FwdParams& params);
 FwdParams packed_gqa(const FwdParams& params);
 
-// The number of key splits for num_splits=None: FlashAttention-2's wave-efficiency heuristic over the
-// CTAs of one pass (batch * heads * query tiles of 64 rows, after packs_gqa), the key tiles (128 keys
-// each) and the multiprocessors of `device`. 1 when the unsplit grid already fills the device.
+// The number of key splits for num_splits=None, from the CTAs of one pass (batch * heads * query tiles
+// of 64 rows, after packs_gqa), the key tiles (128 keys each) and the multiprocessors of `device`: 1 when
+// the unsplit grid already fills the device, else the fewest splits that give at least 1.5 waves of
+// CTAs with a full last wave (or the fullest), each split at least 8 key tiles long.
 int choose_num_splits(int device, const FwdParams& params);
 
 }  // namespace cutlassfa
