@@ -1,7 +1,8 @@
-"""The README's results table from a `cutlassfa bench --json` document: one row per shape, TFLOP/s and
-time per backend, and `tensorcore` against cuDNN's and FlashAttention-2's SDPA backends.
+"""The README's results table from `cutlassfa bench --json` documents: one row per shape, TFLOP/s and
+time per backend (the columns of backends that the runs measured), and `tensorcore` against cuDNN's and
+FlashAttention-2's SDPA backends.
 
-    python scripts/readme_table.py bench/results/<gpu>-<commit>.json > table.md
+    python scripts/readme_table.py bench/results/<gpu>-<commit>.json [more.json ...] > table.md
 """
 
 import json
@@ -22,23 +23,29 @@ def ratio(a, b):
     return f"{a['tflops'] / b['tflops']:.2f}" if ok else "–"
 
 
-def table(doc):
+def table(docs):
     shapes = {}
-    for row in doc["rows"]:
-        key = (row["dtype"], row["B"], row["H"], row["Hk"], row["Nq"], row["Nk"], row["d"], row["causal"])
-        shapes.setdefault(key, {})[row["backend"]] = row
-    head = ["dtype", "B", "H", "N", "d", "causal", *COLUMNS, "tc / cuDNN", "tc / FA2"]
+    for doc in docs:
+        for row in doc["rows"]:
+            key = (row["dtype"], row["B"], row["H"], row["Hk"], row["Nq"], row["Nk"], row["d"], row["causal"])
+            shapes.setdefault(key, {})[row["backend"]] = row
+    measured = {backend for rows in shapes.values() for backend in rows}
+    columns = [c for c in COLUMNS if c in measured]
+    head = ["dtype", "B", "H", "N", "d", "causal", *columns, "tc / cuDNN", "tc / FA2"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (dtype, b, h, hk, nq, nk, d, causal), rows in shapes.items():
         heads = str(h) if h == hk else f"{h}:{hk}"
         n = str(nq) if nq == nk else f"{nq}×{nk}"
         tc = rows.get("tensorcore")
         cells = [DTYPE[dtype], str(b), heads, n, str(d), "yes" if causal else "no",
-                 *(cell(rows.get(c)) for c in COLUMNS), ratio(tc, rows.get("sdpa_cudnn")), ratio(tc, rows.get("sdpa_flash"))]
+                 *(cell(rows.get(c)) for c in columns), ratio(tc, rows.get("sdpa_cudnn")), ratio(tc, rows.get("sdpa_flash"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        print(table(json.load(f)))
+    documents = []
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            documents.append(json.load(f))
+    print(table(documents))
