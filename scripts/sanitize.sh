@@ -4,6 +4,8 @@
 # strided out= (PyTorch with CUDA needed; pass --no-strided to leave them out). Prints each tool's
 # error summary; fails on any error.
 #   bash scripts/sanitize.sh [--no-strided] [backend...]
+# TOOLS="racecheck synccheck" runs only those (default: memcheck memcheck-variants racecheck synccheck
+# initcheck).
 set -uo pipefail
 # Every tensor its own cudaMalloc: with PyTorch's caching allocator a read past a view's end can land
 # in the same cached block and go unseen by memcheck.
@@ -13,7 +15,7 @@ status=0
 # of their own. The leak check currently reports blocks PyTorch's allocator took for the strided test
 # tensors although no reference is left over and nothing grows over 200 calls (bench/NOTES-variants.md:
 # an open question, not a pass).
-for tool in memcheck memcheck-variants racecheck synccheck initcheck; do
+for tool in ${TOOLS:-memcheck memcheck-variants racecheck synccheck initcheck}; do
   extra=""
   cases=()
   [ "$tool" = memcheck ] && extra="--leak-check full" && cases=(--no-variants)
