@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite as N pytest processes in parallel, each running one disjoint part (tests/conftest.py,
-# --shard I/N: whole modules balanced by test count, a slow test weighing as many), for machines whose
+# --shard I/N: whole modules balanced by test count, a slow test counted as 150), for machines whose
 # suite outlasts one sequential run's time budget (the GPU machine: the whole suite with
 # CUTLASSFA_REQUIRE_GPU=1 and --run-slow). Then the tests marked `exclusive` (wall-clock and device-memory
 # measurements that other processes would disturb) run alone, with the whole machine.
