@@ -158,6 +158,24 @@ def test_parse_shape_and_grids():
     assert bench.select_backends(["tensorcore", "sdpa"]) == ["tensorcore"] + list(bench.SDPA_BACKENDS)
 
 
+def test_decode_grid_is_the_inference_grid():
+    grid = bench.decode_grid()
+    assert bench.select_cases(_args(["--decode"])) == grid
+    assert bench.select_cases(_args(["--decode", "--quick"])) == bench.decode_quick_grid()
+    assert bench.select_cases(_args(["--decode", "--dtypes", "float16", "--causal", "yes"])) == [
+        c for c in grid if c.dtype == "float16" and c.causal]
+    kv_bytes = [2 * c.B * c.Hk * c.Nk * c.d * 2 for c in grid]
+    assert max(kv_bytes) <= bench.DECODE_MAX_KV_BYTES
+    assert all(c.H == 32 and (c.Nq, c.causal) in {(1, False), (4, True)} for c in grid)
+    every = {(dt, d, hk, b, nk, nq) for dt in ("bfloat16", "float16") for d in (128, 64) for hk in (32, 8, 4)
+             for b in (1, 8, 64) for nk in (2048, 16384, 131072) for nq in (1, 4)}
+    present = {(c.dtype, c.d, c.Hk, c.B, c.Nk, c.Nq) for c in grid}
+    left_out = every - present
+    # only caches over 32 GiB are left out (MHA at B = 64 with 128k keys)
+    assert left_out and all(2 * b * hk * nk * d * 2 > bench.DECODE_MAX_KV_BYTES for _, d, hk, b, nk, _ in left_out)
+    assert len(grid) == len(every) - len(left_out)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Whole runs on the CPU (cpu backend, tiny shapes).
 # ---------------------------------------------------------------------------------------------------
@@ -169,7 +187,7 @@ def test_json_schema_with_fake_timer(tmp_path, capsys):
                 timer)
     assert code == 0
     table = capsys.readouterr().out
-    assert "| cpu" in table and "TFLOP/s" in table
+    assert "| cpu" in table and "TFLOP/s" in table and "GB/s" in table
 
     doc = json.loads(path.read_text())
     assert {"gpu", "commit", "dirty", "commit_source", "created", "software", "peaks", "rows"} <= set(doc)
@@ -184,6 +202,9 @@ def test_json_schema_with_fake_timer(tmp_path, capsys):
         assert row["ms"] == 2.0 and row["repeats"] == 21  # median of 2, 1, 3 cycled
         flops = bench.attention_flops(row["B"], row["H"], row["Nq"], row["Nk"], row["d"], row["causal"])
         assert row["flops"] == flops and row["tflops"] == pytest.approx(flops / 2e-3 / 1e12)
+        # q and o (B, H, Nq, d), k and v (B, Hk, Nk, d) in float32, once each
+        moved = 4 * row["d"] * (2 * row["B"] * row["H"] * row["Nq"] + 2 * row["B"] * row["Hk"] * row["Nk"])
+        assert row["bytes"] == moved and row["gbps"] == pytest.approx(moved / 2e-3 / 1e9)
         assert row["rel_err"] < 1e-5
         assert row["pct_peak"] is None and row["peak"] is None
     assert {(r["Nq"], r["Nk"], r["H"], r["Hk"]) for r in doc["rows"]} == {(64, 64, 2, 2), (33, 70, 4, 2)}

@@ -7,6 +7,7 @@ warm-up rounds, then `--repeats` (default 20) rounds in which every contender ma
 a row's time is the median of its rounds. Inputs are rotated among copies when they would sit in L2.
 
     TFLOP/s = 4 * B * H * d * (query-key pairs the mask lets through) / t
+    GB/s = (q, k, v read and o written once, in bytes) / t      (the rate that bounds decode: --decode)
 
 Each row is also given as a percentage of a dense-GEMM rate measured once per run (rules.PEAKS), and
 with its rel-L2 error against the float64 reference on a sample of the output; a row of ours whose
@@ -19,9 +20,10 @@ report (table, JSON), plot, overhead, cli.
 """
 
 from .cli import add_arguments, main, run
-from .flops import attention_flops, varlen_flops, visible_pairs
+from .flops import attention_bytes, attention_flops, varlen_flops, visible_pairs
 from .frames import CupyFrame, Frame, TorchFrame, pick_frame
-from .grid import HW4_SHAPES, LLM_HEAD_DIMS, LLM_SHAPES, default_grid, parse_shape, quick_grid, select_cases
+from .grid import (DECODE_MAX_KV_BYTES, HW4_SHAPES, LLM_HEAD_DIMS, LLM_SHAPES, decode_grid, decode_quick_grid,
+                   default_grid, parse_shape, quick_grid, select_cases)
 from .measure import Row, Settings, apply_peaks, bench_case, measure_peaks, output_sample, reference_sample
 from .rules import (CPU_MAX_FLOPS, L2_FACTOR, MAX_COPIES, PEAKS, accuracy_bound, peak_of, rotation_copies,
                     skip_reason, tflops)
@@ -29,10 +31,11 @@ from .runners import ALL_BACKENDS, OUR_BACKENDS, SDPA_BACKENDS, Runner, make_run
 from .timing import CudaPythonEventTimer, TorchEventTimer, WallTimer, median, round_robin
 from .._inputs import DTYPES
 
-__all__ = ["ALL_BACKENDS", "CPU_MAX_FLOPS", "DTYPES", "HW4_SHAPES", "L2_FACTOR", "LLM_HEAD_DIMS", "LLM_SHAPES",
+__all__ = ["ALL_BACKENDS", "CPU_MAX_FLOPS", "DECODE_MAX_KV_BYTES", "DTYPES", "HW4_SHAPES", "L2_FACTOR", "LLM_HEAD_DIMS", "LLM_SHAPES",
            "MAX_COPIES", "OUR_BACKENDS", "PEAKS", "SDPA_BACKENDS", "CudaPythonEventTimer", "CupyFrame", "Frame",
            "Row", "Runner", "Settings", "TorchEventTimer", "TorchFrame", "WallTimer", "accuracy_bound",
-           "add_arguments", "apply_peaks", "attention_flops", "bench_case", "default_grid", "main", "make_runners",
+           "add_arguments", "apply_peaks", "attention_bytes", "attention_flops", "bench_case", "decode_grid",
+           "decode_quick_grid", "default_grid", "main", "make_runners",
            "measure_peaks", "median", "ours", "output_sample", "parse_shape", "peak_of", "pick_frame",
            "quick_grid", "reference_sample", "rotation_copies", "round_robin", "run", "sdpa", "select_backends",
            "select_cases", "skip_reason", "tflops", "varlen_flops", "visible_pairs"]

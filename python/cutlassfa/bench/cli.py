@@ -34,6 +34,9 @@ def _csv(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `cutlassfa bench`."""
     parser.add_argument("--quick", action="store_true", help="a small grid (well under a minute on an H100)")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decode grid instead: 1 new query (or 4, causal) against K/V caches of 2k-128k "
+                             "keys, B 1/8/64, 32 query heads on 32/8/4 K/V heads, d 128/64 (with --quick: 3 cases)")
     parser.add_argument("--shape", action="append", type=parse_shape, metavar="B,H,N,d",
                         help="a shape to run instead of the default grid; repeatable. B,H,N,d or B,H,Nq,Nk,d; "
                              "H may be Hq:Hkv (GQA)")

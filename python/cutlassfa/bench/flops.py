@@ -1,7 +1,8 @@
-"""FLOP counts: the work of attention is 4·d FLOP (two GEMMs of 2 FLOP per multiply-add) for each
-query-key pair that the mask lets through. Counting the visible pairs exactly, rather than halving for
-causal, keeps TFLOP/s honest for Nq != Nk (100 x 300 bottom-right causal is 0.835 of dense, not 0.5),
-and the same count serves sliding windows and per-sequence lengths."""
+"""FLOP and byte counts: the work of attention is 4·d FLOP (two GEMMs of 2 FLOP per multiply-add) for
+each query-key pair that the mask lets through. Counting the visible pairs exactly, rather than halving
+for causal, keeps TFLOP/s honest for Nq != Nk (100 x 300 bottom-right causal is 0.835 of dense, not 0.5),
+and the same count serves sliding windows and per-sequence lengths. Decode is bound by memory instead:
+its rate is the bytes a call must move at least (q, k and v read once, o written once) per second."""
 
 from __future__ import annotations
 
@@ -42,3 +43,8 @@ def varlen_flops(H: int, d: int, lengths: Iterable[tuple[int, int]], causal: boo
                  window: Window | None = None) -> float:
     """The same for a batch of sequences of their own (Nq, Nk) lengths."""
     return 4.0 * H * d * sum(visible_pairs(nq, nk, causal=causal, window=window) for nq, nk in lengths)
+
+
+def attention_bytes(B: int, H: int, Hk: int, Nq: int, Nk: int, d: int, itemsize: int) -> int:
+    """Bytes one call must move at least: q and o (B, H, Nq, d), k and v (B, Hk, Nk, d), once each."""
+    return itemsize * d * (2 * B * H * Nq + 2 * B * Hk * Nk)

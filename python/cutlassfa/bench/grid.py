@@ -1,6 +1,7 @@
 """The bench grids and --shape parsing. HW4: the fp32 one-head test shapes (t11, t22, t29, t30 of the
 HW4 test set), (B, N, d). LLM: fp16 and bf16, d 64 / 128, (B, H, N) with B*N = 32K tokens, causal and
-not. Quick: seconds on an H100."""
+not. Quick: seconds on an H100. Decode: one new query (or four, causal) against a K/V cache, the
+inference grid."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ from .._inputs import DTYPES, Case
 HW4_SHAPES = hw4.FULL_SHAPES
 LLM_SHAPES = ((32, 16, 1024), (8, 16, 4096), (2, 16, 16384))
 LLM_HEAD_DIMS = (64, 128)
+# Decode: 32 query heads on 32, 8 or 4 K/V heads (MHA, GQA 4:1 and 8:1), B sequences of Nk cached keys,
+# one new query, or four with the causal mask; cases whose K + V exceed 32 GiB are left out.
+DECODE_HEADS = 32
+DECODE_KV_HEADS = (32, 8, 4)
+DECODE_BATCHES = (1, 8, 64)
+DECODE_KEYS = (2048, 16384, 131072)
+DECODE_QUERIES = ((1, False), (4, True))
+DECODE_MAX_KV_BYTES = 32 << 30
 
 
 def default_grid() -> list[Case]:
@@ -30,6 +39,19 @@ def quick_grid() -> list[Case]:
         Case("float16", 8, 16, 16, 1024, 1024, 64, True),
         Case("bfloat16", 8, 16, 16, 1024, 1024, 128, False),
     ]
+
+
+def decode_grid() -> list[Case]:
+    return [Case(dt, b, DECODE_HEADS, hk, nq, nk, d, causal)
+            for dt in ("bfloat16", "float16") for d in (128, 64) for hk in DECODE_KV_HEADS for b in DECODE_BATCHES
+            for nk in DECODE_KEYS if 2 * b * hk * nk * d * 2 <= DECODE_MAX_KV_BYTES
+            for nq, causal in DECODE_QUERIES]
+
+
+def decode_quick_grid() -> list[Case]:
+    """bf16, d = 128, GQA 4:1: a long cache, a batch of short ones, and four causal queries."""
+    return [Case("bfloat16", b, DECODE_HEADS, 8, nq, nk, 128, causal)
+            for b, nk, nq, causal in ((1, 131072, 1, False), (8, 2048, 1, False), (1, 16384, 4, True))]
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
@@ -59,7 +81,10 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         causals = {"no": [False], "yes": [True], "both": [False, True], None: [False]}[args.causal]
         return [Case(dt, b, h, hk, nq, nk, d, c) for (b, h, hk, nq, nk, d) in args.shape for dt in dtypes
                 for c in causals]
-    cases = quick_grid() if args.quick else default_grid()
+    if getattr(args, "decode", False):
+        cases = decode_quick_grid() if args.quick else decode_grid()
+    else:
+        cases = quick_grid() if args.quick else default_grid()
     if args.dtypes:
         cases = [c for c in cases if c.dtype in args.dtypes]
     if args.causal in ("no", "yes"):
@@ -67,5 +92,5 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     return cases
 
 
-__all__ = ["DTYPES", "HW4_SHAPES", "LLM_HEAD_DIMS", "LLM_SHAPES", "default_grid", "parse_shape", "quick_grid",
-           "select_cases"]
+__all__ = ["DECODE_MAX_KV_BYTES", "DTYPES", "HW4_SHAPES", "LLM_HEAD_DIMS", "LLM_SHAPES", "decode_grid",
+           "decode_quick_grid", "default_grid", "parse_shape", "quick_grid", "select_cases"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._inputs import Case, classify_error, to_numpy64
 from .._text import first_line
-from .flops import attention_flops
+from .flops import attention_bytes, attention_flops
 from .frames import Frame
 from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, REF_MAX_ROWS,
                     REF_MAX_SCORES, accuracy_bound, peak_of, rotation_copies, skip_reason, tflops)
@@ -34,6 +34,7 @@ class Row:
     ms_min: float | None = None
     repeats: int = 0
     tflops: float | None = None
+    gbps: float | None = None  # attention_bytes per second: the rate that bounds decode
     peak: str | None = None
     pct_peak: float | None = None
     rel_err: float | None = None
@@ -45,10 +46,15 @@ class Row:
         c = self.case
         return {"backend": self.backend, "dtype": c.dtype, "B": c.B, "H": c.H, "Hk": c.Hk, "Nq": c.Nq,
                 "Nk": c.Nk, "d": c.d, "causal": c.causal,
-                "flops": attention_flops(c.B, c.H, c.Nq, c.Nk, c.d, c.causal), "status": self.status,
-                "ms": self.ms, "ms_min": self.ms_min, "repeats": self.repeats, "tflops": self.tflops,
+                "flops": attention_flops(c.B, c.H, c.Nq, c.Nk, c.d, c.causal), "bytes": case_bytes(c),
+                "status": self.status, "ms": self.ms, "ms_min": self.ms_min, "repeats": self.repeats,
+                "tflops": self.tflops, "gbps": self.gbps,
                 "peak": self.peak, "pct_peak": self.pct_peak, "rel_err": _finite(self.rel_err),
                 "rel_bound": self.rel_bound, "copies": self.copies, "note": self.note}
+
+
+def case_bytes(case: Case) -> int:
+    return attention_bytes(case.B, case.H, case.Hk, case.Nq, case.Nk, case.d, 4 if case.dtype == "float32" else 2)
 
 
 def _finite(x: float | None) -> float | None:
@@ -231,6 +237,7 @@ def _time_interleaved(members: list[tuple[Runner, Callable]], rows: list[Row],
     for row, copies, ts in zip(rows, inputs, times):
         row.ms, row.ms_min, row.repeats = median(ts), min(ts), len(ts)
         row.tflops = tflops(row.case, row.ms)
+        row.gbps = case_bytes(row.case) / (row.ms * 1e-3) / 1e9
         rates[(row.backend, row.case.dtype)] = row.tflops
         row.copies = len(copies)
 

@@ -24,10 +24,11 @@ def results_table(rows: Sequence[Row]) -> str:
         c = r.case
         heads = str(c.H) if c.H == c.Hk else f"{c.H}/{c.Hk}"
         body.append([r.backend, c.dtype, c.B, heads, c.Nq, c.Nk, c.d, "yes" if c.causal else "no",
-                     _f(r.ms, ".3f"), _f(r.tflops, ".1f" if (r.tflops or 0) >= 10 else ".3g"), _f(r.pct_peak, ".0f"),
-                     r.peak or "", _f(r.rel_err, ".1e"), r.note if r.status != "skipped" else f"skipped: {r.note}"])
-    return format_table(["backend", "dtype", "B", "H", "Nq", "Nk", "d", "causal", "ms", "TFLOP/s", "% peak",
-                         "peak", "rel-L2", "note"], body)
+                     _f(r.ms, ".3f"), _f(r.tflops, ".1f" if (r.tflops or 0) >= 10 else ".3g"), _f(r.gbps, ".0f"),
+                     _f(r.pct_peak, ".0f"), r.peak or "", _f(r.rel_err, ".1e"),
+                     r.note if r.status != "skipped" else f"skipped: {r.note}"])
+    return format_table(["backend", "dtype", "B", "H", "Nq", "Nk", "d", "causal", "ms", "TFLOP/s", "GB/s",
+                         "% peak", "peak", "rel-L2", "note"], body)
 
 
 def peaks_text(peaks: dict[str, dict[str, Any]]) -> str:
