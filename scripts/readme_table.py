@@ -8,7 +8,8 @@ FlashAttention-2's SDPA backends.
 import json
 import sys
 
-COLUMNS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+COLUMNS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
+           "flex")
 DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 

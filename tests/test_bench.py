@@ -14,7 +14,7 @@ import pytest
 
 import cutlassfa
 from cutlassfa import bench
-from cutlassfa._inputs import Case
+from cutlassfa._inputs import Case, Unsupported, Variant
 
 ROW_KEYS = {"backend", "dtype", "B", "H", "Nq", "Nk", "d", "causal", "ms", "tflops", "rel_err", "note"}
 
@@ -174,6 +174,21 @@ def test_decode_grid_is_the_inference_grid():
     # only caches over 32 GiB are left out (MHA at B = 64 with 128k keys)
     assert left_out and all(2 * b * hk * nk * d * 2 > bench.DECODE_MAX_KV_BYTES for _, d, hk, b, nk, _ in left_out)
     assert len(grid) == len(every) - len(left_out)
+
+
+def test_window_option_marks_every_case_and_adds_the_flex_anchor():
+    assert bench.parse_window("1024,0") == (1024, 0) and bench.parse_window("-1,7") == (-1, 7)
+    for bad in ("5", "a,b", "-2,0", "3,-5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_window(bad)
+    cases = bench.select_cases(_args(["--shape", "1,2,256,64", "--window", "32,0", "--causal", "both"]))
+    assert len(cases) == 2 and all(c.variant.window == (32, 0) for c in cases)
+    assert bench.FLEX not in bench.select_backends(None)
+    assert bench.FLEX in bench.select_backends(None, window=True)
+    assert bench.select_backends(["cpu"], window=True) == ["cpu"]
+    # the visible pairs of the window, not the dense count
+    case = cases[1]
+    assert case.causal and bench.tflops(case, 1.0) * 1e9 == bench.attention_flops(1, 2, 256, 256, 64, True, (32, 0))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -464,3 +479,42 @@ def test_commit_given_by_environment_wins_over_an_ambient_checkout(monkeypatch):
     assert _provenance.git_state() == {"commit": "0123abc", "dirty": False, "commit_source": "CUTLASSFA_COMMIT"}
     monkeypatch.delenv("CUTLASSFA_COMMIT")
     assert _provenance.git_state()["commit"] != "0123abc"
+
+
+def test_windowed_run_counts_and_checks_the_window(tmp_path):
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "1,2,300,64", "--window", "40,0", "--causal", "yes", "--dtypes", "float32",
+                 "--backends", "cpu", "--repeats", "2", "--no-progress", "--json", str(path)])
+    assert code == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["status"] == "ok" and row["window"] == [40, 0]
+    assert row["flops"] == bench.attention_flops(1, 2, 300, 300, 64, True, (40, 0))
+    assert row["rel_err"] < 1e-5  # against the windowed reference: the dense one differs by far more
+
+
+def _torch_cpu():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    return torch
+
+
+@pytest.mark.parametrize("causal, window", [(False, (17, 5)), (True, (60, 0))])
+def test_flex_anchor_applies_the_bottom_right_window(causal, window):
+    """FlexAttention with the runner's block mask equals the windowed fp64 reference (CPU PyTorch, the
+    eager form: the compiled one is the GPU's)."""
+    torch = _torch_cpu()
+    from cutlassfa.reference import attention_reference, rel_l2
+
+    case = Case("float32", 1, 4, 2, 96, 200, 32, causal, variant=Variant("window", window=window))
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in case.shapes())
+    out = bench.flex(compiled=False).prepare(case)(q, k, v)
+    ref, _ = attention_reference(q.numpy(), k.numpy(), v.numpy(), causal=causal, window=window)
+    assert rel_l2(out.numpy(), ref) < 1e-5
+
+
+def test_sdpa_anchor_refuses_a_window():
+    _torch_cpu()
+    case = Case("float32", 1, 2, 2, 64, 64, 32, False, variant=Variant("window", window=(8, 8)))
+    with pytest.raises(Unsupported, match="sliding-window"):
+        bench.sdpa("sdpa_math").prepare(case)

@@ -16,7 +16,7 @@ from .. import hw4
 from .._inputs import DTYPES
 from .._provenance import gpu as gpu_info
 from .frames import Frame, pick_frame
-from .grid import parse_shape, select_cases
+from .grid import parse_shape, parse_window, select_cases
 from .measure import Row, Settings, apply_peaks, bench_case, measure_peaks
 from .overhead import (DEFAULT_CALLS, DEFAULT_SYNC_CALLS, overhead_document, overhead_table, sync_rows,
                        tiny_call_rows)
@@ -34,6 +34,9 @@ def _csv(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `cutlassfa bench`."""
     parser.add_argument("--quick", action="store_true", help="a small grid (well under a minute on an H100)")
+    parser.add_argument("--window", type=parse_window, metavar="LEFT,RIGHT",
+                        help="a sliding window on every case: query i sees keys i + Nk - Nq - LEFT .. + RIGHT "
+                             "(-1: unbounded); adds the flex (FlexAttention) anchor, as SDPA has none")
     parser.add_argument("--decode", action="store_true",
                         help="the decode grid instead: 1 new query (or 4, causal) against K/V caches of 2k-128k "
                              "keys, B 1/8/64, 32 query heads on 32/8/4 K/V heads, d 128/64 (with --quick: 3 cases)")
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     """Runs the benchmark; returns 0, 1 (a row of ours failed) or 2 (usage error). `frame` and
     `timer_for` are for tests."""
     bad = [d for d in (args.dtypes or []) if d not in DTYPES]
-    unknown = [b for b in select_backends(args.backends) if b not in ALL_BACKENDS]
+    names = select_backends(args.backends, window=args.window is not None)
+    unknown = [b for b in names if b not in ALL_BACKENDS]
     if bad or unknown:
         return _usage(f"unknown dtype(s) {bad} / backend(s) {unknown}")
     if args.repeats < 1 or args.warmup < 1 or args.overhead_calls < 1 or args.sync_calls < 1:
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     if not cases:
         return _usage("no case left after the filters")
 
-    runners, unavailable = make_runners(select_backends(args.backends), frame)
+    runners, unavailable = make_runners(names, frame)
     if not runners:
         return _usage("no backend can run here: " + "; ".join(f"{n}: {why}" for n, why in unavailable.items()))
     gpu_timer = frame.timer()

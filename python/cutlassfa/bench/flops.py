@@ -45,6 +45,19 @@ def varlen_flops(H: int, d: int, lengths: Iterable[tuple[int, int]], causal: boo
     return 4.0 * H * d * sum(visible_pairs(nq, nk, causal=causal, window=window) for nq, nk in lengths)
 
 
+def case_window(case) -> Window | None:
+    """A case's window in this module's convention (None for an unbounded side), or None."""
+    window = case.variant.window if case.variant is not None else None
+    if window is None:
+        return None
+    return (None if window[0] < 0 else window[0], None if window[1] < 0 else window[1])
+
+
+def case_flops(case) -> float:
+    """attention_flops of a bench case (its window included)."""
+    return attention_flops(case.B, case.H, case.Nq, case.Nk, case.d, case.causal, case_window(case))
+
+
 def attention_bytes(B: int, H: int, Hk: int, Nq: int, Nk: int, d: int, itemsize: int) -> int:
     """Bytes one call must move at least: q and o (B, H, Nq, d), k and v (B, Hk, Nk, d), once each."""
     return itemsize * d * (2 * B * H * Nq + 2 * B * Hk * Nk)

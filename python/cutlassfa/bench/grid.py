@@ -6,9 +6,10 @@ inference grid."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from .. import hw4
-from .._inputs import DTYPES, Case
+from .._inputs import DTYPES, Case, Variant
 
 HW4_SHAPES = hw4.FULL_SHAPES
 LLM_SHAPES = ((32, 16, 1024), (8, 16, 4096), (2, 16, 16384))
@@ -74,8 +75,27 @@ def parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
     return b, h, hk, nq, nk, d
 
 
+def parse_window(text: str) -> tuple[int, int]:
+    """"LEFT,RIGHT" (-1: unbounded on that side)."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window wants LEFT,RIGHT (-1: unbounded), got {text!r}") from None
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError(f"--window {text!r}: each side is >= 0, or -1 for unbounded")
+    return left, right
+
+
 def select_cases(args: argparse.Namespace) -> list[Case]:
     """The cases of a run: --shape x --dtypes x --causal, or the (quick) grid filtered by them."""
+    window = getattr(args, "window", None)
+    if window is not None:
+        variant = Variant(f"window {window[0]},{window[1]}", window=window)
+        return [dataclasses.replace(c, variant=variant) for c in _plain_cases(args)]
+    return _plain_cases(args)
+
+
+def _plain_cases(args: argparse.Namespace) -> list[Case]:
     if args.shape:
         dtypes = args.dtypes or ["float16"]
         causals = {"no": [False], "yes": [True], "both": [False, True], None: [False]}[args.causal]
@@ -93,4 +113,4 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
 
 
 __all__ = ["DECODE_MAX_KV_BYTES", "DTYPES", "HW4_SHAPES", "LLM_HEAD_DIMS", "LLM_SHAPES", "decode_grid",
-           "decode_quick_grid", "default_grid", "parse_shape", "quick_grid", "select_cases"]
+           "decode_quick_grid", "default_grid", "parse_shape", "parse_window", "quick_grid", "select_cases"]

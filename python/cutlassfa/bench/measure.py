@@ -13,11 +13,11 @@ import numpy as np
 
 from .._inputs import Case, classify_error, to_numpy64
 from .._text import first_line
-from .flops import attention_bytes, attention_flops
+from .flops import attention_bytes, case_flops
 from .frames import Frame
 from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, REF_MAX_ROWS,
                     REF_MAX_SCORES, accuracy_bound, peak_of, rotation_copies, skip_reason, tflops)
-from .runners import Runner
+from .runners import ANCHORS, Runner
 from .timing import ContenderFailed, Timer, median
 
 # Row statuses: "ok"; "inaccurate" (timed, but its output is outside the accuracy bound: the run
@@ -46,7 +46,8 @@ class Row:
         c = self.case
         return {"backend": self.backend, "dtype": c.dtype, "B": c.B, "H": c.H, "Hk": c.Hk, "Nq": c.Nq,
                 "Nk": c.Nk, "d": c.d, "causal": c.causal,
-                "flops": attention_flops(c.B, c.H, c.Nq, c.Nk, c.d, c.causal), "bytes": case_bytes(c),
+                "window": list(c.variant.window) if c.variant is not None and c.variant.window else None,
+                "flops": case_flops(c), "bytes": case_bytes(c),
                 "status": self.status, "ms": self.ms, "ms_min": self.ms_min, "repeats": self.repeats,
                 "tflops": self.tflops, "gbps": self.gbps,
                 "peak": self.peak, "pct_peak": self.pct_peak, "rel_err": _finite(self.rel_err),
@@ -95,7 +96,8 @@ def reference_sample(case: Case, q: Any, k: Any, v: Any) -> np.ndarray:
         qs = to_numpy64(q[b, h, case.Nq - rows:])[None, None]
         ks = to_numpy64(k[b, h // group])[None, None]
         vs = to_numpy64(v[b, h // group])[None, None]
-        parts.append(reference.attention_reference(qs, ks, vs, causal=case.causal)[0].ravel())
+        window = case.variant.window if case.variant is not None else None
+        parts.append(reference.attention_reference(qs, ks, vs, causal=case.causal, window=window)[0].ravel())
     return np.concatenate(parts)
 
 
@@ -172,7 +174,7 @@ def _fail_row(row: Row, error: BaseException) -> None:
     if _is_oom(error):
         row.status, row.note = "skipped", "out of memory"
     else:
-        row.status = classify_error(error, anchor=row.backend.startswith("sdpa_"))
+        row.status = classify_error(error, anchor=row.backend in ANCHORS)
         row.note = f"{row.status}: {first_line(error)}"
 
 

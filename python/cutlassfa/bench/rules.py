@@ -8,8 +8,8 @@ import math
 
 from .._inputs import Case
 from ..check.bounds import GATE_REL_L2, rel_l2_limit
-from .flops import attention_flops
-from .runners import SDPA_BACKENDS
+from .flops import case_flops
+from .runners import ANCHORS
 
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 5
@@ -58,14 +58,14 @@ def peak_of(backend: str, dtype: str) -> str | None:
 
 def tflops(case: Case, ms: float) -> float:
     """TFLOP/s of one call of `case` taking `ms`, counting only the query-key pairs the mask lets through."""
-    return attention_flops(case.B, case.H, case.Nq, case.Nk, case.d, case.causal) / (ms * 1e-3) / 1e12
+    return case_flops(case) / (ms * 1e-3) / 1e12
 
 
 def accuracy_bound(backend: str, dtype: str) -> float:
     """The rel-L2 a row's output must stay within: the gate's bound for our backends (and any other
-    name), the 2 % gate for the SDPA anchors (not ours to bound tighter, but a wrong call of one, such
-    as a top-left causal mask, is far outside it)."""
-    return GATE_REL_L2 if backend in SDPA_BACKENDS else rel_l2_limit(backend, dtype)
+    name), the 2 % gate for the anchors (SDPA, flex: not ours to bound tighter, but a wrong call of one,
+    such as a top-left causal mask, is far outside it)."""
+    return GATE_REL_L2 if backend in ANCHORS else rel_l2_limit(backend, dtype)
 
 
 def skip_reason(backend: str, case: Case, *, free_bytes: int | None, max_call_s: float,
@@ -73,7 +73,7 @@ def skip_reason(backend: str, case: Case, *, free_bytes: int | None, max_call_s:
     """Why `backend` should not be run on `case`, before any call; None to run it.
 
     `rate_tflops` is the rate measured earlier in this run for (backend, dtype), if any."""
-    flops = attention_flops(case.B, case.H, case.Nq, case.Nk, case.d, case.causal)
+    flops = case_flops(case)
     if backend == "cpu" and flops > CPU_MAX_FLOPS:
         return f"{flops / 1e9:.3g} GFLOP > {CPU_MAX_FLOPS / 1e9:g} GFLOP limit of the numpy backend"
     if backend in SCORE_MATRICES and free_bytes is not None:

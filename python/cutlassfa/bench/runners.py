@@ -1,5 +1,7 @@
 """Runners: one per row name. Ours go through the public `cutlassfa.forward`; the anchors are
-`torch.nn.functional.scaled_dot_product_attention` restricted to one SDPA backend at a time."""
+`torch.nn.functional.scaled_dot_product_attention` restricted to one SDPA backend at a time, and for
+sliding windows (which no SDPA backend skips: a dense mask computes all N^2 pairs) FlexAttention with a
+block mask (`flex`)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_math": "MATH",
 }
-ALL_BACKENDS = OUR_BACKENDS + tuple(SDPA_BACKENDS)
+FLEX = "flex"  # torch.nn.attention.flex_attention, compiled, with a block mask of the case's mask
+ANCHORS = tuple(SDPA_BACKENDS) + (FLEX,)
+ALL_BACKENDS = OUR_BACKENDS + ANCHORS
 
 
 @dataclass
@@ -37,7 +41,10 @@ def ours(name: str) -> Runner:
     def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
         import cutlassfa
 
-        return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, backend=name)
+        window = case.variant.window if case.variant is not None else None
+        if window is None:
+            return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, backend=name)
+        return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, window=window, backend=name)
 
     return Runner(name, prepare, on_gpu=name != "cpu")
 
@@ -52,6 +59,9 @@ def sdpa(name: str) -> Runner:
         raise Unsupported(f"this PyTorch ({torch.__version__}) has no SDPBackend.{SDPA_BACKENDS[name]}")
 
     def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+        if case.variant is not None and case.variant.window is not None:
+            raise Unsupported("SDPA has no sliding-window kernel (a dense mask computes all N^2 pairs; "
+                              "the anchor for windows is flex)")
         kwargs: dict[str, Any] = {}
         if case.causal and case.Nq != case.Nk:
             # PyTorch's is_causal is top-left aligned; ours is bottom-right as FlashAttention-2.
@@ -73,6 +83,47 @@ def sdpa(name: str) -> Runner:
     return Runner(name, prepare, on_gpu=True, context=context)
 
 
+_compiled_flex: list[Callable] = []
+
+
+def flex(compiled: bool = True) -> Runner:
+    """FlexAttention (torch.compile'd once per process) with a block mask of the case's causal mask and
+    window, bottom-right aligned as ours: the kernel skips the blocks the mask empties. compiled=False:
+    the unfused eager form (materializes the scores; the CPU tests check the mask with it)."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+        if compiled and not _compiled_flex:
+            _compiled_flex.append(torch.compile(flex_attention))
+        attention = _compiled_flex[0] if compiled else flex_attention
+        offset = case.Nk - case.Nq
+        left, right = case.variant.window if case.variant is not None and case.variant.window else (-1, -1)
+        if case.causal:
+            right = 0 if right < 0 else min(right, 0)
+
+        def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            position = q_idx + offset
+            seen = kv_idx >= 0
+            if left >= 0:
+                seen = seen & (kv_idx >= position - left)
+            if right >= 0:
+                seen = seen & (kv_idx <= position + right)
+            return seen
+
+        blocks: list[Any] = []
+
+        def call(q: Any, k: Any, v: Any) -> Any:
+            if not blocks:  # built on the inputs' device, once
+                blocks.append(create_block_mask(mask_mod, B=None, H=None, Q_LEN=case.Nq, KV_LEN=case.Nk,
+                                                device=q.device))
+            return attention(q, k, v, block_mask=blocks[0], enable_gqa=case.H != case.Hk)
+
+        return call
+
+    return Runner(FLEX, prepare, on_gpu=True)
+
+
 def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict[str, str]]:
     """Runners for the requested names that can run here, and {name: why not} for the others."""
     import cutlassfa
@@ -80,7 +131,15 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
     statuses = cutlassfa.backends()
     runners, unavailable = [], {}
     for name in names:
-        if name in SDPA_BACKENDS:
+        if name == FLEX:
+            if frame.name != "torch":
+                unavailable[name] = "needs PyTorch with CUDA"
+                continue
+            try:
+                runners.append(flex())
+            except ImportError as error:
+                unavailable[name] = str(error)
+        elif name in SDPA_BACKENDS:
             if frame.name != "torch":
                 unavailable[name] = "needs PyTorch with CUDA"
                 continue
@@ -102,10 +161,11 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
 
 
 
-def select_backends(requested: Sequence[str] | None) -> list[str]:
-    """Row names of a run: all, or the requested ones ('sdpa' meaning the four sdpa_* rows)."""
+def select_backends(requested: Sequence[str] | None, *, window: bool = False) -> list[str]:
+    """Row names of a run: the requested ones ('sdpa' meaning the four sdpa_* rows), or all of them; flex
+    (a torch.compile per shape) only when asked for, or for a run with a window."""
     if not requested:
-        return list(ALL_BACKENDS)
+        return [name for name in ALL_BACKENDS if name != FLEX or window]
     names: list[str] = []
     for name in requested:
         names += list(SDPA_BACKENDS) if name == "sdpa" else [name]
