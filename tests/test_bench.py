@@ -158,6 +158,17 @@ def test_parse_shape_and_grids():
     assert bench.select_backends(["tensorcore", "sdpa"]) == ["tensorcore"] + list(bench.SDPA_BACKENDS)
 
 
+def test_head_dims_option_sets_the_grid_head_dims():
+    cases = bench.select_cases(_args(["--head-dims", "96,192,256"]))
+    assert {c.d for c in cases if c.dtype != "float32"} == {96, 192, 256}
+    assert len(cases) == len(bench.HW4_SHAPES) + 2 * 3 * len(bench.LLM_SHAPES) * 2
+    assert {c.d for c in bench.select_cases(_args(["--quick", "--head-dims", "128"])) if c.dtype != "float32"} == {128}
+    assert {c.d for c in bench.select_cases(_args(["--decode", "--head-dims", "256"]))} == {256}
+    for bad in ("a", "0", ""):
+        with pytest.raises(SystemExit):
+            _args(["--head-dims", bad])
+
+
 def test_decode_grid_is_the_inference_grid():
     grid = bench.decode_grid()
     assert bench.select_cases(_args(["--decode"])) == grid

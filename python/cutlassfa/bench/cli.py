@@ -27,6 +27,16 @@ from .runners import ALL_BACKENDS, OUR_BACKENDS, Runner, make_runners, select_ba
 from .timing import Timer, WallTimer
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"want positive integers, got {text!r}")
+    return values
+
+
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -37,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=parse_window, metavar="LEFT,RIGHT",
                         help="a sliding window on every case: query i sees keys i + Nk - Nq - LEFT .. + RIGHT "
                              "(-1: unbounded); adds the flex (FlexAttention) anchor, as SDPA has none")
+    parser.add_argument("--head-dims", type=_ints, metavar="D,D,...",
+                        help="the grid's fp16 / bf16 head dims (default 64,128; e.g. 64,96,128,192,256); with "
+                             "--quick, a filter")
     parser.add_argument("--decode", action="store_true",
                         help="the decode grid instead: 1 new query (or 4, causal) against K/V caches of 2k-128k "
                              "keys, B 1/8/64, 32 query heads on 32/8/4 K/V heads, d 128/64 (with --quick: 3 cases)")

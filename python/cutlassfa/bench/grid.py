@@ -21,13 +21,14 @@ DECODE_KV_HEADS = (32, 8, 4)
 DECODE_BATCHES = (1, 8, 64)
 DECODE_KEYS = (2048, 16384, 131072)
 DECODE_QUERIES = ((1, False), (4, True))
+DECODE_HEAD_DIMS = (128, 64)
 DECODE_MAX_KV_BYTES = 32 << 30
 
 
-def default_grid() -> list[Case]:
+def default_grid(head_dims: tuple[int, ...] = LLM_HEAD_DIMS) -> list[Case]:
     cases = [Case("float32", b, 1, 1, n, n, d, False) for b, n, d in HW4_SHAPES]
     cases += [Case(dt, b, h, h, n, n, d, causal)
-              for dt in ("float16", "bfloat16") for d in LLM_HEAD_DIMS for b, h, n in LLM_SHAPES
+              for dt in ("float16", "bfloat16") for d in head_dims for b, h, n in LLM_SHAPES
               for causal in (False, True)]
     return cases
 
@@ -42,9 +43,9 @@ def quick_grid() -> list[Case]:
     ]
 
 
-def decode_grid() -> list[Case]:
+def decode_grid(head_dims: tuple[int, ...] = DECODE_HEAD_DIMS) -> list[Case]:
     return [Case(dt, b, DECODE_HEADS, hk, nq, nk, d, causal)
-            for dt in ("bfloat16", "float16") for d in (128, 64) for hk in DECODE_KV_HEADS for b in DECODE_BATCHES
+            for dt in ("bfloat16", "float16") for d in head_dims for hk in DECODE_KV_HEADS for b in DECODE_BATCHES
             for nk in DECODE_KEYS if 2 * b * hk * nk * d * 2 <= DECODE_MAX_KV_BYTES
             for nq, causal in DECODE_QUERIES]
 
@@ -87,7 +88,8 @@ def parse_window(text: str) -> tuple[int, int]:
 
 
 def select_cases(args: argparse.Namespace) -> list[Case]:
-    """The cases of a run: --shape x --dtypes x --causal, or the (quick) grid filtered by them."""
+    """The cases of a run: --shape x --dtypes x --causal, or the (quick / decode) grid with --head-dims,
+    filtered by --dtypes and --causal; --window on every one."""
     window = getattr(args, "window", None)
     if window is not None:
         variant = Variant(f"window {window[0]},{window[1]}", window=window)
@@ -101,10 +103,13 @@ def _plain_cases(args: argparse.Namespace) -> list[Case]:
         causals = {"no": [False], "yes": [True], "both": [False, True], None: [False]}[args.causal]
         return [Case(dt, b, h, hk, nq, nk, d, c) for (b, h, hk, nq, nk, d) in args.shape for dt in dtypes
                 for c in causals]
+    head_dims = tuple(getattr(args, "head_dims", None) or ())
     if getattr(args, "decode", False):
-        cases = decode_quick_grid() if args.quick else decode_grid()
+        cases = decode_quick_grid() if args.quick else decode_grid(head_dims or DECODE_HEAD_DIMS)
     else:
-        cases = quick_grid() if args.quick else default_grid()
+        cases = quick_grid() if args.quick else default_grid(head_dims or LLM_HEAD_DIMS)
+    if head_dims:  # the quick grids: a filter
+        cases = [c for c in cases if c.dtype == "float32" or c.d in head_dims]
     if args.dtypes:
         cases = [c for c in cases if c.dtype in args.dtypes]
     if args.causal in ("no", "yes"):
