@@ -99,8 +99,8 @@ def flex(compiled: bool = True) -> Runner:
         attention = _compiled_flex[0] if compiled else flex_attention
         offset = case.Nk - case.Nq
         left, right = case.variant.window if case.variant is not None and case.variant.window else (-1, -1)
-        if case.causal:
-            right = 0 if right < 0 else min(right, 0)
+        if case.causal:  # window (left, 0): forward refuses a causal call with right > 0
+            right = 0
 
         def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
             position = q_idx + offset
