@@ -492,6 +492,12 @@ def test_commit_given_by_environment_wins_over_an_ambient_checkout(monkeypatch):
     assert _provenance.git_state()["commit"] != "0123abc"
 
 
+def test_window_with_a_right_bound_on_causal_cases_is_a_usage_error(capsys):
+    assert _run(["--shape", "1,2,64,32", "--window", "8,4", "--causal", "yes", "--backends", "cpu",
+                 "--no-progress"]) == 2
+    assert "right bound" in capsys.readouterr().err
+
+
 def test_windowed_run_counts_and_checks_the_window(tmp_path):
     path = tmp_path / "bench.json"
     code = _run(["--shape", "1,2,300,64", "--window", "40,0", "--causal", "yes", "--dtypes", "float32",

@@ -123,6 +123,8 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     cases = select_cases(args)
     if not cases:
         return _usage("no case left after the filters")
+    if args.window is not None and args.window[1] > 0 and any(c.causal for c in cases):
+        return _usage(f"--window {args.window[0]},{args.window[1]} on causal cases: causal is a right bound of 0")
 
     runners, unavailable = make_runners(names, frame)
     if not runners:
