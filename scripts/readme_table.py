@@ -28,17 +28,19 @@ def table(docs):
     shapes = {}
     for doc in docs:
         for row in doc["rows"]:
-            key = (row["dtype"], row["B"], row["H"], row["Hk"], row["Nq"], row["Nk"], row["d"], row["causal"])
+            key = (row["dtype"], row["B"], row["H"], row["Hk"], row["Nq"], row["Nk"], row["d"], row["causal"],
+                   tuple(row.get("window") or ()))  # a windowed row is a shape of its own
             shapes.setdefault(key, {})[row["backend"]] = row
     measured = {backend for rows in shapes.values() for backend in rows}
     columns = [c for c in COLUMNS if c in measured]
     head = ["dtype", "B", "H", "N", "d", "causal", *columns, "tc / cuDNN", "tc / FA2"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (dtype, b, h, hk, nq, nk, d, causal), rows in shapes.items():
+    for (dtype, b, h, hk, nq, nk, d, causal, window), rows in shapes.items():
         heads = str(h) if h == hk else f"{h}:{hk}"
         n = str(nq) if nq == nk else f"{nq}×{nk}"
         tc = rows.get("tensorcore")
-        cells = [DTYPE[dtype], str(b), heads, n, str(d), "yes" if causal else "no",
+        mask = ("yes" if causal else "no") + (f", window ({window[0]}, {window[1]})" if window else "")
+        cells = [DTYPE[dtype], str(b), heads, n, str(d), mask,
                  *(cell(rows.get(c)) for c in columns), ratio(tc, rows.get("sdpa_cudnn")), ratio(tc, rows.get("sdpa_flash"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -100,6 +100,11 @@ class Case:
         return self.variant.name if self.variant else "plain"
 
     @property
+    def window(self) -> tuple[int, int] | None:
+        """The variant's (left, right) window (-1: unbounded on that side), or None."""
+        return self.variant.window if self.variant is not None else None
+
+    @property
     def label(self) -> str:
         heads = f"H{self.H}" if self.H == self.Hk else f"H{self.H}/{self.Hk}"
         tag = " hw4" if self.hw4 else ""

@@ -47,7 +47,7 @@ def varlen_flops(H: int, d: int, lengths: Iterable[tuple[int, int]], causal: boo
 
 def case_window(case) -> Window | None:
     """A case's window in this module's convention (None for an unbounded side), or None."""
-    window = case.variant.window if case.variant is not None else None
+    window = case.window
     if window is None:
         return None
     return (None if window[0] < 0 else window[0], None if window[1] < 0 else window[1])

@@ -46,7 +46,7 @@ class Row:
         c = self.case
         return {"backend": self.backend, "dtype": c.dtype, "B": c.B, "H": c.H, "Hk": c.Hk, "Nq": c.Nq,
                 "Nk": c.Nk, "d": c.d, "causal": c.causal,
-                "window": list(c.variant.window) if c.variant is not None and c.variant.window else None,
+                "window": list(c.window) if c.window is not None else None,
                 "flops": case_flops(c), "bytes": case_bytes(c),
                 "status": self.status, "ms": self.ms, "ms_min": self.ms_min, "repeats": self.repeats,
                 "tflops": self.tflops, "gbps": self.gbps,
@@ -96,8 +96,7 @@ def reference_sample(case: Case, q: Any, k: Any, v: Any) -> np.ndarray:
         qs = to_numpy64(q[b, h, case.Nq - rows:])[None, None]
         ks = to_numpy64(k[b, h // group])[None, None]
         vs = to_numpy64(v[b, h // group])[None, None]
-        window = case.variant.window if case.variant is not None else None
-        parts.append(reference.attention_reference(qs, ks, vs, causal=case.causal, window=window)[0].ravel())
+        parts.append(reference.attention_reference(qs, ks, vs, causal=case.causal, window=case.window)[0].ravel())
     return np.concatenate(parts)
 
 

@@ -41,10 +41,9 @@ def ours(name: str) -> Runner:
     def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
         import cutlassfa
 
-        window = case.variant.window if case.variant is not None else None
-        if window is None:
+        if case.window is None:
             return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, backend=name)
-        return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, window=window, backend=name)
+        return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, window=case.window, backend=name)
 
     return Runner(name, prepare, on_gpu=name != "cpu")
 
@@ -59,7 +58,7 @@ def sdpa(name: str) -> Runner:
         raise Unsupported(f"this PyTorch ({torch.__version__}) has no SDPBackend.{SDPA_BACKENDS[name]}")
 
     def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
-        if case.variant is not None and case.variant.window is not None:
+        if case.window is not None:
             raise Unsupported("SDPA has no sliding-window kernel (a dense mask computes all N^2 pairs; "
                               "the anchor for windows is flex)")
         kwargs: dict[str, Any] = {}
@@ -98,7 +97,7 @@ def flex(compiled: bool = True) -> Runner:
             _compiled_flex.append(torch.compile(flex_attention))
         attention = _compiled_flex[0] if compiled else flex_attention
         offset = case.Nk - case.Nq
-        left, right = case.variant.window if case.variant is not None and case.variant.window else (-1, -1)
+        left, right = case.window or (-1, -1)
         if case.causal:  # window (left, 0): forward refuses a causal call with right > 0
             right = 0
 
