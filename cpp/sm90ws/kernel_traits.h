@@ -31,7 +31,7 @@ using namespace cute;
 //    thread: S + P + O are 64 + 32 + 32 at d = 64 x 128 keys, 48 + 24 + 48 at d = 96 x 96 keys
 //    (112 keys spilled 16 bytes; FA3 takes 144 keys at d = 96 with P through shared memory instead).
 //  - d = 128: 128 x 128 (FA3: 176 keys without a causal mask).
-//  - d = 192 / 256: two consumer warpgroups, 112 / 80 keys, the most that two stages of K and V beside
+//  - d = 192 / 256: two consumer warpgroups, 112 / 80 keys (FA3's), the most that two stages of K and V beside
 //    the Q tile fit in 227 KB (216 KB / 224 KB). S + P + O = 56 + 28 + 96 and 40 + 20 + 128 of 240.
 //    The GEMMs are long beside the softmax: no turns.
 // Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> as kBlockM, kBlockN,
@@ -102,6 +102,10 @@ struct Traits {
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>>(),
       AtomLayout{}));
+  // One wgmma spans the tile's keys: CuTe's selector takes an instruction N that divides kBlockN, and
+  // knows 80 or 112 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cpp/CMakeLists.txt); without it an
+  // 80-key tile ran as five 64x16x16 wgmmas a k step, at two thirds of the speed.
+  static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "S = Q K^T is one wgmma wide");
   // V is stored as rows of head_dim (the N index of P V is contiguous): an MN-major B operand.
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,

@@ -38,7 +38,7 @@ for d in $head_dims; do
   sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate.cu.in > "$build/generated/sm90ws_hdim$d.cu"
   sources+=("$build/generated/sm90ws_hdim$d.cu")
 done
-flags="-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$inc -Icpp/include -Icpp -I$build/generated -include sm90ws/tile_overrides.h ${NVCC_FLAGS:-}"
+flags="-O3 -std=c++17 --expt-relaxed-constexpr -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$inc -Icpp/include -Icpp -I$build/generated -include sm90ws/tile_overrides.h ${NVCC_FLAGS:-}"
 start=$(date +%s)
 pids=()
 for f in "${sources[@]}"; do
