@@ -17,6 +17,7 @@
 #include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
+#include "common/block_tile_work.h"
 #include "common/epilogue.h"
 #include "common/mask.h"
 #include "common/online_softmax.h"
@@ -48,20 +49,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   extern __shared__ __align__(1024) char smem[];
   int const tidx = threadIdx.x;
 
-  TileCoord const tile = tile_of_this_block<kBlockM>(params);
-  SeqInfo const seq = seq_info(params, tile.batch);
-  int const m_block = tile.m_block;
-  if (m_block * kBlockM >= seq.seqlen_q) { return; }  // varlen: past this entry's queries
-  Mask</*kHasMask=*/true, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &params};
-  int n_block_min = mask.n_block_min(m_block);
-  int n_block_max = mask.n_block_max(m_block);  // <= n_block_min: no row of this tile sees a key
-  if (params.num_splits > 1) { split_kv_range(n_block_min, n_block_max, tile.split, params.num_splits); }
-  int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
-  int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
-  int const rows_q = seq.seqlen_q - m_block * kBlockM;  // valid rows of this Q tile (may exceed kBlockM)
+  auto const work = BlockTileWork<kBlockM, kBlockN>::of_this_block(params);  // grid order: common/tile.h
+  if (!work.has_queries) { return; }  // varlen: past this entry's queries
 
   // ---- Global tensors --------------------------------------------------------------------------------
-  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDim, kHeadDim, ElementIn, ElementOut>(params, tile, seq);
+  auto const tiles =
+      global_tiles<kBlockM, kBlockN, kHeadDim, kHeadDim, ElementIn, ElementOut>(params, work.tile, work.seq);
   Tensor gQ = get<0>(tiles);  // (kBlockM, d)
   Tensor gK = get<1>(tiles);  // (kBlockN, d, n_blocks)
   Tensor gV = get<2>(tiles);  // (kBlockN, d, n_blocks)
@@ -98,12 +91,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   // paged caches, zero-padded head dims). The row addressing is built where used, not held in registers
   // across the K/V loop.
   auto rows_k = [&] {
-    return kv_rows<ElementIn>(params, seq, params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride,
-                             tile);
+    return kv_rows<ElementIn>(params, work.seq, params.k, params.k_batch_stride, params.k_head_stride,
+                              params.k_row_stride, work.tile);
   };
   auto rows_v = [&] {
-    return kv_rows<ElementIn>(params, seq, params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride,
-                             tile);
+    return kv_rows<ElementIn>(params, work.seq, params.v, params.v_batch_stride, params.v_head_stride,
+                              params.v_row_stride, work.tile);
   };
   // cp.async of K or V tile n_block into sX; is_predicated zero-fills the hidden rows. The
   // partitions are rebuilt at each call from tid, as the ldmatrix ones in kv_step, so that the
@@ -114,11 +107,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
       int const key0 = n_block * kBlockN;
       auto gmem_thr_copy_KV = gmem_tiled_copy_KV.get_thread_slice(tid);
       if constexpr (kGeneral) {
-        copy_kv_tile_rows(gmem_tiled_copy_KV, gmem_thr_copy_KV, rows(), key0, sDst, cKV, seq.key_begin - key0,
-                          seq.seqlen_k - key0, params.head_dim);
+        copy_kv_tile_rows(gmem_tiled_copy_KV, gmem_thr_copy_KV, rows(), key0, sDst, cKV, work.seq.key_begin - key0,
+                          work.seq.seqlen_k - key0, params.head_dim);
       } else {
         copy_kv_tile<decltype(is_predicated)::value>(gmem_tiled_copy_KV, gmem_thr_copy_KV, gX(_, _, n_block), sDst,
-                                                     cKV, seq.key_begin - key0, seq.seqlen_k - key0);
+                                                     cKV, work.seq.key_begin - key0, work.seq.seqlen_k - key0);
       }
     };
     if constexpr (kSplit) {
@@ -159,13 +152,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     Tensor tQgQin = gmem_thr_copy_Qin.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K) fp32
     Tensor tQcQin = gmem_thr_copy_Qin.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
     Tensor tQrQin = make_fragment_like(tQgQin);        // (QCPY, QCPY_M, QCPY_K) fp32
-    copy_tile_zfill(gmem_tiled_copy_Qin, tQgQin, tQrQin, tQcQin, rows_q, params.head_dim);
+    copy_tile_zfill(gmem_tiled_copy_Qin, tQgQin, tQrQin, tQcQin, work.rows_q, params.head_dim);
     store_split_fp16<true>(tQrQin, gmem_thr_copy_Qin.partition_D(sQ), gmem_thr_copy_Qin.partition_D(sQlo));
   } else {
-    copy_tile_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, rows_q, params.head_dim);
+    copy_tile_zfill(gmem_tiled_copy_QKV, tQgQ, tQsQ, tQcQ, work.rows_q, params.head_dim);
   }
-  if (n_block_max > n_block_min) {
-    load_kv(gK, rows_k, sK, n_block_max - 1, tidx, cute::true_type{});
+  if (work.n_block_max > work.n_block_min) {
+    load_kv(gK, rows_k, sK, work.n_block_max - 1, tidx, cute::true_type{});
   }
   cute::cp_async_fence();
 
@@ -216,7 +209,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
     }
-    if constexpr (kMasked) { mask.apply(acc_s, tScS, m_block, n_block, n_block_unmasked_begin); }
+    if constexpr (kMasked) { work.mask.apply(acc_s, tScS, work.m_block, n_block, work.n_block_unmasked_begin); }
 
     cute::cp_async_wait<0>();
     // kSplit: sV is free, every warp passed the barrier above after its P V[n+1].
@@ -224,7 +217,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     __syncthreads();  // V[n] has landed; every warp is done reading K[n] from sK
     // Tiles below the last are full. (Left padding, which hides keys of lower tiles, runs on the general
     // kernel, whose row-addressed loads always zero-fill the hidden rows.)
-    if (n_block > n_block_min) {
+    if (n_block > work.n_block_min) {
       load_kv(gK, rows_k, sK, n_block - 1, tid, cute::false_type{});
       cute::cp_async_fence();
     }
@@ -236,7 +229,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
   };
 
-  for_each_kv_tile(n_block_min, n_block_max, n_block_unmasked_begin, n_block_unmasked_end, kv_step);
+  for_each_kv_tile(work.n_block_min, work.n_block_max, work.n_block_unmasked_begin, work.n_block_unmasked_end,
+                   kv_step);
 
   // ---- Epilogue --------------------------------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o, params.softmax_scale);  // (nrow)
@@ -245,13 +239,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   if (params.num_splits > 1) {
     cute::cp_async_wait<0>();  // nothing left in flight at exit
     Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (nrow, ncol)
-    store_split(params, tile.batch, tile.head, tile.split, m_block * kBlockM, rows_q, acc_o_rc, lse, taccOcO_rc);
+    store_split(params, work.tile.batch, work.tile.head, work.tile.split, work.m_block * kBlockM, work.rows_q,
+                acc_o_rc, lse, taccOcO_rc);
     return;
   }
   Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_K)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
-      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, params.head_dim, tiled_mma, rO, sO, gO, lse,
-      taccOcO_rc, cQ, tidx);
+      lse_tile_row0(params, work.tile, work.seq, work.m_block * kBlockM), work.rows_q, params.head_dim, tiled_mma,
+      rO, sO, gO, lse, taccOcO_rc, cQ, tidx);
 }
 
 }  // namespace cutlassfa::sm80

@@ -15,6 +15,7 @@
 #include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
+#include "common/block_tile_work.h"
 #include "common/epilogue.h"
 #include "common/mask.h"
 #include "common/online_softmax.h"
@@ -47,20 +48,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   extern __shared__ __align__(1024) char smem[];
   int const tidx = threadIdx.x;
 
-  TileCoord const tile = tile_of_this_block<kBlockM>(params);  // grid order: common/tile.h
-  SeqInfo const seq = seq_info(params, tile.batch);
-  int const m_block = tile.m_block;
-  if (m_block * kBlockM >= seq.seqlen_q) { return; }  // varlen: past this entry's queries
-  Mask</*kHasMask=*/true, kBlockM, kBlockN> const mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &params};
-  int n_block_min = mask.n_block_min(m_block);
-  int n_block_max = mask.n_block_max(m_block);  // <= n_block_min: no row of this tile sees a key
-  if (params.num_splits > 1) { split_kv_range(n_block_min, n_block_max, tile.split, params.num_splits); }
-  int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
-  int const n_block_unmasked_end = mask.n_block_unmasked_end(m_block);
-  int const rows_q = seq.seqlen_q - m_block * kBlockM;
+  auto const work = BlockTileWork<kBlockM, kBlockN>::of_this_block(params);  // grid order: common/tile.h
+  if (!work.has_queries) { return; }  // varlen: past this entry's queries
 
   // ---- Global tensors: Q and K of kHeadDimQK columns, V and O of kHeadDim ----------------------------
-  auto const tiles = global_tiles<kBlockM, kBlockN, kHeadDimQK, kHeadDim, Element, ElementOut>(params, tile, seq);
+  auto const tiles =
+      global_tiles<kBlockM, kBlockN, kHeadDimQK, kHeadDim, Element, ElementOut>(params, work.tile, work.seq);
   Tensor gQ = get<0>(tiles);  // (kBlockM, dQK)
   Tensor gK = get<1>(tiles);  // (kBlockN, dQK, n_blocks)
   Tensor gV = get<2>(tiles);  // (kBlockN, d, n_blocks)
@@ -94,12 +87,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // paged caches, zero-padded head dims). The row addressing is built where used, not held in registers
   // across the K/V loop.
   auto rows_k = [&] {
-    return kv_rows<Element>(params, seq, params.k, params.k_batch_stride, params.k_head_stride, params.k_row_stride,
-                             tile);
+    return kv_rows<Element>(params, work.seq, params.k, params.k_batch_stride, params.k_head_stride,
+                            params.k_row_stride, work.tile);
   };
   auto rows_v = [&] {
-    return kv_rows<Element>(params, seq, params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride,
-                             tile);
+    return kv_rows<Element>(params, work.seq, params.v, params.v_batch_stride, params.v_head_stride,
+                            params.v_row_stride, work.tile);
   };
   // Columns of Q and K that hold data: the head dim, or all of them for pre-split fp32 (never padded).
   int const cols_qk = Traits::kSplitQK ? kHeadDimQK : params.head_dim;
@@ -110,10 +103,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                        auto const& cX, int const col_end, int const n_block, auto is_predicated) {
     int const key0 = n_block * kBlockN;
     if constexpr (kGeneral) {
-      copy_kv_tile_rows(tiled_copy, thr_copy, rows(), key0, sX, cX, seq.key_begin - key0, seq.seqlen_k - key0, col_end);
+      copy_kv_tile_rows(tiled_copy, thr_copy, rows(), key0, sX, cX, work.seq.key_begin - key0,
+                        work.seq.seqlen_k - key0, col_end);
     } else {
       copy_kv_tile<decltype(is_predicated)::value>(tiled_copy, thr_copy, gX(_, _, n_block), sX, cX,
-                                                   seq.key_begin - key0, seq.seqlen_k - key0);
+                                                   work.seq.key_begin - key0, work.seq.seqlen_k - key0);
     }
   };
   auto load_k = [&](int const n_block, auto is_predicated) {
@@ -141,9 +135,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     Tensor tQgQ = gmem_thr_copy_QK.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
     Tensor tQsQ = gmem_thr_copy_QK.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
     Tensor tQcQ = gmem_thr_copy_QK.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
-    copy_tile_zfill(gmem_tiled_copy_QK, tQgQ, tQsQ, tQcQ, rows_q, cols_qk);
+    copy_tile_zfill(gmem_tiled_copy_QK, tQgQ, tQsQ, tQcQ, work.rows_q, cols_qk);
   }
-  if (n_block_max > n_block_min) { load_k(n_block_max - 1, cute::true_type{}); }
+  if (work.n_block_max > work.n_block_min) { load_k(work.n_block_max - 1, cute::true_type{}); }
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -171,14 +165,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
     }
-    if constexpr (kMasked) { mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin); }
+    if constexpr (kMasked) { work.mask.apply(acc_s80, tScS80, work.m_block, n_block, work.n_block_unmasked_begin); }
 
     cute::cp_async_wait<0>();
     fence_shared_to_async();
     __syncthreads();  // V[n] has landed; every warpgroup is done reading K[n]
     // Tiles below the last are full. (Left padding, which hides keys of lower tiles, runs on the general
     // kernel, whose row-addressed loads always zero-fill the hidden rows.)
-    if (n_block > n_block_min) {
+    if (n_block > work.n_block_min) {
       load_k(n_block - 1, cute::false_type{});
       cute::cp_async_fence();
     }
@@ -190,7 +184,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_o, tOrP, tOrVt, acc_o);
   };
 
-  for_each_kv_tile(n_block_min, n_block_max, n_block_unmasked_begin, n_block_unmasked_end, kv_step);
+  for_each_kv_tile(work.n_block_min, work.n_block_max, work.n_block_unmasked_begin, work.n_block_unmasked_end,
+                   kv_step);
 
   // ---- Epilogue (common/tile.h) ----------------------------------------------------------------------
   Tensor lse = softmax.finalize(acc_o80, params.softmax_scale);  // (nrow)
@@ -199,13 +194,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   if (params.num_splits > 1) {
     cute::cp_async_wait<0>();  // nothing left in flight at exit
     Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_as_sm80(acc_o.layout())));  // (nrow, ncol)
-    store_split(params, tile.batch, tile.head, tile.split, m_block * kBlockM, rows_q, acc_o_rc, lse, taccOcO_rc);
+    store_split(params, work.tile.batch, work.tile.head, work.tile.split, work.m_block * kBlockM, work.rows_q,
+                acc_o_rc, lse, taccOcO_rc);
     return;
   }
   Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_N)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
-      lse_tile_row0(params, tile, seq, m_block * kBlockM), rows_q, params.head_dim, tiled_mma_o, rO, sO, gO, lse,
-      taccOcO_rc, cO, tidx);
+      lse_tile_row0(params, work.tile, work.seq, work.m_block * kBlockM), work.rows_q, params.head_dim, tiled_mma_o,
+      rO, sO, gO, lse, taccOcO_rc, cO, tidx);
 #endif
 }
 
