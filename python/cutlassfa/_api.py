@@ -283,7 +283,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
             return result
     # Options are checked here, the arrays in one call into the extension (the per-call cost of a
     # tiny problem is a few microseconds: keep this path free of anything per-call that can be cached).
-    code = _backend_code(backend)
+    code = _BACKEND_CODES.get(backend) if type(backend) is str else None
+    if code is None:
+        code = _backend_code(backend)  # raises the error that says what is wrong
     if causal is not True and causal is not False:
         causal = _flag(causal, "causal")
     if return_lse is not True and return_lse is not False:
@@ -297,10 +299,10 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     if module.startswith("torch"):
         # Through torch.ops.cutlassfa.forward only while PyTorch must see the call (compiling, tracing,
         # autograd recording); eager calls go straight to the extension (the operator costs 3-13 us).
-        routed = _torch_integration().maybe_route(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                                  backend=backend, return_lse=return_lse, out=out)
-        if routed is not None:
-            return routed
+        torch_integration = _TORCH_INTEGRATION or _torch_integration()
+        if torch_integration.must_use_op(q, k, v):
+            return torch_integration.op_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                                                return_lse=return_lse, out=out)
     if module.startswith("jax") and _jax_integration_takes(q, k, v):
         from .integrations import jax as jax_integration
 

@@ -194,7 +194,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     if framework == "jax":
         raise NotImplementedError("varlen_forward does not take JAX arrays yet")
     if framework == "torch":
-        if _torch_integration()._must_use_op(q, k, v):
+        if _torch_integration().must_use_op(q, k, v):
             raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, "
                                       "autograd, tensor subclasses)")
     if not _is_host(q):

@@ -7,7 +7,7 @@ Eager calls do not go through the operator. Dispatching a Python-implemented ope
 every call (an empty kernel on CPU tensors, a shared 2-core machine, ``bench/torch_op_overhead.py``,
 several runs): 3.4–4.4 µs for a ``torch.library.Library`` define/impl operator, 8–13 µs once an
 autograd kernel is registered, 11–18 µs for ``torch.library.custom_op``, against a per-call budget of
-10 µs. So `cutlassfa.forward` calls the kernels directly and asks `maybe_route` first (0.8–1.5 µs),
+10 µs. So `cutlassfa.forward` calls the kernels directly and asks `must_use_op` first (~0.5 µs),
 which sends the call through the operator only when something has to see it: while torch.compile /
 torch.export trace, for fake or wrapped tensors (tensor subclasses, dispatch modes, functorch
 transforms, jit tracing), and when autograd would record the call.
@@ -24,7 +24,7 @@ import torch
 import cutlassfa
 from cutlassfa._arrays import host_numpy, torch_from_numpy
 
-__all__ = ["forward", "maybe_route", "op_forward", "eager_forward", "eager_call", "NO_BACKWARD"]
+__all__ = ["forward", "maybe_route", "must_use_op", "op_forward", "eager_forward", "eager_call", "NO_BACKWARD"]
 
 NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlassfa attention are not "
                "implemented. Call it under torch.no_grad() / torch.inference_mode(), or on inputs that "
@@ -58,8 +58,18 @@ _state = _State()
 # Routing
 # --------------------------------------------------------------------------------------------------
 
-def _must_use_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    if torch.compiler.is_compiling():  # first: dynamo folds it to True and traces nothing below
+# Bound once: each is asked on every eager call (attribute lookups through torch._C cost ~30 ns each).
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_functorch_transforms_active = torch._C._are_functorch_transforms_active
+_is_tracing = torch._C._is_tracing
+
+
+def must_use_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a call on q, k, v must go through the operator for PyTorch to see it (see the module
+    docstring); `cutlassfa.forward` asks this on every call with torch tensors (~0.5 µs)."""
+    if _is_compiling():  # first: dynamo folds it to True and traces nothing below
         return True
     if _state.inside_op:
         return False
@@ -67,17 +77,16 @@ def _must_use_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         # FakeTensor, FunctionalTensor, nn.Parameter and other subclasses; not a tensor at all: the
         # caller's validation says what is wrong.
         return all(isinstance(t, torch.Tensor) for t in (q, k, v))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if _is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return True  # autograd must record the call, to raise on backward rather than drop the gradient
-    return (torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active()
-            or torch._C._is_tracing())
+    return _dispatch_stack_len() > 0 or _functorch_transforms_active() or _is_tracing()
 
 
 def maybe_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any | None:
     """The result of ``cutlassfa.forward(q, k, v, **kwargs)`` computed through the operator when the call
     must be visible to PyTorch (see the module docstring); None when the caller should run the direct
     path. Costs about a microsecond when it returns None."""
-    if not _must_use_op(q, k, v):
+    if not must_use_op(q, k, v):
         return None
     return op_forward(q, k, v, **kwargs)
 

@@ -177,7 +177,7 @@ def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout:
     """Packs the query rows and keys of each entry, runs varlen_forward, unpacks (other rows: 0)."""
     varlen_forward = getattr(cutlassfa, "varlen_forward", None)
     _require(varlen_forward, options, layout)
-    if cutlassfa_torch._must_use_op(query, key, value):
+    if cutlassfa_torch.must_use_op(query, key, value):
         raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd)")
     batch, heads, nq, _ = query.shape
     q_rows = _in_range(nq, layout.query_start, layout.query_end)  # (B, Nq) bool
