@@ -57,14 +57,16 @@ template <class Traits, class MaskT, class TensorO, class Softmax>
 __forceinline__ __device__ void consume(FwdParams const& params, typename Traits::SharedStorage& storage,
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
                                         typename Traits::PipelineState& read_k,
-                                        typename Traits::PipelineState& read_v, MaskT const& mask, int m_block,
+                                        typename Traits::PipelineState& read_v, int q_buffer, MaskT const& mask,
+                                        int m_block,
                                         int n_block_min, int n_block_max, int thread_idx, TensorO& acc_o,
                                         Softmax& softmax) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, d)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data() + q_buffer * cosize_v<typename Traits::SmemLayoutQ>),
+                          typename Traits::SmemLayoutQ{});  // (kBlockM, d), this tile's Q buffer
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, d, stage)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (d, kBlockN, stage)
 
@@ -149,13 +151,40 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   for_each_kv_tile(n_block_min, n_block_max - 1, n_block_unmasked_begin, mask.n_block_unmasked_end(m_block), kv_step);
 
   // ---- Last P V (every S = Q K^T has completed: Q may go, unless O is to be staged over it) -------------
-  if constexpr (Traits::kSeparateO) { storage.barrier_q_empty.arrive(); }
+  if constexpr (Traits::kSeparateO) { storage.barrier_q_empty[q_buffer].arrive(); }
   softmax.rescale_o(acc_o_rc, alpha_pending);
   wait(pipeline_v, read_v);
   warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_pv, tOrP,
                                                                          tOrV(_, _, _, read_v.index()), acc_o);
   pipeline_v.consumer_release(read_v);
   ++read_v;  // the state runs on into the CTA's next tile
+}
+
+// What `consume` does for a warpgroup whose 64 rows all lie past the queries (the last tile of a
+// sequence that is not a multiple of kBlockM: 1024 queries are five 192-row tiles and 64 rows): no GEMM
+// and no softmax, only its part in the hand-overs, in the same order, so that the rings and the turns
+// run on and the other warpgroups have the tensor cores to themselves. Each buffer is waited for
+// before its release: an early release would count towards the ring's current phase.
+template <class Traits>
+__forceinline__ __device__ void pass_tiles(typename Traits::SharedStorage& storage,
+                                           typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
+                                           typename Traits::PipelineState& read_k,
+                                           typename Traits::PipelineState& read_v, int q_buffer, int n_block_min,
+                                           int n_block_max, int thread_idx) {
+  MmaTurnsOf<Traits> const turns{thread_idx / 128};
+  auto pass = [](typename Traits::Pipeline& pipeline, typename Traits::PipelineState& state) {
+    pipeline.consumer_wait(state, pipeline.consumer_try_wait(state));
+    pipeline.consumer_release(state);
+    ++state;
+  };
+  for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) {  // one turn a step, as consume
+    turns.wait_turn();
+    turns.pass_turn();
+    pass(pipeline_k, read_k);
+    if (n_block < n_block_max - 1) { pass(pipeline_v, read_v); }
+  }
+  if constexpr (Traits::kSeparateO) { storage.barrier_q_empty[q_buffer].arrive(); }
+  pass(pipeline_v, read_v);
 }
 
 }  // namespace cutlassfa::sm90ws

@@ -131,6 +131,15 @@ struct Traits {
   static constexpr int kSmemBytesQ = cosize_v<SmemLayoutQ> * sizeof(Element);
   static constexpr int kSmemBytesKV = 2 * cosize_v<SmemLayoutK> * sizeof(Element);
   static constexpr bool kSeparateO = 2 * kSmemBytesQ + kSmemBytesKV + 1024 <= 227 * 1024;
+  // Q buffers: with two, the producer loads the next tile's Q while the consumers still run this one
+  // (it lands before they need it), so a short sequence's tiles do not wait for Q at every start.
+  // Needs O apart from Q and room for a third Q tile (d <= 128); else one, reloaded after the tile.
+#ifdef CUTLASSFA_SM90WS_Q_STAGES  // measurement builds: cpp/sm90ws/selftest.sh NVCC_FLAGS=-D...=1
+  static constexpr int kQStages = kSeparateO ? CUTLASSFA_SM90WS_Q_STAGES : 1;
+#else
+  static constexpr int kQStages = kSeparateO && 3 * kSmemBytesQ + kSmemBytesKV + 1024 <= 227 * 1024 ? 2 : 1;
+#endif
+  static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
   using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint32_t>, Element>;  // two columns a store
   // Shared -> global for one warpgroup's 64 rows: 16 bytes a thread; the threads of a row cover the
   // largest power-of-two number of 16-byte chunks that divides the row (d / 8 = 8, 12, 16, 24, 32
@@ -161,16 +170,16 @@ struct Traits {
 
   struct SharedStorage {
     // 1024-byte alignment: the 128-byte swizzle repeats every 8 rows of 128 bytes, by address.
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    alignas(1024) cute::array_aligned<Element, kQStages * cosize_v<SmemLayoutQ>, 1024> q;  // kQStages tiles
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutO> : 0, 1024> o;
-    // The persistent loop's hand-over (sm90ws/kernel.h), one phase a tile: barrier_q completes when the
-    // producer has written tile_index (and, for a tile with keys, Q has landed); barrier_q_empty when
-    // every consumer thread is done with Q (and with tile_index).
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
-    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty;
-    int tile_index;
+    // The persistent loop's hand-over (sm90ws/kernel.h), per Q buffer, one phase each time the buffer
+    // is used: barrier_q completes when the producer has written tile_index (and, for a tile with keys,
+    // Q has landed); barrier_q_empty when every consumer thread is done with Q (and with tile_index).
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q[kQStages];
+    alignas(16) cutlass::arch::ClusterBarrier barrier_q_empty[kQStages];
+    int tile_index[kQStages];
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
   };

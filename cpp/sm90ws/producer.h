@@ -1,8 +1,8 @@
-// The producer: one thread of the producer warpgroup issues every TMA load of a tile with keys. Q (its
-// own mbarrier, which also publishes the tile index: sm90ws/kernel.h), then K and V tiles into their
-// rings (whose write states run on across the CTA's tiles) from the last visible tile down, in the
-// order the consumers use them: S = Q K[n]^T runs one step ahead of O += P V[n+1], so K[n] is issued
-// before V[n+1]. Each load first waits until every consumer warpgroup has released the buffer it
+// The producer: one thread of the producer warpgroup issues every TMA load of a tile with keys. Q (into
+// the tile's Q buffer, with that buffer's mbarrier, which also publishes the tile index:
+// sm90ws/kernel.h), then K and V tiles into their rings (whose write states run on across the CTA's
+// tiles) from the last visible tile down, in the order the consumers use them: S = Q K[n]^T runs one
+// step ahead of O += P V[n+1], so K[n] is issued before V[n+1]. Each load first waits until every consumer warpgroup has released the buffer it
 // overwrites (PipelineTmaAsync's empty barrier). Rows past the end of q, k or v (the ragged last
 // tile) arrive as zeros: TMA fills what lies outside the tensor's extent.
 #pragma once
@@ -20,14 +20,15 @@ template <class Traits>
 __forceinline__ __device__ void produce(KernelParams<Traits> const& params, typename Traits::SharedStorage& storage,
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
                                         typename Traits::PipelineState& write_k,
-                                        typename Traits::PipelineState& write_v, TileCoord const& tile,
-                                        int n_block_min, int n_block_max) {
+                                        typename Traits::PipelineState& write_v, int q_buffer,
+                                        TileCoord const& tile, int n_block_min, int n_block_max) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   FwdParams const& p = params.fwd;
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});  // (kBlockM, d)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data() + q_buffer * cosize_v<typename Traits::SmemLayoutQ>),
+                          typename Traits::SmemLayoutQ{});  // (kBlockM, d)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, d, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage)
 
@@ -50,8 +51,8 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   Tensor tVsV = tma_v.partition_D(sV);  // (TMA, TMA_N, TMA_K, stage)
 
   // Q is read by this CTA only: evict it first; K and V are re-read by the other Q tiles of the head.
-  storage.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
-  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST), tQgQ,
+  storage.barrier_q[q_buffer].arrive_and_expect_tx(Traits::kTmaBytesQ);
+  copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.barrier_q[q_buffer]), 0, TMA::CacheHintSm90::EVICT_FIRST), tQgQ,
        tQsQ);
 
   auto load = [&](auto const& tma, typename Traits::Pipeline& pipeline, typename Traits::PipelineState& write,
