@@ -1,6 +1,7 @@
 """The README's results table from `cutlassfa bench --json` documents: one row per shape, TFLOP/s and
 time per backend (the columns of backends that the runs measured), and `tensorcore` against cuDNN's and
-FlashAttention-2's SDPA backends.
+FlashAttention-2's SDPA backends. Where several documents ran a backend on a shape, the first one's row
+is shown (the grid first, then runs that add shapes).
 
     python scripts/readme_table.py bench/results/<gpu>-<commit>.json [more.json ...] > table.md
 """
@@ -30,7 +31,7 @@ def table(docs):
         for row in doc["rows"]:
             key = (row["dtype"], row["B"], row["H"], row["Hk"], row["Nq"], row["Nk"], row["d"], row["causal"],
                    tuple(row.get("window") or ()))  # a windowed row is a shape of its own
-            shapes.setdefault(key, {})[row["backend"]] = row
+            shapes.setdefault(key, {}).setdefault(row["backend"], row)  # the first document that ran it
     measured = {backend for rows in shapes.values() for backend in rows}
     columns = [c for c in COLUMNS if c in measured]
     head = ["dtype", "B", "H", "N", "d", "causal", *columns, "tc / cuDNN", "tc / FA2"]
