@@ -65,8 +65,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data() + q_buffer * cosize_v<typename Traits::SmemLayoutQ>),
-                          typename Traits::SmemLayoutQ{});  // (kBlockM, d), this tile's Q buffer
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q_tile(q_buffer)), typename Traits::SmemLayoutQ{});  // (kBlockM, d)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, d, stage)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (d, kBlockN, stage)
 

@@ -182,6 +182,8 @@ struct Traits {
     int tile_index[kQStages];
     alignas(16) typename Pipeline::SharedStorage pipeline_k;
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
+
+    __forceinline__ __device__ Element* q_tile(int buffer) { return q.data() + buffer * cosize_v<SmemLayoutQ>; }
   };
   static constexpr int kSmemSize = sizeof(SharedStorage);
   static_assert(kSmemSize <= 227 * 1024, "one CTA per SM fits its shared memory");

@@ -27,8 +27,7 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   constexpr int kHeadDim = Traits::kHeadDim;
   FwdParams const& p = params.fwd;
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data() + q_buffer * cosize_v<typename Traits::SmemLayoutQ>),
-                          typename Traits::SmemLayoutQ{});  // (kBlockM, d)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q_tile(q_buffer)), typename Traits::SmemLayoutQ{});  // (kBlockM, d)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, d, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage)
 
