@@ -537,6 +537,8 @@ void apply_variant(FwdParams& params, const VariantProblem& vp, const std::vecto
   }
   params.cu_seqlens_q = index[0];
   params.cu_seqlens_k = index[1];
+  params.total_q = w.total_q;
+  params.total_k = w.total_k;
   params.seqlens_k = index[2];
   params.leftpad_k = index[3];
   params.seqlens_k_added = w.n_new;

@@ -55,8 +55,10 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
   cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(NamedBarriers::kEpilogue0) + wg);
 
   // Shared -> global: this warpgroup's 64 rows.
-  Tensor mO = head_tensor<kHeadDim>(static_cast<Element*>(params.o), params.o_batch_stride, params.o_head_stride,
-                                    params.o_row_stride, tile.batch, tile.head, seq.seqlen_q);  // (seqlen_q, d)
+  int64_t const first_row = Traits::kVarlen ? seq.q_row_offset : 0;  // the entry's, in a packed o
+  Element* const o = static_cast<Element*>(params.o) + first_row * params.o_row_stride;
+  Tensor mO = head_tensor<kHeadDim>(o, params.o_batch_stride, params.o_head_stride, params.o_row_stride, tile.batch,
+                                    tile.head, seq.seqlen_q);  // (seqlen_q, d), the entry's rows
   int const wg_block = tile.m_block * Traits::kNConsumerWarpGroups + wg;  // 64-row block of the queries
   Tensor gO = local_tile(mO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(wg_block, _0{}));  // (64, d)
   Tensor sO_wg = local_tile(sO, Shape<Int<64>, Int<kHeadDim>>{}, make_coord(wg, _0{}));     // (64, d)

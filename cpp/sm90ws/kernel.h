@@ -37,10 +37,15 @@ struct TileWork {
 
   __forceinline__ __device__ TileWork(FwdParams const& fwd, TileScheduler const& scheduler, int index)
       : tile(scheduler.tile(fwd, index)),
-        seq(seq_info(fwd, tile.batch)),  // dense: the full lengths, no offsets
+        seq(seq_info(fwd, tile.batch)),  // dense: the full lengths, no offsets; varlen: the entry's
         mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &fwd},
         n_block_min(mask.n_block_min(tile.m_block)),
-        n_block_max(mask.n_block_max(tile.m_block)) {}
+        n_block_max(mask.n_block_max(tile.m_block)) {
+    // Varlen: the grid covers the longest entry, so a tile may lie past its entry's queries: no work.
+    if constexpr (Traits::kVarlen) {
+      if (tile.m_block * Traits::kBlockM >= seq.seqlen_q) { n_block_max = n_block_min; }
+    }
+  }
   __forceinline__ __device__ bool has_keys() const { return n_block_max > n_block_min; }
 };
 
@@ -119,7 +124,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
         TileWork<Traits> const work(fwd, scheduler, index);
         if (work.has_keys()) {
           produce<Traits>(params, storage, pipeline_k, pipeline_v, write_k, write_v, slot.buffer, work.tile,
-                          work.n_block_min, work.n_block_max);
+                          work.seq, work.n_block_min, work.n_block_max);
         } else {
           storage.barrier_q[slot.buffer].arrive();  // no row sees a key: no Q, no K/V
         }

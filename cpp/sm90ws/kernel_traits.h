@@ -17,6 +17,7 @@
 
 #include "cutlassfa/params.h"
 #include "sm90ws/scheduler.h"
+#include "sm90ws/tma_extents.h"
 
 namespace cutlassfa::sm90ws {
 
@@ -75,10 +76,13 @@ static_assert(static_cast<uint32_t>(NamedBarriers::kCount) + cutlass::arch::Name
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "the named barriers fit beside CUTLASS's reserved ones");
 
-template <int kHeadDim_, class Element_>
+// kVarlen_: q / k / v / o are packed (total, heads, d) arrays of a varlen batch (cu_seqlens): a separate
+// instantiation, so that the dense kernel carries none of the per-entry offsets (sm90ws/tma_extents.h).
+template <int kHeadDim_, class Element_, bool kVarlen_ = false>
 struct Traits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr int kBlockM = TileConfig<kHeadDim>::kBlockM;
   static constexpr int kBlockN = TileConfig<kHeadDim>::kBlockN;
   static constexpr int kStages = TileConfig<kHeadDim>::kStages;

@@ -8,9 +8,10 @@
 namespace cutlassfa::sm90ws {
 
 // Builds the TMA descriptors and launches the kernel for one (head dim, element); params are in the
-// scope of launch_sm90ws (checked there). Element: cutlass::half_t or cutlass::bfloat16_t.
-// Defined in sm90ws/launch_template.h, instantiated from sm90ws/instantiate.cu.in.
-template <int kHeadDim, class Element>
+// scope of launch_sm90ws (checked there). Element: cutlass::half_t or cutlass::bfloat16_t; kVarlen: a
+// varlen batch (both cu_seqlens). Defined in sm90ws/launch_template.h, instantiated from
+// sm90ws/instantiate.cu.in (dense) and sm90ws/instantiate_varlen.cu.in.
+template <int kHeadDim, class Element, bool kVarlen>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
 }  // namespace cutlassfa::sm90ws

@@ -33,30 +33,31 @@ auto rdhb_tensor(void const* base, long long batch_stride, long long head_stride
                      make_stride(used(row_stride, rows), _1{}, used(head_stride, heads), used(batch_stride, batch)));
 }
 
-template <int kHeadDim, class Element>
+template <int kHeadDim, class Element, bool kVarlen>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using T = Traits<kHeadDim, Element>;
+  using T = Traits<kHeadDim, Element, kVarlen>;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) { return err; }
   int const sms = device_multiprocessors(device);  // asked once per device (cutlassfa/backends.h)
   if (sms <= 0) { return cudaErrorInvalidDevice; }
-  int const num_m_blocks = (params.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  int const num_m_blocks = (params.seqlen_q + T::kBlockM - 1) / T::kBlockM;  // varlen: of the longest entry
+  TmaExtents const extents = tma_extents(params, kVarlen);
   long long const num_tiles = static_cast<long long>(num_m_blocks) * params.heads_q * params.batch;
   if (num_tiles > INT_MAX - sms) { return cudaErrorInvalidConfiguration; }  // tile indices run to num_tiles + grid
   int const grid = static_cast<int>(std::min<long long>(num_tiles, sms));
   KernelParams<T> kp{params,
                      make_tma_copy(SM90_TMA_LOAD{},
                                    rdhb_tensor<T>(params.q, params.q_batch_stride, params.q_head_stride,
-                                                  params.q_row_stride, params.seqlen_q, params.heads_q, params.batch),
+                                                  params.q_row_stride, extents.rows_q, params.heads_q, extents.batch),
                                    typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<kHeadDim>>{}, _1{}),
                      make_tma_copy(SM90_TMA_LOAD{},
                                    rdhb_tensor<T>(params.k, params.k_batch_stride, params.k_head_stride,
-                                                  params.k_row_stride, params.seqlen_k, params.heads_kv, params.batch),
+                                                  params.k_row_stride, extents.rows_k, params.heads_kv, extents.batch),
                                    take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{}),
                      make_tma_copy(SM90_TMA_LOAD{},
                                    rdhb_tensor<T>(params.v, params.v_batch_stride, params.v_head_stride,
-                                                  params.v_row_stride, params.seqlen_k, params.heads_kv, params.batch),
+                                                  params.v_row_stride, extents.rows_k, params.heads_kv, extents.batch),
                                    take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{}),
                      TileScheduler{static_cast<int>(num_tiles), num_m_blocks, 1, nullptr}};
   auto* const kernel = &flash_fwd_ws_kernel<T>;
@@ -65,7 +66,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   // A mask makes tiles unequal (causal, windows): past the first wave, tiles go to whoever is free, the
   // heaviest first, in sections of heads whose K and V fit in 32 MB together (FlashAttention-3's dynamic
   // scheduler's budget; an H100 / H200 has 50 MB of L2).
-  bool const unequal = params.window_left >= 0 || params.window_right >= 0;
+  // Varlen entries differ in length too.
+  bool const unequal = params.window_left >= 0 || params.window_right >= 0 || kVarlen;
   void* counter = nullptr;
   if (unequal && num_tiles > grid) {
     long long const kv_bytes = 2ll * params.seqlen_k * kHeadDim * sizeof(Element) / params.heads_ratio;

@@ -21,7 +21,8 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
                                         typename Traits::PipelineState& write_k,
                                         typename Traits::PipelineState& write_v, int q_buffer,
-                                        TileCoord const& tile, int n_block_min, int n_block_max) {
+                                        TileCoord const& tile, SeqInfo const& seq, int n_block_min,
+                                        int n_block_max) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -31,13 +32,21 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, d, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage)
 
-  // Coordinate tensors of the descriptors' (row, dim, head, batch) views, sliced at this tile's heads.
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, kHeadDim, p.heads_q, p.batch))(_, _, tile.head, tile.batch);
-  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, kHeadDim, p.heads_kv, p.batch))(_, _, tile.head_kv, tile.batch);
-  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, kHeadDim, p.heads_kv, p.batch))(_, _, tile.head_kv, tile.batch);
-  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));  // (kBlockM, d)
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
-  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
+  // Coordinate tensors of the descriptors' (row, dim, head, batch) views (sm90ws/tma_extents.h), sliced
+  // at this tile's heads and entry, from the entry's first row: a varlen batch is one packed entry.
+  TmaExtents const extents = tma_extents(p, Traits::kVarlen);
+  int const batch = Traits::kVarlen ? 0 : tile.batch;
+  auto const q_rows = make_coord(Traits::kVarlen ? seq.q_row_offset : 0, _0{});
+  auto const k_rows = make_coord(Traits::kVarlen ? seq.k_row_offset : 0, _0{});
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(extents.rows_q, kHeadDim, p.heads_q, extents.batch))(_, _, tile.head, batch);
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(extents.rows_k, kHeadDim, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(extents.rows_k, kHeadDim, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
+  Tensor gQ = local_tile(domain_offset(q_rows, mQ), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                         make_coord(tile.m_block, _0{}));  // (kBlockM, d)
+  Tensor gK = local_tile(domain_offset(k_rows, mK), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                         make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
+  Tensor gV = local_tile(domain_offset(k_rows, mV), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                         make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
 
   auto tma_q = params.tma_q.get_slice(_0{});
   auto tma_k = params.tma_k.get_slice(_0{});

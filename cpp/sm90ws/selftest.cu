@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "common/static_switch.h"
 #include "cutlassfa/params.h"
 #include "sm90ws/head_dims.h"
 #include "sm90ws/launch.h"
@@ -222,6 +223,140 @@ bool check_case(const Case& c) {
   return ok;
 }
 
+// A varlen batch: entries of lq[b] queries and lk[b] keys packed into (total, heads, d) arrays with
+// cu_seqlens, against fp64 per entry (empty entries, entries without keys and causal rows that see no
+// key included), run twice with fresh poison for determinism.
+bool check_varlen(DType t, int d, bool causal, int heads_q, int heads_kv, std::vector<int> const& lq,
+                  std::vector<int> const& lk) {
+  int const batch = static_cast<int>(lq.size());
+  std::vector<int> cu_q(batch + 1, 0), cu_k(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) {
+    cu_q[b + 1] = cu_q[b] + lq[b];
+    cu_k[b + 1] = cu_k[b] + lk[b];
+  }
+  int const total_q = cu_q[batch], total_k = cu_k[batch];
+  size_t const nq = size_t(total_q) * heads_q * d, nk = size_t(total_k) * heads_kv * d;
+  std::vector<char> hq(nq * 2), hk(nk * 2), hv(nk * 2), ho(nq * 2);
+  std::vector<float> hlse(size_t(heads_q) * total_q);
+  std::mt19937 rng(4321u + d + 7 * total_q + 13 * total_k + int(causal));
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  for (size_t i = 0; i < nq; ++i) { store(t, hq.data(), i, u(rng)); }
+  for (size_t i = 0; i < nk; ++i) { store(t, hk.data(), i, u(rng)); }
+  for (size_t i = 0; i < nk; ++i) { store(t, hv.data(), i, u(rng)); }
+  void *dq, *dk, *dv, *dout;
+  float* dlse;
+  int *dcu_q, *dcu_k;
+  CHECK_CUDA(cudaMalloc(&dq, hq.size()));
+  CHECK_CUDA(cudaMalloc(&dk, hk.size()));
+  CHECK_CUDA(cudaMalloc(&dv, hv.size()));
+  CHECK_CUDA(cudaMalloc(&dout, ho.size()));
+  CHECK_CUDA(cudaMalloc(&dlse, hlse.size() * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&dcu_q, cu_q.size() * sizeof(int)));
+  CHECK_CUDA(cudaMalloc(&dcu_k, cu_k.size() * sizeof(int)));
+  CHECK_CUDA(cudaMemcpy(dq, hq.data(), hq.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dk, hk.data(), hk.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dv, hv.data(), hv.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dcu_q, cu_q.data(), cu_q.size() * sizeof(int), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dcu_k, cu_k.data(), cu_k.size() * sizeof(int), cudaMemcpyHostToDevice));
+
+  FwdParams p{};
+  p.q = dq, p.k = dk, p.v = dv, p.o = dout, p.lse = dlse;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;  // entries by cu_seqlens
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+  p.q_row_stride = p.o_row_stride = static_cast<long long>(heads_q) * d;
+  p.k_row_stride = p.v_row_stride = static_cast<long long>(heads_kv) * d;
+  p.batch = batch, p.heads_q = heads_q, p.heads_kv = heads_kv, p.heads_ratio = heads_q / heads_kv;
+  p.seqlen_q = std::max(1, *std::max_element(lq.begin(), lq.end()));  // the grid: the longest entry
+  p.seqlen_k = std::max(1, *std::max_element(lk.begin(), lk.end()));
+  p.head_dim = d;
+  p.softmax_scale = 1.f / std::sqrt(float(d));
+  p.softmax_scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  if (causal) { p.window_right = 0; }
+  p.cu_seqlens_q = dcu_q, p.cu_seqlens_k = dcu_k, p.total_q = total_q, p.total_k = total_k;
+  p.lse_batch_stride = 0, p.lse_head_stride = total_q;  // (heads_q, total_q)
+  p.dtype = t;
+
+  if (!cutlassfa::head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(d)) {  // no varlen instantiation: refused
+    cudaError_t const err = cutlassfa::launch_sm90ws(p, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    bool const ok = err == cudaErrorNotSupported;
+    std::printf("%s %s d=%3d varlen refused (%s)\n", ok ? "PASS" : "FAIL", name(t), d, cudaGetErrorName(err));
+    for (void* ptr : {dq, dk, dv, dout, static_cast<void*>(dlse), static_cast<void*>(dcu_q), static_cast<void*>(dcu_k)}) {
+      CHECK_CUDA(cudaFree(ptr));
+    }
+    return ok;
+  }
+  auto run = [&] {
+    CHECK_CUDA(cudaMemset(dout, 0xff, ho.size()));  // NaN
+    CHECK_CUDA(cudaMemset(dlse, 0xff, hlse.size() * sizeof(float)));
+    CHECK_CUDA(cutlassfa::launch_sm90ws(p, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(ho.data(), dout, ho.size(), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(hlse.data(), dlse, hlse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  };
+  run();
+  std::vector<char> const ho_first = ho;
+  std::vector<float> const hlse_first = hlse;
+  run();
+  bool const deterministic = ho_first == ho && std::memcmp(hlse_first.data(), hlse.data(), hlse.size() * 4) == 0;
+
+  double const scale = p.softmax_scale;
+  double err2 = 0, ref2 = 0, max_lse = 0;
+  long long bad = 0;
+  std::vector<double> s, o(d);
+  for (int b = 0; b < batch; ++b) {
+    s.resize(std::max(1, lk[b]));
+    for (int h = 0; h < heads_q; ++h) {
+      int const h_kv = h / (heads_q / heads_kv);
+      for (int i = 0; i < lq[b]; ++i) {
+        size_t const qrow = (size_t(cu_q[b] + i) * heads_q + h) * d;
+        int const visible = causal ? std::min(lk[b], std::max(0, i + 1 + lk[b] - lq[b])) : lk[b];
+        double m = -INFINITY;
+        for (int j = 0; j < visible; ++j) {
+          size_t const krow = (size_t(cu_k[b] + j) * heads_kv + h_kv) * d;
+          double acc = 0;
+          for (int x = 0; x < d; ++x) { acc += load(t, hq.data(), qrow + x) * load(t, hk.data(), krow + x); }
+          s[j] = acc * scale;
+          m = std::max(m, s[j]);
+        }
+        double l = 0;
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int j = 0; j < visible; ++j) {
+          double const pj = std::exp(s[j] - m);
+          l += pj;
+          size_t const vrow = (size_t(cu_k[b] + j) * heads_kv + h_kv) * d;
+          for (int x = 0; x < d; ++x) { o[x] += pj * load(t, hv.data(), vrow + x); }
+        }
+        float const lse_got = hlse[size_t(h) * total_q + cu_q[b] + i];
+        if (visible == 0) {
+          if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
+        } else {
+          double const e = std::fabs(lse_got - (m + std::log(l)));
+          if (!(e <= 1e-3)) { ++bad; }
+          max_lse = std::max(max_lse, e);
+        }
+        for (int x = 0; x < d; ++x) {
+          double const ref = visible == 0 ? 0.0 : o[x] / l;
+          double const got = load(t, ho.data(), qrow + x);
+          if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
+          err2 += (got - ref) * (got - ref);
+          ref2 += ref * ref;
+        }
+      }
+    }
+  }
+  double const rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  double const tol = t == DType::kBFloat16 ? 1e-2 : 5e-3;
+  bool const ok = bad == 0 && rel <= tol && deterministic;
+  std::printf("%s %s d=%3d varlen B=%d H=%d/%d total %d x %d causal=%d  relL2=%.2e lse=%.1e bad=%lld%s\n",
+              ok ? "PASS" : "FAIL", name(t), d, batch, heads_q, heads_kv, total_q, total_k, int(causal), rel, max_lse,
+              bad, deterministic ? "" : " NOT-DETERMINISTIC");
+  for (void* ptr : {dq, dk, dv, dout, static_cast<void*>(dlse), static_cast<void*>(dcu_q), static_cast<void*>(dcu_k)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+  return ok;
+}
+
 // Outside the kernel's scope: cudaErrorNotSupported, and nothing written.
 bool check_refusals() {
   Case const c{DType::kBFloat16, 1, 2, 2, 100, 100, 128, false};
@@ -299,6 +434,10 @@ int main(int argc, char** argv) {
               {t, 1, 150, 150, 300, 40, d, causal},
           };
           for (const Case& c : cases) { check_case(c) ? ++passed : ++failed; }
+          // Varlen: ragged entries of either side longer, an empty entry, an entry without keys, one
+          // query; then entries of whole and partial tiles under GQA 4:1.
+          check_varlen(t, d, causal, 4, 4, {77, 0, 300, 1, 193, 5}, {77, 9, 40, 64, 400, 0}) ? ++passed : ++failed;
+          check_varlen(t, d, causal, 8, 2, {384, 1000, 129}, {384, 700, 1500}) ? ++passed : ++failed;
         }
       }
     }

@@ -4,7 +4,8 @@
 #   bash cpp/sm90ws/selftest.sh [check|bench]  (check: correctness only; bench: timings only)
 # Run from the repository root. BUILD_DIR (default /tmp/sm90ws_selftest) holds the objects;
 # BUILD_ONLY=1 compiles and links without running (for machines without a GPU); HEAD_DIMS (default
-# "64 96 128 192 256") the head dims to instantiate and test; JOBS (default: all at once) how many
+# "64 96 128 192 256") the head dims to instantiate and test; VARLEN_HEAD_DIMS (default: 64 and 128
+# where listed) those of the varlen instantiation; JOBS (default: all at once) how many
 # objects compile together; NVCC_FLAGS extra flags (-DNDEBUG, -Xptxas=-v); TILES tile overrides for
 # measurements, "d=kBlockM,kBlockN,kStages,pingpong ..." (e.g. TILES="64=128,128,2,1 256=128,80,2,1";
 # sm90ws/kernel_traits.h, TileConfig). BENCH_SHAPES="B,H,N ..." sets the timed shapes (default 4,16,8192).
@@ -27,7 +28,10 @@ sed -e 's/@CUTLASSFA_SMALL_TILE_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_LA
     -e 's/@CUTLASSFA_SM80_ARCH_STRING@/90a/' -e 's/@CUTLASSFA_SM90_ARCH_STRING@/90a/' -e 's/@CUTLASSFA_HAS_CUDA@/1/' \
     -e 's/@CUTLASSFA_HAS_SM80@/1/' -e 's/@CUTLASSFA_HAS_SM90@/1/' -e 's/@CUTLASSFA_HAS_SM90WS@/1/' cpp/include/cutlassfa/config.h.in \
     > "$build/generated/cutlassfa/config.h"
-sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(echo $head_dims | sed 's/ /, /g')/" cpp/sm90ws/head_dims.h.in \
+varlen_head_dims=${VARLEN_HEAD_DIMS-$(for d in $head_dims; do case $d in 64|128) echo -n "$d ";; esac; done)}
+csv() { echo $1 | sed 's/ /, /g'; }
+sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(csv "$head_dims")/" \
+    -e "s/@CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS_CSV@/$(csv "$varlen_head_dims")/" cpp/sm90ws/head_dims.h.in \
     > "$build/generated/sm90ws/head_dims.h"
 : > "$build/generated/sm90ws/tile_overrides.h"
 for t in ${TILES:-}; do
@@ -37,6 +41,10 @@ sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu cpp/src/workspace.cpp cpp/s
 for d in $head_dims; do
   sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate.cu.in > "$build/generated/sm90ws_hdim$d.cu"
   sources+=("$build/generated/sm90ws_hdim$d.cu")
+done
+for d in $varlen_head_dims; do
+  sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate_varlen.cu.in > "$build/generated/sm90ws_varlen_hdim$d.cu"
+  sources+=("$build/generated/sm90ws_varlen_hdim$d.cu")
 done
 flags="-O3 -std=c++17 --expt-relaxed-constexpr -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$inc -Icpp/include -Icpp -I$build/generated -include sm90ws/tile_overrides.h ${NVCC_FLAGS:-}"
 start=$(date +%s)

@@ -66,6 +66,8 @@ struct FwdParams {
   //  - leftpad_k (batch): keys before leftpad_k[b] are hidden (clamped to [0, L]); alignment unchanged.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
+  int total_q = 0;  // varlen: rows of q and o (what a TMA descriptor over the packed array spans)
+  int total_k = 0;  // varlen: rows of k and v
   const int* seqlens_k = nullptr;
   int seqlens_k_added = 0;
   const int* leftpad_k = nullptr;
