@@ -30,8 +30,15 @@ cudaError_t launch_tensorcore(Backend backend, const FwdParams& params, cudaStre
   bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim);
   if (!wgmma) return launch_sm80(params, stream);
 #if CUTLASSFA_HAS_SM90WS
-  // The warp-specialized kernel where it covers the call (dense fp16 / bf16 of its head dims, any window,
-  // no softcap); the wgmma kernel for everything else.
+  // A problem of a tile or two runs sooner on mma.sync: the warp-specialized kernel's set-up (barriers,
+  // descriptor prefetch, role split) costs about 1 us of GPU time that so little work cannot hide
+  // (H200, fp16, CUDA graph: (1, 1, 16, 64) 4.3 vs 4.9 us, (1, 8, 128, 64) 5.1 vs 6.3 us;
+  // (1, 32, 128, 128) 7.7 vs 7.5 us, bench/NOTES-callpath.md).
+  bool const tiny = params.dtype != DType::kFloat32 && params.seqlen_q <= 128 && params.seqlen_k <= 128 &&
+                    static_cast<long long>(params.batch) * params.heads_q <= 8;
+  if (tiny) return launch_sm80(params, stream);
+  // The warp-specialized kernel where it covers the call (dense fp16 / bf16 of its head dims, varlen at
+  // some, any window, no softcap); the wgmma kernel for everything else.
   cudaError_t const ws = launch_sm90ws(params, stream);
   if (ws != cudaErrorNotSupported) return ws;
 #endif
