@@ -138,7 +138,14 @@ def test_extreme_scales(rng, backend, scale):
     q, k, v = _inputs(rng, 1, 2, 2, 100, 100, 64, "float32")
     out = cutlassfa.forward(q, k, v, backend=backend, softmax_scale=scale)
     ref, _ = attention_reference(q, k, v, softmax_scale=scale)
-    assert rel_l2(out, ref) <= _bound(backend, "float32") * 10
+    # fp32 scores carry an absolute rounding error of about scale * u * sqrt(d) * rms(q) * rms(k) (u = 2^-24,
+    # a sum of d products whose errors differ in sign), and the softmax passes a score error at most about
+    # twice into the output's relative error. At scale 1e3 that (9.5e-4 here), not the gate's bound, is
+    # what fp32 arithmetic promises: exactly rounded sequential fp32 products and sums exceed 1e-4 on
+    # about 2% of seeds of this shape (bench/NOTES.md, "fp32 at extreme scales").
+    u = 2.0**-24
+    score_error = scale * u * np.sqrt(q.shape[-1]) * np.sqrt(np.mean(q**2) * np.mean(k**2))
+    assert rel_l2(out, ref) <= max(_bound(backend, "float32") * 10, 2 * score_error)
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
