@@ -115,19 +115,30 @@ struct KvRows {
   int page_size;
   int page_size_log2;  // -1 when page_size is not a power of two
   int num_pages;
+  int table_first = 0;  // table[i] holds the entry of page table_first + i (a slice: see with_table_slice)
 
-  __forceinline__ __device__ Element const* row(int p) const {
-    if (table == nullptr) { return head_base + p * row_stride; }
-    int page_index, row_in_page;
-    if (page_size_log2 >= 0) {  // the usual page sizes: a shift and a mask, not an integer division
-      page_index = p >> page_size_log2;
-      row_in_page = p & (page_size - 1);
-    } else {
-      page_index = p / page_size;
-      row_in_page = p - page_index * page_size;
-    }
-    int const page = min(max(table[page_index], 0), num_pages - 1);
-    return head_base + page * page_stride + row_in_page * row_stride;
+  // Page index p of the entry: a shift where page_size is a power of two, not an integer division.
+  __forceinline__ __device__ int page_of(int p) const {
+    return page_size_log2 >= 0 ? p >> page_size_log2 : p / page_size;
+  }
+  // The same rows read through a copy of the table's entries from page `first` on (a tile's slice in
+  // shared memory, fetched ahead so that no row address waits on a global read of the table).
+  __forceinline__ __device__ KvRows with_table_slice(int const* slice, int first) const {
+    KvRows r = *this;
+    r.table = slice;
+    r.table_first = first;
+    return r;
+  }
+
+  __forceinline__ __device__ Element const* row(int p) const { return head_base + row_offset(p); }
+
+  // Elements from head_base to key position p's row.
+  __forceinline__ __device__ int64_t row_offset(int p) const {
+    if (table == nullptr) { return p * row_stride; }
+    int const page_index = page_of(p);
+    int const row_in_page = page_size_log2 >= 0 ? p & (page_size - 1) : p - page_index * page_size;
+    int const page = min(max(table[page_index - table_first], 0), num_pages - 1);
+    return page * page_stride + row_in_page * row_stride;
   }
 
   // Row key0 of a tile of `rows` keys when the whole tile lies in one page (always, when contiguous):
@@ -173,11 +184,13 @@ __forceinline__ __device__ void copy_kv_tile(TiledCopy const& tiled_copy, ThrCop
 
 // The same copy one row address at a time (KvRows: paged caches, narrow head dims): the tile's rows
 // start at key position key0. Rows outside [row_begin, row_end) and columns >= col_end (a head dim
-// narrower than the tile: zero padding) are zero-filled and never addressed.
+// narrower than the tile: zero padding) are zero-filled and never addressed. row_offsets, when given:
+// tile row r is at rows.head_base + row_offsets[r] (worked out ahead, in shared memory).
 template <class TiledCopy, class ThrCopy, class Element, class TensorS, class TensorC>
 __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, ThrCopy const& thr_copy,
                                                   KvRows<Element> const& rows, int key0, TensorS& sX,
-                                                  TensorC const& cX, int row_begin, int row_end, int col_end) {
+                                                  TensorC const& cX, int row_begin, int row_end, int col_end,
+                                                  int64_t const* row_offsets = nullptr) {
   Tensor tXsX = thr_copy.partition_D(sX);  // (KCPY, KCPY_N, KCPY_K)
   Tensor tXcX = thr_copy.partition_D(cX);  // (KCPY, KCPY_N, KCPY_K) -> (row, col)
   constexpr int kVec = decltype(size<0>(tXsX))::value;
@@ -202,6 +215,10 @@ __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, T
       }
     }
   };
+  if (row_offsets != nullptr) {
+    copy_rows([&](int row) { return rows.head_base + row_offsets[row]; });
+    return;
+  }
   // Two copies of the loop, not one with a select per row: a select computed both addresses (the
   // block-table read included) and made pages smaller than the tile 10% slower (H200, bench/NOTES-variants.md).
   Element const* const tile_row0 = rows.tile_base(key0, kTileRows);  // nullptr: the tile crosses pages

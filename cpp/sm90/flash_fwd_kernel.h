@@ -94,27 +94,57 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     return kv_rows<Element>(params, work.seq, params.v, params.v_batch_stride, params.v_head_stride,
                             params.v_row_stride, work.tile);
   };
+  // A paged cache: no row address waits on the block table. Tile n's table entries are fetched
+  // (cp.async) with the K tile two steps before (fetch_pages), turned into its rows' offsets in K and V
+  // one step before, between the step's barriers (page_offsets), and read by the copies from slot n % 2.
+  // A table read in front of every row's copy cost paged caches 1.35-1.76x the contiguous time
+  // (bench/NOTES-variants.md).
+  bool const paged = kGeneral && params.block_table != nullptr;
+  int* const page_slots = reinterpret_cast<int*>(smem + Traits::kSmemSizeQKV);  // (2, kPageSlots)
+  int64_t* const offset_slots = reinterpret_cast<int64_t*>(page_slots + 2 * Traits::kPageSlots);  // (2, K | V, kBlockN)
+  auto tile_offsets = [&](int const n_block, int const kv) { return offset_slots + ((n_block & 1) * 2 + kv) * kBlockN; };
+  auto fetch_pages = [&](int const n_block) {
+    if (!paged) { return; }
+    KvRows<Element> const rows = rows_k();
+    int const first = rows.page_of(n_block * kBlockN);
+    int const count = rows.page_of(min((n_block + 1) * kBlockN, work.seq.seqlen_k) - 1) - first + 1;
+    int* const slot = page_slots + (n_block & 1) * Traits::kPageSlots;
+    for (int i = tidx; i < count; i += Traits::kNThreads) {
+      SM80_CP_ASYNC_CACHEALWAYS<int>::copy(rows.table[first + i], slot[i]);
+    }
+  };
+  auto page_offsets = [&](int const n_block) {  // the fetched entries have landed (barrier before)
+    if (!paged) { return; }
+    int const key0 = n_block * kBlockN;
+    int const* const slot = page_slots + (n_block & 1) * Traits::kPageSlots;
+    KvRows<Element> const k = rows_k().with_table_slice(slot, rows_k().page_of(key0));
+    KvRows<Element> const v = rows_v().with_table_slice(slot, k.table_first);
+    for (int r = tidx; r < kBlockN && key0 + r < work.seq.seqlen_k; r += Traits::kNThreads) {
+      tile_offsets(n_block, 0)[r] = k.row_offset(key0 + r);
+      tile_offsets(n_block, 1)[r] = v.row_offset(key0 + r);
+    }
+  };
   // Columns of Q and K that hold data: the head dim, or all of them for pre-split fp32 (never padded).
   int const cols_qk = Traits::kSplitQK ? kHeadDimQK : params.head_dim;
 
   // cp.async of K or V tile n_block into sX through its tiled copy; is_predicated zero-fills the
   // hidden rows, col_end the padding columns.
-  auto load_tile = [&](auto const& tiled_copy, auto const& thr_copy, auto const& gX, auto const& rows, auto& sX,
-                       auto const& cX, int const col_end, int const n_block, auto is_predicated) {
+  auto load_tile = [&](auto const& tiled_copy, auto const& thr_copy, auto const& gX, auto const& rows, int const kv,
+                       auto& sX, auto const& cX, int const col_end, int const n_block, auto is_predicated) {
     int const key0 = n_block * kBlockN;
     if constexpr (kGeneral) {
       copy_kv_tile_rows(tiled_copy, thr_copy, rows(), key0, sX, cX, work.seq.key_begin - key0,
-                        work.seq.seqlen_k - key0, col_end);
+                        work.seq.seqlen_k - key0, col_end, paged ? tile_offsets(n_block, kv) : nullptr);
     } else {
       copy_kv_tile<decltype(is_predicated)::value>(tiled_copy, thr_copy, gX(_, _, n_block), sX, cX,
                                                    work.seq.key_begin - key0, work.seq.seqlen_k - key0);
     }
   };
   auto load_k = [&](int const n_block, auto is_predicated) {
-    load_tile(gmem_tiled_copy_QK, gmem_thr_copy_QK, gK, rows_k, sK, cK, cols_qk, n_block, is_predicated);
+    load_tile(gmem_tiled_copy_QK, gmem_thr_copy_QK, gK, rows_k, 0, sK, cK, cols_qk, n_block, is_predicated);
   };
   auto load_v = [&](int const n_block, auto is_predicated) {
-    load_tile(gmem_tiled_copy_V, gmem_thr_copy_V, gV, rows_v, sV, cV, params.head_dim, n_block, is_predicated);
+    load_tile(gmem_tiled_copy_V, gmem_thr_copy_V, gV, rows_v, 1, sV, cV, params.head_dim, n_block, is_predicated);
   };
 
   typename Traits::TiledMmaS tiled_mma_s;
@@ -131,13 +161,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   Tensor tScS80 = make_tensor(tScS.data(), acc_as_sm80(tScS.layout()));   // mma.sync view
 
   // ---- Prologue: Q and the first (highest) K tile in flight -------------------------------------------
+  bool const has_keys = work.n_block_max > work.n_block_min;
+  if (paged && has_keys) {
+    fetch_pages(work.n_block_max - 1);
+    cute::cp_async_fence();
+  }
   {
     Tensor tQgQ = gmem_thr_copy_QK.partition_S(gQ);  // (QCPY, QCPY_M, QCPY_K)
     Tensor tQsQ = gmem_thr_copy_QK.partition_D(sQ);  // (QCPY, QCPY_M, QCPY_K)
     Tensor tQcQ = gmem_thr_copy_QK.partition_S(cQ);  // (QCPY, QCPY_M, QCPY_K) -> (row, col)
     copy_tile_zfill(gmem_tiled_copy_QK, tQgQ, tQsQ, tQcQ, work.rows_q, cols_qk);
   }
-  if (work.n_block_max > work.n_block_min) { load_k(work.n_block_max - 1, cute::true_type{}); }
+  if (paged && has_keys) {
+    cute::cp_async_fence();
+    cute::cp_async_wait<1>();  // the first tile's pages have landed (Q may still be in flight)
+    __syncthreads();
+    page_offsets(work.n_block_max - 1);
+    __syncthreads();
+  }
+  if (has_keys) {
+    load_k(work.n_block_max - 1, cute::true_type{});
+    if (work.n_block_max - 1 > work.n_block_min) { fetch_pages(work.n_block_max - 2); }
+  }
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -156,6 +201,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     __syncthreads();  // K[n] (and Q) have landed; every warpgroup is done reading V[n+1]
     load_v(n_block, cute::bool_constant<kMasked>{});  // only a masked step holds hidden keys
     cute::cp_async_fence();
+    if (n_block > work.n_block_min) { page_offsets(n_block - 1); }  // its entries landed with K[n]
 
     if constexpr (Traits::kSplitQK) {
       gemm_split(tiled_mma_s, tSrQ, tSrK, acc_s);
@@ -174,6 +220,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     // kernel, whose row-addressed loads always zero-fill the hidden rows.)
     if (n_block > work.n_block_min) {
       load_k(n_block - 1, cute::false_type{});
+      // Into slot n_block % 2: every thread has issued V[n]'s copies, the slot's last reader (barrier above).
+      if (n_block - 1 > work.n_block_min) { fetch_pages(n_block - 2); }
       cute::cp_async_fence();
     }
 
