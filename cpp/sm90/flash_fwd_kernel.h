@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   int* const page_slots = reinterpret_cast<int*>(smem + Traits::kSmemSizeQKV);  // (2, kPageSlots)
   int64_t* const offset_slots = reinterpret_cast<int64_t*>(page_slots + 2 * Traits::kPageSlots);  // (2, K | V, kBlockN)
   auto tile_offsets = [&](int const n_block, int const kv) { return offset_slots + ((n_block & 1) * 2 + kv) * kBlockN; };
-  auto fetch_pages = [&](int const n_block) {
+  auto fetch_pages = [&](int const n_block) __attribute__((always_inline)) {
     if (!paged) { return; }
     KvRows<Element> const rows = rows_k();
     int const first = rows.page_of(n_block * kBlockN);
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       SM80_CP_ASYNC_CACHEALWAYS<int>::copy(rows.table[first + i], slot[i]);
     }
   };
-  auto page_offsets = [&](int const n_block) {  // the fetched entries have landed (barrier before)
+  auto page_offsets = [&](int const n_block) __attribute__((always_inline)) {  // the fetched entries have landed (barrier before)
     if (!paged) { return; }
     int const key0 = n_block * kBlockN;
     int const* const slot = page_slots + (n_block & 1) * Traits::kPageSlots;
@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // cp.async of K or V tile n_block into sX through its tiled copy; is_predicated zero-fills the
   // hidden rows, col_end the padding columns.
   auto load_tile = [&](auto const& tiled_copy, auto const& thr_copy, auto const& gX, auto const& rows, int const kv,
-                       auto& sX, auto const& cX, int const col_end, int const n_block, auto is_predicated) {
+                       auto& sX, auto const& cX, int const col_end, int const n_block,
+                       auto is_predicated) __attribute__((always_inline)) {
     int const key0 = n_block * kBlockN;
     if constexpr (kGeneral) {
       copy_kv_tile_rows(tiled_copy, thr_copy, rows(), key0, sX, cX, work.seq.key_begin - key0,
@@ -140,10 +141,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                                                    work.seq.key_begin - key0, work.seq.seqlen_k - key0);
     }
   };
-  auto load_k = [&](int const n_block, auto is_predicated) {
+  auto load_k = [&](int const n_block, auto is_predicated) __attribute__((always_inline)) {
     load_tile(gmem_tiled_copy_QK, gmem_thr_copy_QK, gK, rows_k, 0, sK, cK, cols_qk, n_block, is_predicated);
   };
-  auto load_v = [&](int const n_block, auto is_predicated) {
+  auto load_v = [&](int const n_block, auto is_predicated) __attribute__((always_inline)) {
     load_tile(gmem_tiled_copy_V, gmem_thr_copy_V, gV, rows_v, 1, sV, cV, params.head_dim, n_block, is_predicated);
   };
 
