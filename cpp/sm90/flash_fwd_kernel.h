@@ -95,10 +95,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                             params.v_row_stride, work.tile);
   };
   // A paged cache: no row address waits on the block table. Tile n's table entries are fetched
-  // (cp.async) with the K tile two steps before (fetch_pages), turned into its rows' offsets in K and V
-  // one step before, between the step's barriers (page_offsets), and read by the copies from slot n % 2.
-  // A table read in front of every row's copy cost paged caches 1.35-1.76x the contiguous time
-  // (bench/NOTES-variants.md).
+  // (cp.async, fetch_pages) together with K[n + 1], turned into its rows' offsets in K and V between
+  // the two barriers of step n + 1 (page_offsets), and read from slot n % 2 by the copies of K[n] (end
+  // of step n + 1) and V[n] (step n). A table read in front of every row's copy cost paged caches
+  // 1.35-1.76x the contiguous time (bench/NOTES-variants.md).
   bool const paged = kGeneral && params.block_table != nullptr;
   int* const page_slots = reinterpret_cast<int*>(smem + Traits::kSmemSizeQKV);  // (2, kPageSlots)
   int64_t* const offset_slots = reinterpret_cast<int64_t*>(page_slots + 2 * Traits::kPageSlots);  // (2, K | V, kBlockN)
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       SM80_CP_ASYNC_CACHEALWAYS<int>::copy(rows.table[first + i], slot[i]);
     }
   };
-  auto page_offsets = [&](int const n_block) __attribute__((always_inline)) {  // the fetched entries have landed (barrier before)
+  auto page_offsets = [&](int const n_block) __attribute__((always_inline)) {  // after the entries' barrier
     if (!paged) { return; }
     int const key0 = n_block * kBlockN;
     int const* const slot = page_slots + (n_block & 1) * Traits::kPageSlots;

@@ -117,9 +117,9 @@ struct FwdTraits {
       (cosize(SmemLayoutQ{}) + cosize(SmemLayoutK{}) + cosize(SmemLayoutV{})) * sizeof(Element);
   static constexpr int kSmemSizeO = cosize(SmemLayoutO{}) * sizeof(ElementOut);
   static_assert(kSmemSizeO <= cosize(SmemLayoutQ{}) * sizeof(Element), "O is staged over the Q tile");
-  // A paged cache (the general kernel), two K/V tiles ahead: the block-table entries of a tile (a tile
-  // of kBlockN keys spans at most kBlockN pages), then its rows' offsets in K and in V, each in two
-  // slots (sm90/flash_fwd_kernel.h).
+  // A paged cache (the general kernel): the block-table entries of a coming K/V tile (kBlockN keys span
+  // at most kBlockN pages), then its rows' offsets in K and in V, each in two slots, one per tile
+  // parity (sm90/flash_fwd_kernel.h).
   static constexpr int kPageSlots = kBlockN;
   static constexpr int kSmemSizePages = 2 * kPageSlots * sizeof(int) + 2 * 2 * kBlockN * sizeof(int64_t);
   static constexpr int kSmemSize = kSmemSizeQKV + kSmemSizePages;
