@@ -462,7 +462,8 @@ void run_device(const Problem& p, Backend backend, Output& o, Output* lse, int64
       p.strides4(p.q, &strides[0][0], &strides[0][1], &strides[0][2]);
       p.strides4(p.k, &strides[1][0], &strides[1][1], &strides[1][2]);
       p.strides4(p.v, &strides[2][0], &strides[2][1], &strides[2][2]);
-      FwdParams const params = make_params(p, p.q.data, p.k.data, p.v.data, o, lse, strides);
+      FwdParams params = make_params(p, p.q.data, p.k.data, p.v.data, o, lse, strides);
+      params.num_splits = dense_num_splits(backend, p.device, params);
       err = run_forward(backend, params, stream);
     }
     if (err == cudaSuccess && sync) err = cudaStreamSynchronize(stream);
@@ -589,10 +590,7 @@ void run_variant(const VariantProblem& vp, Backend backend, Output& o, Output* l
         err = fill_device(o.data, p.dtype, o.view, 0.f, stream);
         if (err == cudaSuccess && lse != nullptr) err = fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream);
       } else {
-        int splits = splits_keys(backend) ? w.num_splits : 1;
-        if (splits == 0) splits = choose_num_splits(p.device, params);
-        // More splits than key tiles of 128 would only add empty partials.
-        params.num_splits = std::max(1, std::min(splits, (p.seqlen_k + 127) / 128));
+        params.num_splits = resolve_num_splits(backend, p.device, params, w.num_splits);
         err = run_forward(backend, params, stream);
       }
     }

@@ -119,7 +119,10 @@ ffi::Error forward(cudaStream_t stream, int32_t device, int32_t backend, double 
   int previous = 0;
   cudaError_t status = cudaGetDevice(&previous);
   if (status == cudaSuccess && previous != device) status = cudaSetDevice(device);
-  if (status == cudaSuccess) status = run_forward(static_cast<Backend>(backend), params, stream);
+  if (status == cudaSuccess) {
+    params.num_splits = dense_num_splits(static_cast<Backend>(backend), device, params);
+    status = run_forward(static_cast<Backend>(backend), params, stream);
+  }
   if (previous != device) cudaSetDevice(previous);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear a non-sticky error for the next launch

@@ -31,4 +31,12 @@ FwdParams packed_gqa(const FwdParams& params);
 // CTAs with a full last wave (or the fullest), each split at least 8 key tiles long.
 int choose_num_splits(int device, const FwdParams& params);
 
+// The splits a call runs with: 1 on a backend that does not split keys; else `requested` (the
+// num_splits argument; 0: choose_num_splits), at most one split per key tile of 128.
+int resolve_num_splits(Backend backend, int device, const FwdParams& params, int requested);
+
+// The splits of a plain call (no num_splits argument): a call of at most 64 queries (one query tile, a
+// decode step) in fp16 / bf16 splits as num_splits=None would; anything else runs in one pass.
+int dense_num_splits(Backend backend, int device, const FwdParams& params);
+
 }  // namespace cutlassfa
