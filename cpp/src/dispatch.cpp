@@ -14,6 +14,10 @@ namespace cutlassfa {
 // Built without any sm_80+ architecture: the tensor-core families are absent.
 cudaError_t launch_sm80(const FwdParams&, cudaStream_t) { return cudaErrorNoKernelImageForDevice; }
 #endif
+#if !CUTLASSFA_HAS_SM80
+bool sm80_decode_covers(const FwdParams&) { return false; }
+cudaError_t launch_sm80_decode(const FwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
+#endif
 #if !CUTLASSFA_HAS_SM90
 cudaError_t launch_sm90(const FwdParams&, cudaStream_t) { return cudaErrorNoKernelImageForDevice; }
 #endif
@@ -22,6 +26,10 @@ namespace {
 
 // The tensor-core kernel of `backend` for these params.
 cudaError_t launch_tensorcore(Backend backend, const FwdParams& params, cudaStream_t stream) {
+  // A few query rows per K/V head against a cache: the decode kernel (both families: it is an mma.sync
+  // kernel, and decode is bound by memory, not by the MMA).
+  cudaError_t const decode = launch_sm80_decode(params, stream);
+  if (decode != cudaErrorNotSupported) return decode;
   if (backend == Backend::kTensorCoreSm80) return launch_sm80(params, stream);
   int device = 0;
   cudaError_t const err = cudaGetDevice(&device);
@@ -104,6 +112,22 @@ cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t s
   return cudaErrorInvalidValue;
 }
 
+namespace {
+
+// The decode kernel (one CTA per batch entry, K/V head and split; kSm80DecodeCtasPerSm resident per
+// multiprocessor) streams memory: the splits fill the resident slots once (a second, partial wave
+// would run on a few multiprocessors alone), each split at least 512 keys (8 steps of every warp).
+int decode_num_splits(int sms, const FwdParams& params) {
+  constexpr int kMinKeysPerSplit = 512;
+  long long const ctas = static_cast<long long>(params.batch) * params.heads_kv;
+  long long const slots = static_cast<long long>(sms) * kSm80DecodeCtasPerSm;
+  if (sms <= 0 || ctas >= slots) return 1;
+  long long const most = std::max(1, params.seqlen_k / kMinKeysPerSplit);
+  return static_cast<int>(std::max(1ll, std::min(slots / ctas, most)));
+}
+
+}  // namespace
+
 int choose_num_splits(int device, const FwdParams& unpacked) {
   constexpr int kBlockM = 64, kBlockN = 128, kMaxSplits = 128;
   // Decode is memory-bound: at least 1.5 waves of CTAs keep the memory system busy while one CTA's
@@ -114,6 +138,7 @@ int choose_num_splits(int device, const FwdParams& unpacked) {
   constexpr int kMinTilesPerSplit = 8;
   FwdParams const params = packs_gqa(unpacked) ? packed_gqa(unpacked) : unpacked;
   int const sms = device_multiprocessors(device);
+  if (sm80_decode_covers(params)) return decode_num_splits(sms, params);
   long long const ctas = static_cast<long long>(params.batch) * params.heads_q * ((params.seqlen_q + kBlockM - 1) / kBlockM);
   int const key_tiles = (params.seqlen_k + kBlockN - 1) / kBlockN;
   if (sms <= 0 || ctas >= 0.8 * sms) return 1;  // the unsplit grid fills the device

@@ -1,0 +1,267 @@
+// The decode kernel of the mma.sync family: the few query rows of one K/V head (Nq x heads_ratio
+// <= 16: one 16-row MMA slab) against a long K/V cache, a CTA per (batch, K/V head, key split).
+//
+// Decode reads every key once and computes little with it, so the kernel is built around the
+// memory stream, not the MMA (a 64- or 128-row tile would spend 4-8x the tensor work of the bytes on
+// rows that do not exist; the tile kernels were tensor-bound on decode for that reason,
+// bench/NOTES-variants.md):
+//  - the warps split the keys, not the rows: in every step of kBlockN keys, warp w takes keys
+//    [w kWarpKeys, (w + 1) kWarpKeys) with its own online softmax, and the warps' results are merged
+//    by their lse at the end, as the key splits are (split_combine.cu);
+//  - each warp streams its own K/V rows through its own kStages-deep cp.async ring, synchronized by
+//    __syncwarp only: no warp ever waits for another inside the loop;
+//  - two CTAs per multiprocessor, so one CTA's first loads overlap another's last steps.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cutlass/numeric_types.h>
+
+#include "common/online_softmax.h"
+#include "common/tensor_utils.h"
+#include "cutlassfa/params.h"
+#include "sm80/gemm.h"
+
+namespace cutlassfa::sm80 {
+
+using namespace cute;
+
+template <int kHeadDim_, class Element_>
+struct DecodeTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kRows = 16;  // query rows: one m16n8k16 slab
+  static constexpr int kNWarps = 4;
+  static constexpr int kNThreads = 32 * kNWarps;
+  static constexpr int kWarpKeys = 16;                   // keys per warp step
+  static constexpr int kBlockN = kWarpKeys * kNWarps;  // keys per CTA step
+  // 24 KB of K and V in each warp's ring at any head dim; 100 KB a CTA with Q, two CTAs a multiprocessor.
+  static constexpr int kStages = 3 * 128 / kHeadDim;
+  static constexpr int kCtasPerSm = 2;
+  static_assert(kHeadDim % 64 == 0, "128-byte swizzle rows");
+
+  using MmaAtom = std::conditional_t<cute::is_same_v<Element, cutlass::half_t>,
+                                     MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>, MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>>;
+  using TiledMma = TiledMMA<MmaAtom, Layout<Shape<_1, _1, _1>>, Tile<_16, _16, _16>>;  // one warp
+
+  // 8 rows x 64 elements (128 B) with Swizzle<3,3,3>, as common/tile_copy.h.
+  using SmemLayoutAtom =
+      decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kRows>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kWarpKeys>, Int<kHeadDim>>{}));
+  using SmemLayoutVt = decltype(composition(SmemLayoutKV{},
+                                            make_layout(Shape<Int<kHeadDim>, Int<kWarpKeys>>{}, GenRowMajor{})));
+  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+
+  static constexpr int kSlotElems = kWarpKeys * kHeadDim;  // one K or V slot of a warp's ring
+  static constexpr int kSmemQ = kRows * kHeadDim * int(sizeof(Element));
+  static constexpr int kSmemRing = kNWarps * kStages * 2 * kSlotElems * int(sizeof(Element));
+  // The merge of the warps' results (O rows and lse) reuses the ring.
+  static constexpr int kMergeRowStride = kHeadDim + 4;  // floats; breaks the bank pattern of the row writes
+  static constexpr int kSmemMerge = kNWarps * kRows * (kMergeRowStride + 1) * int(sizeof(float));
+  static constexpr int kSmemSize = kSmemQ + (kSmemRing > kSmemMerge ? kSmemRing : kSmemMerge);
+  static_assert(kSmemSize * kCtasPerSm <= 227 * 1024, "kCtasPerSm CTAs a multiprocessor on sm_90");
+};
+
+// 16 bytes global -> shared, or 16 zero bytes when !valid (the source is then not read).
+__forceinline__ __device__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
+  unsigned const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  int const bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_kernel(const FwdParams params) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim, kRows = Traits::kRows, kNWarps = Traits::kNWarps;
+  constexpr int kWarpKeys = Traits::kWarpKeys, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
+  constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+
+  extern __shared__ __align__(128) char smem[];
+  int const tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
+
+  // ---- Work: (split, K/V head, batch) ------------------------------------------------------------------
+  int const split = static_cast<int>(blockIdx.x % params.num_splits);
+  int const group = static_cast<int>(blockIdx.x / params.num_splits);
+  int const h_kv = group % params.heads_kv;
+  int const b = group / params.heads_kv;
+  int const nq = params.seqlen_q, rows = nq * params.heads_ratio;  // row r: query head h_kv ratio + r / nq, query r % nq
+  int keys = params.seqlen_k;  // L: this entry's keys
+  if (params.seqlens_k != nullptr) { keys = min(max(params.seqlens_k[b] + params.seqlens_k_added, 0), params.seqlen_k); }
+  int const tiles = (keys + kBlockN - 1) / kBlockN;
+  int const per_split = (tiles + params.num_splits - 1) / params.num_splits;
+  int const tile_begin = min(tiles, split * per_split), tile_end = min(tiles, tile_begin + per_split);
+  int const steps = tile_end - tile_begin;
+  // Row i sees keys j <= i + L - Nq + window_right (window_right < 0: every key below L).
+  auto last_key = [&](int r) {
+    return params.window_right < 0 ? keys - 1 : min(keys - 1, r % nq + keys - nq + params.window_right);
+  };
+  int const last_key_min = last_key(0);  // row 0 (query 0) sees the fewest
+
+  // ---- Shared memory -------------------------------------------------------------------------------------
+  Element* const q_smem = reinterpret_cast<Element*>(smem);
+  Element* const ring = q_smem + kRows * kHeadDim + warp * kStages * 2 * Traits::kSlotElems;
+  Tensor sQ = make_tensor(make_smem_ptr(q_smem), typename Traits::SmemLayoutQ{});
+  auto slot_k = [&](int s) { return make_tensor(make_smem_ptr(ring + (2 * s) * Traits::kSlotElems), typename Traits::SmemLayoutKV{}); };
+  auto slot_v = [&](int s) { return make_tensor(make_smem_ptr(ring + (2 * s + 1) * Traits::kSlotElems), typename Traits::SmemLayoutKV{}); };
+
+  // ---- Loads ---------------------------------------------------------------------------------------------
+  // Q: every thread, zero rows past `rows` (their scores are never read out).
+  const Element* const q = static_cast<const Element*>(params.q) + b * params.q_batch_stride +
+                           static_cast<long long>(h_kv) * params.heads_ratio * params.q_head_stride;
+  CUTE_UNROLL
+  for (int c = tidx; c < kRows * kChunksPerRow; c += Traits::kNThreads) {
+    int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+    bool const valid = r < rows;
+    const Element* src = valid ? q + (r / nq) * params.q_head_stride + (r % nq) * params.q_row_stride + col : q;
+    cp_async_16_zfill(&sQ(r, col), src, valid);
+  }
+  cute::cp_async_fence();
+
+  // K / V step `step` of this warp: keys tile * kBlockN + warp * kWarpKeys + [0, kWarpKeys); keys past
+  // L are zero-filled (a stale V row would turn the zero weight into NaN).
+  const Element* const k_head = static_cast<const Element*>(params.k) + b * params.k_batch_stride + h_kv * params.k_head_stride;
+  const Element* const v_head = static_cast<const Element*>(params.v) + b * params.v_batch_stride + h_kv * params.v_head_stride;
+  auto load_step = [&](int step) __attribute__((always_inline)) {
+    int const key0 = (tile_begin + step) * kBlockN + warp * kWarpKeys;
+    int const slot = step % kStages;
+    Tensor sK = slot_k(slot);
+    Tensor sV = slot_v(slot);
+    CUTE_UNROLL
+    for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
+      int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+      bool const valid = key0 + r < keys;
+      long long const key = valid ? key0 + r : 0;
+      cp_async_16_zfill(&sK(r, col), k_head + key * params.k_row_stride + col, valid);
+      cp_async_16_zfill(&sV(r, col), v_head + key * params.v_row_stride + col, valid);
+    }
+  };
+  CUTE_UNROLL
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) { load_step(s); }
+    cute::cp_async_fence();
+  }
+
+  // ---- MMA set-up ------------------------------------------------------------------------------------------
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(lane);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, 1, d / 16)
+  Tensor tSrK = thr_mma.partition_fragment_B(slot_k(0));  // (MMA, 2, d / 16)
+  Tensor tOrVt = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(ring), typename Traits::SmemLayoutVtNoSwizzle{}));
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kHeadDim>>{});  // (MMA, 1, d / 8)
+  clear(acc_o);
+  auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(lane);
+  auto smem_tiled_copy_K = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(lane);
+  auto smem_tiled_copy_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(lane);
+
+  // Q (the oldest group) has landed once kStages - 1 groups are left; every thread loaded part of it.
+  cute::cp_async_wait<kStages - 1>();
+  __syncthreads();
+  copy(smem_tiled_copy_Q, smem_thr_copy_Q.partition_S(sQ), smem_thr_copy_Q.retile_D(tSrQ));
+
+  // This thread's accumulator rows (lane / 4 and + 8) and their last visible keys.
+  Tensor cS = make_identity_tensor(Shape<Int<kRows>, Int<kWarpKeys>>{});
+  Tensor tScS = thr_mma.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));  // (2, cols) -> (row, col)
+  int const last_key_row[2] = {last_key(get<0>(tScS_rc(0, 0))), last_key(get<0>(tScS_rc(1, 0)))};
+
+  OnlineSoftmax<2> softmax;
+  // ---- K/V loop: the warp's own ring, no CTA barrier ----------------------------------------------------
+  for (int step = 0; step < steps; ++step) {
+    cute::cp_async_wait<kStages - 2>();
+    __syncwarp();  // step's K / V, copied by every lane, are visible; every lane is done with step - 1's slot
+    if (step + kStages - 1 < steps) { load_step(step + kStages - 1); }
+    cute::cp_async_fence();
+
+    int const slot = step % kStages;
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, 1, 2)
+    clear(acc_s);
+    Tensor tSsK = smem_thr_copy_K.partition_S(slot_k(slot));
+    gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_tiled_copy_K, smem_thr_copy_K);
+
+    int const key0 = (tile_begin + step) * kBlockN + warp * kWarpKeys;
+    if (key0 + kWarpKeys - 1 > last_key_min) {  // some key of the step is hidden from some row
+      Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+      CUTE_UNROLL
+      for (int mi = 0; mi < 2; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(scores); ++ni) {
+          if (key0 + get<1>(tScS_rc(mi, ni)) > last_key_row[mi]) { scores(mi, ni) = -INFINITY; }
+        }
+      }
+    }
+    softmax.update(acc_s, acc_o, params.softmax_scale_log2);
+
+    Tensor rP = convert_type<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, 1, 1)
+    Tensor sVt = make_tensor(make_smem_ptr(ring + (2 * slot + 1) * Traits::kSlotElems), typename Traits::SmemLayoutVt{});
+    Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
+    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+  }
+
+  // ---- Merge the warps by their lse, then write o / lse (or this split's partials) -----------------------
+  Tensor lse = softmax.finalize(acc_o, params.softmax_scale);  // O_w normalized; lse_w natural log
+  cute::cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring
+  float* const merge_o = reinterpret_cast<float*>(smem + Traits::kSmemQ);  // [warp][row][kMergeRowStride]
+  float* const merge_lse = merge_o + kNWarps * kRows * Traits::kMergeRowStride;  // [warp][row]
+  {
+    Tensor cO = make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{});
+    Tensor tOcO = thr_mma.partition_C(cO);
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
+    Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
+    CUTE_UNROLL
+    for (int mi = 0; mi < 2; ++mi) {
+      int const r = get<0>(tOcO_rc(mi, 0));
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) {
+        merge_o[(warp * kRows + r) * Traits::kMergeRowStride + get<1>(tOcO_rc(mi, ni))] = acc_o_rc(mi, ni);
+      }
+      if (lane % 4 == 0) { merge_lse[warp * kRows + r] = lse(mi); }
+    }
+  }
+  __syncthreads();
+
+  bool const partial = params.num_splits > 1;
+  long long const rows_all = static_cast<long long>(params.batch) * params.heads_q * nq;  // of o_accum
+  for (int e = tidx; e < rows * kHeadDim; e += Traits::kNThreads) {
+    int const r = e / kHeadDim, col = e % kHeadDim;
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) { m = fmaxf(m, merge_lse[w * kRows + r]); }
+    float sum = 0.f;
+    if (m != -INFINITY) {
+      CUTE_UNROLL
+      for (int w = 0; w < kNWarps; ++w) { sum += expf(merge_lse[w * kRows + r] - m); }
+    }
+    float const row_lse = m == -INFINITY ? -INFINITY : m + logf(sum);
+    float out = 0.f;
+    if (m != -INFINITY) {
+      CUTE_UNROLL
+      for (int w = 0; w < kNWarps; ++w) {
+        float const lse_w = merge_lse[w * kRows + r];
+        if (lse_w != -INFINITY) { out += expf(lse_w - row_lse) * merge_o[(w * kRows + r) * Traits::kMergeRowStride + col]; }
+      }
+    }
+    int const h = h_kv * params.heads_ratio + r / nq, i = r % nq;
+    long long const row = (static_cast<long long>(b) * params.heads_q + h) * nq + i;
+    if (partial) {
+      long long const at = split * rows_all + row;
+      params.o_accum[at * kHeadDim + col] = out;
+      if (col == 0) { params.lse_accum[at] = row_lse; }
+    } else {
+      Element* o = static_cast<Element*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride + i * params.o_row_stride;
+      o[col] = static_cast<Element>(out);
+      if (col == 0 && params.lse != nullptr) {
+        params.lse[b * params.lse_batch_stride + h * params.lse_head_stride + i] = row_lse;
+      }
+    }
+  }
+}
+
+}  // namespace cutlassfa::sm80

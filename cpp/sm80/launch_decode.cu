@@ -1,0 +1,57 @@
+// launch_sm80_decode: what the decode kernel (cpp/sm80/decode_kernel.h) covers, and its launch. Its
+// few instantiations (fp16 / bf16 x CUTLASSFA_SM80_DECODE_HEAD_DIMS) compile here, in one object.
+#include <cuda_runtime.h>
+
+#include <climits>
+
+#include <cutlass/numeric_types.h>
+
+#include "common/alignment.h"
+#include "common/launch_kernel.h"
+#include "common/static_switch.h"
+#include "cutlassfa/config.h"
+#include "cutlassfa/launch.h"
+#include "cutlassfa/params.h"
+#include "sm80/decode_kernel.h"
+
+namespace cutlassfa {
+
+namespace {
+
+template <int kHeadDim, class Element>
+cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
+  using Traits = sm80::DecodeTraits<kHeadDim, Element>;
+  auto kernel = &sm80::decode_kernel<Traits>;
+  if constexpr (Traits::kSmemSize > 48 * 1024) {
+    cudaError_t const err = opt_in_shared_memory(kernel, Traits::kSmemSize);
+    if (err != cudaSuccess) { return err; }
+  }
+  long long const ctas = static_cast<long long>(params.batch) * params.heads_kv * params.num_splits;
+  if (ctas > INT_MAX) { return cudaErrorInvalidConfiguration; }
+  kernel<<<static_cast<unsigned>(ctas), Traits::kNThreads, Traits::kSmemSize, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool sm80_decode_covers(const FwdParams& p) {
+  bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
+  bool const dense_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_table == nullptr &&
+                          p.leftpad_k == nullptr;
+  long long const rows = static_cast<long long>(p.seqlen_q) * p.heads_ratio;
+  return halves && dense_keys && p.seqlen_q >= 1 && rows <= kSm80DecodeRows && p.window_left < 0 &&
+         p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM80_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p);
+}
+
+cudaError_t launch_sm80_decode(const FwdParams& params, cudaStream_t stream) {
+  if (!sm80_decode_covers(params)) { return cudaErrorNotSupported; }
+  if (params.batch == 0 || params.heads_q == 0) { return cudaSuccess; }
+  return fp16_switch(params.dtype, [&](auto element) {
+    using Element = decltype(element);
+    return head_dim_switch<CUTLASSFA_SM80_DECODE_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+      return run_decode<decltype(head_dim)::value, Element>(params, stream);
+    });
+  });
+}
+
+}  // namespace cutlassfa
