@@ -33,10 +33,12 @@ struct DecodeTraits {
   static constexpr int kRows = 16;  // query rows: one m16n8k16 slab
   static constexpr int kNWarps = 4;
   static constexpr int kNThreads = 32 * kNWarps;
-  static constexpr int kWarpKeys = 16;                   // keys per warp step
+  // Keys per warp step: 4 KB of K and 4 KB of V at any head dim (16 keys at d = 128, 32 at d = 64),
+  // so a narrower head does not pay more steps (softmax, barriers) per byte.
+  static constexpr int kWarpKeys = 2048 / kHeadDim;
   static constexpr int kBlockN = kWarpKeys * kNWarps;  // keys per CTA step
-  // 24 KB of K and V in each warp's ring at any head dim; 100 KB a CTA with Q, two CTAs a multiprocessor.
-  static constexpr int kStages = 3 * 128 / kHeadDim;
+  // 24 KB of K and V in each warp's ring; 100 KB a CTA with Q, two CTAs a multiprocessor.
+  static constexpr int kStages = 3;
   static constexpr int kCtasPerSm = 2;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzle rows");
 
@@ -65,11 +67,12 @@ struct DecodeTraits {
   static_assert(kSmemSize * kCtasPerSm <= 227 * 1024, "kCtasPerSm CTAs a multiprocessor on sm_90");
 };
 
-// 16 bytes global -> shared, or 16 zero bytes when !valid (the source is then not read).
+// 16 bytes global -> shared, or 16 zero bytes when !valid (the source is then not read). The L2
+// prefetch hint asks for the whole 256-byte line pair: the warp reads every byte of it anyway.
 __forceinline__ __device__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
   unsigned const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   int const bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
 }
 
 template <class Traits>
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(lane);
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, 1, d / 16)
-  Tensor tSrK = thr_mma.partition_fragment_B(slot_k(0));  // (MMA, 2, d / 16)
+  Tensor tSrK = thr_mma.partition_fragment_B(slot_k(0));  // (MMA, kWarpKeys / 8, d / 16)
   Tensor tOrVt = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(ring), typename Traits::SmemLayoutVtNoSwizzle{}));
   Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kHeadDim>>{});  // (MMA, 1, d / 8)
   clear(acc_o);
@@ -179,7 +182,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     cute::cp_async_fence();
 
     int const slot = step % kStages;
-    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, 1, 2)
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, 1, kWarpKeys / 8)
     clear(acc_s);
     Tensor tSsK = smem_thr_copy_K.partition_S(slot_k(slot));
     gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_tiled_copy_K, smem_thr_copy_K);
@@ -198,7 +201,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     softmax.update(acc_s, acc_o, params.softmax_scale_log2);
 
     Tensor rP = convert_type<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, 1, 1)
+    Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, 1, kWarpKeys / 16)
     Tensor sVt = make_tensor(make_smem_ptr(ring + (2 * slot + 1) * Traits::kSlotElems), typename Traits::SmemLayoutVt{});
     Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);

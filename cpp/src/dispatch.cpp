@@ -158,7 +158,9 @@ int choose_num_splits(int device, const FwdParams& unpacked) {
 int resolve_num_splits(Backend backend, int device, const FwdParams& params, int requested) {
   if (!splits_keys(backend)) return 1;
   int const splits = requested > 0 ? requested : choose_num_splits(device, params);
-  return std::max(1, std::min(splits, (params.seqlen_k + 127) / 128));  // more would only add empty partials
+  // More than one split per 128 keys would only add empty partials; past kMaxCombinedSplits, the
+  // combine's weights would not fit its shared memory (and the schedule changes nothing but rounding).
+  return std::max(1, std::min({splits, (params.seqlen_k + 127) / 128, kMaxCombinedSplits}));
 }
 
 int dense_num_splits(Backend backend, int device, const FwdParams& params) {

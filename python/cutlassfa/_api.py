@@ -266,10 +266,11 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     in full; device values are not (that would need a synchronization): the kernels clamp lengths to
     the capacity, leftpad to the length, skip page indices outside [0, num_pages), and drop appended
     keys past the capacity.
-    num_splits: None (the backend chooses from the batch, heads, key tiles and multiprocessors: 1.5 or
-    more full waves of CTAs when one pass would not fill the GPU) or n >= 1 parts of the keys, merged by lse. The split is a schedule of
-    the tensor-core backends; the CUDA-core backends (and varlen batches) run the keys in one pass.
-    It changes nothing beyond rounding.
+    num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
+    pass fills the GPU; a plain call of at most 64 fp16 / bf16 queries chooses the same way) or n >= 1
+    parts of the keys (at most one per 128 keys and 1024 in all), merged by lse. The split is a
+    schedule of the tensor-core backends; the CUDA-core backends (and varlen batches) run the keys in
+    one pass. It changes nothing beyond rounding.
     """
     if not (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
             and block_table is None and k_new is None and v_new is None and num_splits is None):

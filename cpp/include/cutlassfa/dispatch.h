@@ -32,7 +32,8 @@ FwdParams packed_gqa(const FwdParams& params);
 int choose_num_splits(int device, const FwdParams& params);
 
 // The splits a call runs with: 1 on a backend that does not split keys; else `requested` (the
-// num_splits argument; 0: choose_num_splits), at most one split per key tile of 128.
+// num_splits argument; 0: choose_num_splits), at most one split per key tile of 128 and
+// kMaxCombinedSplits in all.
 int resolve_num_splits(Backend backend, int device, const FwdParams& params, int requested);
 
 // The splits of a plain call (no num_splits argument): a call of at most 64 queries (one query tile, a
