@@ -88,6 +88,14 @@ def _variant_runs(backend, dtype, rng):
         ref, _ = kvcache_reference(qn, kc, vc, cache_seqlens=lengths, cache_leftpad=leftpad, k_new=kn, v_new=vn,
                                    causal=True)
         runs.append((f"paged kv cache d={d}", rel_l2(to_numpy64(out), ref)))
+        # Decode (d = 128: the decode kernel of the tensor-core backends): 2 queries on each of 4 query
+        # heads per K/V head, ragged cache lengths with an empty one, causal, split keys.
+        q, kc, vc = normal(3, 8, 2, d), normal(3, 2, 700, d), normal(3, 2, 700, d)
+        lengths = np.array([0, 650, 333])
+        out = cutlassfa.forward(cuda(q), cuda(kc), cuda(vc), cache_seqlens=index(lengths), causal=True,
+                                num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
+        ref, _ = kvcache_reference(q, kc, vc, cache_seqlens=lengths, causal=True)
+        runs.append((f"decode d={d}", rel_l2(to_numpy64(out), ref)))
         # Varlen: an empty query sequence and an empty key sequence among ragged ones, causal.
         cu_q, cu_k = np.array([0, 5, 5, 70, 71]), np.array([0, 9, 30, 95, 95])
         q, k, v = normal(71, 4, d), normal(95, 2, d), normal(95, 2, d)

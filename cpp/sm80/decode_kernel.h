@@ -67,12 +67,12 @@ struct DecodeTraits {
   static_assert(kSmemSize * kCtasPerSm <= 227 * 1024, "kCtasPerSm CTAs a multiprocessor on sm_90");
 };
 
-// 16 bytes global -> shared, or 16 zero bytes when !valid (the source is then not read). The L2
-// prefetch hint asks for the whole 256-byte line pair: the warp reads every byte of it anyway.
+// 16 bytes global -> shared, or 16 zero bytes when !valid (the source is then not read). No L2
+// prefetch hint: .L2::128B changed nothing and .L2::256B cost 8-10 % (H200, bench/NOTES-variants.md).
 __forceinline__ __device__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
   unsigned const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   int const bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
 }
 
 template <class Traits>
