@@ -18,6 +18,11 @@ namespace {
 // parallel, into shared memory as weights exp(lse_s - lse), and every output column then sums its
 // partials with independent loads. (A loop of one thread over the splits, each step a dependent L2
 // round trip, took ~30 us for a B 1 x 128k decode of 66 splits, a third of the whole call.)
+// The weights are read 8 at a time by the unrolled sum (vector loads of shared memory): the array
+// is padded to a multiple of 8 with zero weights, so no read goes past it (compute-sanitizer caught
+// a 16-byte read past 3 weights).
+__host__ __device__ constexpr int padded_splits(int splits) { return (splits + 7) / 8 * 8; }
+
 __device__ float block_reduce(float x, bool max, float* scratch) {
   for (int offset = 16; offset > 0; offset /= 2) {
     float const y = __shfl_xor_sync(0xffffffffu, x, offset);
@@ -34,10 +39,10 @@ __device__ float block_reduce(float x, bool max, float* scratch) {
 
 template <typename T>
 __global__ void split_combine_kernel(const FwdParams params) {
-  extern __shared__ float weight[];  // num_splits
+  extern __shared__ float weight[];  // padded_splits(num_splits), the padding weighing 0
   __shared__ float scratch[32];
   long long const rows = static_cast<long long>(params.batch) * params.heads_q * params.seqlen_q;
-  int const splits = params.num_splits;
+  int const splits = params.num_splits, padded = padded_splits(splits);
   for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
     int const i = static_cast<int>(r % params.seqlen_q);
     int const h = static_cast<int>((r / params.seqlen_q) % params.heads_q);
@@ -54,8 +59,8 @@ __global__ void split_combine_kernel(const FwdParams params) {
     }
     sum = block_reduce(sum, false, scratch);
     float const lse = m == -INFINITY ? -INFINITY : m + logf(sum);
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-      weight[s] = lse == -INFINITY ? 0.f : expf(weight[s] - lse);  // an empty split (O_s = 0) weighs 0
+    for (int s = threadIdx.x; s < padded; s += blockDim.x) {  // an empty split (O_s = 0) weighs 0
+      weight[s] = s >= splits || lse == -INFINITY ? 0.f : expf(weight[s] - lse);
     }
     __syncthreads();
     T* o = static_cast<T*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride + i * params.o_row_stride;
@@ -64,7 +69,7 @@ __global__ void split_combine_kernel(const FwdParams params) {
     for (int c = threadIdx.x; c < params.head_dim; c += blockDim.x) {
       float acc = 0.f;
 #pragma unroll 8
-      for (int s = 0; s < splits; ++s) {
+      for (int s = 0; s < padded; ++s) {
         if (weight[s] != 0.f) acc += weight[s] * partial[s * split_stride + c];  // never 0 * a stale value
       }
       o[c] = static_cast<T>(acc);
@@ -83,7 +88,7 @@ cudaError_t launch(const FwdParams& params, cudaStream_t stream) {
   if (params.num_splits > kMaxCombinedSplits) return cudaErrorInvalidValue;
   unsigned const blocks = static_cast<unsigned>(rows < 65536 ? rows : 65536);
   int const threads = params.head_dim <= 64 ? 64 : 128;  // one row of d outputs per block
-  size_t const smem = static_cast<size_t>(params.num_splits) * sizeof(float);
+  size_t const smem = static_cast<size_t>(padded_splits(params.num_splits)) * sizeof(float);
   split_combine_kernel<T><<<blocks, threads, smem, stream>>>(params);
   return cudaGetLastError();
 }
