@@ -1,4 +1,4 @@
-"""The decode path of the tensor-core backends (a few query rows per K/V head: Nq x Hq/Hkv <= 16)
+"""The decode path of the tensor-core backends (a few query rows per K/V head: Nq x Hq/Hkv <= 32)
 against the float64 reference: d 64 and 128, fp16 and bf16, GQA ratios 1 / 4 / 8, ragged cache
 lengths with 0 among them, causal and a right window bound, strided (B, N, H, d) caches, split counts
 from 1 to many (equal up to rounding), and a stale NaN past the cache lengths that must not leak.
@@ -57,7 +57,8 @@ def _check(backend, dtype, out, lse, ref, ref_lse):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("heads,nq", [((8, 8), 1), ((8, 2), 4), ((16, 2), 2), ((8, 1), 1), ((4, 4), 16)], ids=str)
+@pytest.mark.parametrize("heads,nq", [((8, 8), 1), ((8, 2), 4), ((16, 2), 2), ((8, 1), 1), ((4, 4), 16),
+                                     ((8, 2), 5), ((8, 1), 4)], ids=str)
 @pytest.mark.parametrize("window", [None, (-1, 0), (-1, 3)], ids=str)
 def test_cache_lengths_windows_and_splits(torch, rng, backend, dtype, d, heads, nq, window):
     _need(backend)
@@ -89,8 +90,8 @@ def test_cache_lengths_windows_and_splits(torch, rng, backend, dtype, d, heads, 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("shape", [(1, 32, 4, 1, 8192), (3, 8, 8, 2, 700), (2, 4, 1, 3, 129), (5, 6, 3, 1, 64)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [(1, 32, 4, 1, 8192), (3, 8, 8, 2, 700), (2, 4, 1, 3, 129), (5, 6, 3, 1, 64),
+                                   (2, 32, 4, 4, 3000)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_dense_decode_calls(torch, rng, backend, dtype, d, shape, causal):
     """Plain forward calls with a few queries split the keys on their own (num_splits=None)."""

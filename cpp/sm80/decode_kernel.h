@@ -1,5 +1,6 @@
 // The decode kernel of the mma.sync family: the few query rows of one K/V head (Nq x heads_ratio
-// <= 16: one 16-row MMA slab) against a long K/V cache, a CTA per (batch, K/V head, key split).
+// <= 32: one or two 16-row MMA slabs) against a long K/V cache, a CTA per (batch, K/V head, key
+// split).
 //
 // Decode reads every key once and computes little with it, so the kernel is built around the
 // memory stream, not the MMA (a 64- or 128-row tile would spend 4-8x the tensor work of the bytes on
@@ -26,11 +27,15 @@ namespace cutlassfa::sm80 {
 
 using namespace cute;
 
-template <int kHeadDim_, class Element_>
+template <int kHeadDim_, class Element_, int kRows_>
 struct DecodeTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kRows = 16;  // query rows: one m16n8k16 slab
+  static constexpr int kRows = kRows_;  // query rows: 16 or 32 (m16n8k16 slabs)
+  static_assert(kRows == 16 || kRows == 32);
+  // Q stays in registers across the loop with one slab; with two, O alone takes 128 registers a
+  // thread at d = 128, and Q is read from shared memory at every step instead.
+  static constexpr bool kQInRegisters = kRows == 16;
   static constexpr int kNWarps = 4;
   static constexpr int kNThreads = 32 * kNWarps;
   // Keys per warp step: 4 KB of K and 4 KB of V at any head dim (16 keys at d = 128, 32 at d = 64),
@@ -150,10 +155,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   // ---- MMA set-up ------------------------------------------------------------------------------------------
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(lane);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, 1, d / 16)
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, kRows / 16, d / 16)
   Tensor tSrK = thr_mma.partition_fragment_B(slot_k(0));  // (MMA, kWarpKeys / 8, d / 16)
   Tensor tOrVt = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(ring), typename Traits::SmemLayoutVtNoSwizzle{}));
-  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kHeadDim>>{});  // (MMA, 1, d / 8)
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kHeadDim>>{});  // (MMA, kRows / 16, d / 8)
   clear(acc_o);
   auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
   auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(lane);
@@ -165,15 +170,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   // Q (the oldest group) has landed once kStages - 1 groups are left; every thread loaded part of it.
   cute::cp_async_wait<kStages - 1>();
   __syncthreads();
-  copy(smem_tiled_copy_Q, smem_thr_copy_Q.partition_S(sQ), smem_thr_copy_Q.retile_D(tSrQ));
+  Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);
+  if constexpr (Traits::kQInRegisters) { copy(smem_tiled_copy_Q, tSsQ, smem_thr_copy_Q.retile_D(tSrQ)); }
 
-  // This thread's accumulator rows (lane / 4 and + 8) and their last visible keys.
+  // This thread's accumulator rows (lane / 4 and + 8 of each slab) and their last visible keys.
+  constexpr int kThreadRows = 2 * kRows / 16;
   Tensor cS = make_identity_tensor(Shape<Int<kRows>, Int<kWarpKeys>>{});
   Tensor tScS = thr_mma.partition_C(cS);
-  Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));  // (2, cols) -> (row, col)
-  int const last_key_row[2] = {last_key(get<0>(tScS_rc(0, 0))), last_key(get<0>(tScS_rc(1, 0)))};
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));  // (rows, cols) -> (row, col)
+  int last_key_row[kThreadRows];
+  CUTE_UNROLL
+  for (int mi = 0; mi < kThreadRows; ++mi) { last_key_row[mi] = last_key(get<0>(tScS_rc(mi, 0))); }
 
-  OnlineSoftmax<2> softmax;
+  OnlineSoftmax<kThreadRows> softmax;
   // ---- K/V loop: the warp's own ring, no CTA barrier ----------------------------------------------------
   for (int step = 0; step < steps; ++step) {
     cute::cp_async_wait<kStages - 2>();
@@ -182,16 +191,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     cute::cp_async_fence();
 
     int const slot = step % kStages;
-    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, 1, kWarpKeys / 8)
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, kRows / 16, kWarpKeys / 8)
     clear(acc_s);
     Tensor tSsK = smem_thr_copy_K.partition_S(slot_k(slot));
-    gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_tiled_copy_K, smem_thr_copy_K);
+    if constexpr (Traits::kQInRegisters) {
+      gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_tiled_copy_K, smem_thr_copy_K);
+    } else {
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+              smem_thr_copy_K);
+    }
 
     int const key0 = (tile_begin + step) * kBlockN + warp * kWarpKeys;
     if (key0 + kWarpKeys - 1 > last_key_min) {  // some key of the step is hidden from some row
       Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
       CUTE_UNROLL
-      for (int mi = 0; mi < 2; ++mi) {
+      for (int mi = 0; mi < kThreadRows; ++mi) {
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) {
           if (key0 + get<1>(tScS_rc(mi, ni)) > last_key_row[mi]) { scores(mi, ni) = -INFINITY; }
@@ -201,7 +215,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     softmax.update(acc_s, acc_o, params.softmax_scale_log2);
 
     Tensor rP = convert_type<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, 1, kWarpKeys / 16)
+    Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, kRows / 16, kWarpKeys / 16)
     Tensor sVt = make_tensor(make_smem_ptr(ring + (2 * slot + 1) * Traits::kSlotElems), typename Traits::SmemLayoutVt{});
     Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
@@ -219,7 +233,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
     Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
     CUTE_UNROLL
-    for (int mi = 0; mi < 2; ++mi) {
+    for (int mi = 0; mi < kThreadRows; ++mi) {
       int const r = get<0>(tOcO_rc(mi, 0));
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) {

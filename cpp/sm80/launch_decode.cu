@@ -1,5 +1,6 @@
 // launch_sm80_decode: what the decode kernel (cpp/sm80/decode_kernel.h) covers, and its launch. Its
-// few instantiations (fp16 / bf16 x CUTLASSFA_SM80_DECODE_HEAD_DIMS) compile here, in one object.
+// few instantiations (fp16 / bf16 x CUTLASSFA_SM80_DECODE_HEAD_DIMS x 16 / 32 rows) compile here,
+// in one object.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -18,9 +19,9 @@ namespace cutlassfa {
 
 namespace {
 
-template <int kHeadDim, class Element>
+template <int kHeadDim, class Element, int kRows>
 cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
-  using Traits = sm80::DecodeTraits<kHeadDim, Element>;
+  using Traits = sm80::DecodeTraits<kHeadDim, Element, kRows>;
   auto kernel = &sm80::decode_kernel<Traits>;
   if constexpr (Traits::kSmemSize > 48 * 1024) {
     cudaError_t const err = opt_in_shared_memory(kernel, Traits::kSmemSize);
@@ -49,7 +50,9 @@ cudaError_t launch_sm80_decode(const FwdParams& params, cudaStream_t stream) {
   return fp16_switch(params.dtype, [&](auto element) {
     using Element = decltype(element);
     return head_dim_switch<CUTLASSFA_SM80_DECODE_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
-      return run_decode<decltype(head_dim)::value, Element>(params, stream);
+      constexpr int kHeadDim = decltype(head_dim)::value;
+      bool const one_slab = static_cast<long long>(params.seqlen_q) * params.heads_ratio <= 16;
+      return one_slab ? run_decode<kHeadDim, Element, 16>(params, stream) : run_decode<kHeadDim, Element, 32>(params, stream);
     });
   });
 }

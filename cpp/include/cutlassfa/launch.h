@@ -36,7 +36,7 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 // split), fp16 / bf16 at CUTLASSFA_SM80_DECODE_HEAD_DIMS; contiguous caches with or without
 // seqlens_k, causal or a right window bound, lse, splits. Anything else (varlen, paged, left padding
 // or a left window bound, softcap): cudaErrorNotSupported before any launch. cpp/sm80/launch_decode.cu.
-constexpr int kSm80DecodeRows = 16;
+constexpr int kSm80DecodeRows = 32;
 constexpr int kSm80DecodeCtasPerSm = 2;
 bool sm80_decode_covers(const FwdParams& params);
 cudaError_t launch_sm80_decode(const FwdParams& params, cudaStream_t stream);
