@@ -10,6 +10,7 @@
 #include "common/alignment.h"
 #include "common/launch_kernel.h"
 #include "common/static_switch.h"
+#include "cutlassfa/backends.h"
 #include "cutlassfa/config.h"
 #include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
@@ -36,6 +37,10 @@ cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
 }  // namespace
 
 bool sm80_decode_covers(const FwdParams& p) {
+  // Two CTAs of 100-104 KB a multiprocessor: sm_90's 227 KB. sm_80 would hold one (and was not
+  // measured), sm_86 / sm_89 none (99 KB a block); they keep the tile kernels.
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device_capability(device) < 90) { return false; }
   bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
   bool const dense_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_table == nullptr &&
                           p.leftpad_k == nullptr;
