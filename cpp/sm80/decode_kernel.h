@@ -18,6 +18,7 @@
 
 #include <cutlass/numeric_types.h>
 
+#include "common/dependent_launch.h"
 #include "common/online_softmax.h"
 #include "common/tensor_utils.h"
 #include "cutlassfa/params.h"
@@ -89,6 +90,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
 
   extern __shared__ __align__(128) char smem[];
   int const tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
+  // The split combine (launched as a dependent) may take the multiprocessors this grid leaves free from
+  // now on; it waits for the whole grid before it reads a partial.
+  allow_dependent_launch();
 
   // ---- Work: (split, K/V head, batch) ------------------------------------------------------------------
   int const split = static_cast<int>(blockIdx.x % params.num_splits);

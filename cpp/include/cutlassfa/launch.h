@@ -59,7 +59,7 @@ struct AppendKV {
 cudaError_t launch_append_kv(const FwdParams& params, const AppendKV& append, cudaStream_t stream);
 
 // Merges the num_splits partial results of o_accum / lse_accum into params.o and params.lse (when not
-// nullptr) by their lse; at most kMaxCombinedSplits splits (their weights sit in shared memory).
+// nullptr) by their lse; at most kMaxCombinedSplits splits.
 // cpp/src/split_combine.cu.
 constexpr int kMaxCombinedSplits = 1024;
 cudaError_t launch_split_combine(const FwdParams& params, cudaStream_t stream);
