@@ -198,6 +198,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 @pytest.fixture
+def torch():
+    """The torch module, with a CUDA device visible to it; an optional-package skip otherwise."""
+    torch = pytest.importorskip("torch", reason="optional package torch")
+    if not torch.cuda.is_available():
+        pytest.skip("optional package torch: no CUDA device visible to PyTorch")
+    return torch
+
+
+@pytest.fixture
+def need_backend():
+    """need_backend(name) skips the test when that backend cannot run here (cutlassfa.backends() says
+    why); under CUTLASSFA_REQUIRE_GPU=1 the skip of a GPU test is a failure."""
+    import cutlassfa
+
+    status = cutlassfa.backends()
+
+    def need(backend: str) -> None:
+        if not status[backend].available:
+            pytest.skip(f"{backend}: {status[backend].reason}")
+
+    return need
+
+
+@pytest.fixture
 def bf16():
     """numpy's bfloat16 (ml_dtypes); skips the test when ml_dtypes is not installed."""
     return pytest.importorskip("ml_dtypes").bfloat16

@@ -15,20 +15,6 @@ from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2
 
 pytestmark = pytest.mark.gpu
 BACKENDS = ["tensorcore", "tensorcore_sm80"]
-_status = cutlassfa.backends()
-
-
-@pytest.fixture
-def torch():
-    torch = pytest.importorskip("torch", reason="optional package torch")
-    if not torch.cuda.is_available():
-        pytest.skip("optional package torch: no CUDA device visible to PyTorch")
-    return torch
-
-
-def _need(backend):
-    if not _status[backend].available:
-        pytest.skip(f"{backend}: {_status[backend].reason}")
 
 
 def _cuda(torch, x, dtype):
@@ -60,8 +46,8 @@ def _check(backend, dtype, out, lse, ref, ref_lse):
 @pytest.mark.parametrize("heads,nq", [((8, 8), 1), ((8, 2), 4), ((16, 2), 2), ((8, 1), 1), ((4, 4), 16),
                                      ((8, 2), 5), ((8, 1), 4)], ids=str)
 @pytest.mark.parametrize("window", [None, (-1, 0), (-1, 3)], ids=str)
-def test_cache_lengths_windows_and_splits(torch, rng, backend, dtype, d, heads, nq, window):
-    _need(backend)
+def test_cache_lengths_windows_and_splits(torch, rng, backend, need_backend, dtype, d, heads, nq, window):
+    need_backend(backend)
     hq, hkv = heads
     lengths = [0, 1, 77, 1000, 2049]
     capacity = 2100
@@ -93,9 +79,9 @@ def test_cache_lengths_windows_and_splits(torch, rng, backend, dtype, d, heads, 
 @pytest.mark.parametrize("shape", [(1, 32, 4, 1, 8192), (3, 8, 8, 2, 700), (2, 4, 1, 3, 129), (5, 6, 3, 1, 64),
                                    (2, 32, 4, 4, 3000)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
-def test_dense_decode_calls(torch, rng, backend, dtype, d, shape, causal):
+def test_dense_decode_calls(torch, rng, backend, need_backend, dtype, d, shape, causal):
     """Plain forward calls with a few queries split the keys on their own (num_splits=None)."""
-    _need(backend)
+    need_backend(backend)
     b, hq, hkv, nq, nk = shape
     q, k, v = (rng.standard_normal(s) for s in ((b, hq, nq, d), (b, hkv, nk, d), (b, hkv, nk, d)))
     ref, ref_lse = attention_reference(*(_rounded(x, dtype, torch) for x in (q, k, v)), causal=causal)

@@ -15,20 +15,6 @@ from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, 
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 pytestmark = pytest.mark.gpu
-_status = cutlassfa.backends()
-
-
-@pytest.fixture
-def torch():
-    torch = pytest.importorskip("torch", reason="optional package torch")
-    if not torch.cuda.is_available():
-        pytest.skip("optional package torch: no CUDA device visible to PyTorch")
-    return torch
-
-
-def _need(backend):
-    if not _status[backend].available:
-        pytest.skip(f"{backend}: {_status[backend].reason}")
 
 
 def _cuda(torch, x):
@@ -53,8 +39,8 @@ def _check(backend, dtype, out, lse, ref, ref_lse):
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("window,causal,softcap", [((-1, -1), False, 0.0), ((-1, 0), True, 0.0),
                                                    ((100, 0), True, 20.0), ((30, 50), False, 5.0)], ids=str)
-def test_split_counts_change_only_the_rounding(torch, rng, backend, window, causal, softcap):
-    _need(backend)
+def test_split_counts_change_only_the_rounding(torch, rng, backend, need_backend, window, causal, softcap):
+    need_backend(backend)
     q, k, v = (rng.standard_normal(s).astype(np.float16) for s in ((2, 8, 3, 64), (2, 2, 1000, 64), (2, 2, 1000, 64)))
     ref, ref_lse = attention_reference(q, k, v, causal=causal, window=window, softcap=softcap)
     results = []
@@ -69,8 +55,8 @@ def test_split_counts_change_only_the_rounding(torch, rng, backend, window, caus
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("page_size", [None, 1, 7, 16, 256], ids=lambda p: f"page{p}" if p else "contiguous")
-def test_host_index_values_and_leftpad(torch, rng, backend, page_size):
-    _need(backend)
+def test_host_index_values_and_leftpad(torch, rng, backend, need_backend, page_size):
+    need_backend(backend)
     lengths, leftpad = [0, 5, 300, 613], [0, 2, 100, 0]
     q = rng.standard_normal((4, 8, 2, 64)).astype(np.float16)
     if page_size is None:
@@ -104,10 +90,10 @@ def test_host_index_values_and_leftpad(torch, rng, backend, page_size):
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_appends_past_the_capacity_are_dropped(torch, rng, backend):
+def test_appends_past_the_capacity_are_dropped(torch, rng, backend, need_backend):
     """Device lengths are not checked (a sync): keys past the capacity are dropped, and reading stops
     at the capacity."""
-    _need(backend)
+    need_backend(backend)
     q = rng.standard_normal((2, 2, 1, 64)).astype(np.float16)
     k, v = (rng.standard_normal((2, 2, 16, 64)).astype(np.float16) for _ in range(2))
     new = rng.standard_normal((2, 2, 4, 64)).astype(np.float16)
@@ -123,8 +109,8 @@ def test_appends_past_the_capacity_are_dropped(torch, rng, backend):
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("host_cu,max_given", [(False, True), (False, False), (True, False)], ids=str)
-def test_varlen_index_sources(torch, rng, backend, host_cu, max_given):
-    _need(backend)
+def test_varlen_index_sources(torch, rng, backend, need_backend, host_cu, max_given):
+    need_backend(backend)
     lens_q, lens_k = [0, 70, 1, 129], [10, 70, 200, 0]
     cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)

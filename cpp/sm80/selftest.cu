@@ -12,11 +12,14 @@
 #include <random>
 #include <vector>
 
+#include "common/reference_row.h"
 #include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
 
 using cutlassfa::DType;
 using cutlassfa::FwdParams;
+using cutlassfa::reference_row;
+using cutlassfa::ReferenceRow;
 
 #define CHECK_CUDA(expr)                                                                      \
   do {                                                                                        \
@@ -145,23 +148,18 @@ bool check_case(const Case& c) {
       for (int i = 0; i < c.seqlen_q; ++i) {
         size_t const qrow = size_t(b.p.q_batch_stride) * bi + size_t(b.p.q_head_stride) * h + size_t(b.p.q_row_stride) * i;
         int const visible = c.causal ? std::min(c.seqlen_k, std::max(0, i + 1 + c.seqlen_k - c.seqlen_q)) : c.seqlen_k;
-        double m = -INFINITY;
-        for (int j = 0; j < visible; ++j) {
+        auto const dot = [&](int j) {
           size_t const krow = size_t(b.p.k_batch_stride) * bi + size_t(b.p.k_head_stride) * hk + size_t(b.p.k_row_stride) * j;
           double acc = 0;
           for (int x = 0; x < d; ++x) { acc += load(c.dtype, b.hq.data(), qrow + x) * load(c.dtype, b.hk.data(), krow + x); }
-          s[j] = acc * scale;
-          m = std::max(m, s[j]);
-        }
-        double l = 0;
-        std::fill(o.begin(), o.end(), 0.0);
-        for (int j = 0; j < visible; ++j) {
-          double const pj = std::exp(s[j] - m);
-          l += pj;
+          return acc;
+        };
+        auto const value = [&](int j, int x) {
           size_t const vrow = size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j;
-          for (int x = 0; x < d; ++x) { o[x] += pj * load(c.dtype, b.hv.data(), vrow + x); }
-        }
-        double const lse_ref = visible == 0 ? -INFINITY : m + std::log(l);
+          return load(c.dtype, b.hv.data(), vrow + x);
+        };
+        ReferenceRow const row = reference_row(visible, d, scale, dot, value, s, o);
+        double const lse_ref = row.lse();
         float const lse_got = b.hlse[(size_t(bi) * c.heads_q + h) * c.seqlen_q + i];
         if (visible == 0) {
           if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
@@ -171,7 +169,7 @@ bool check_case(const Case& c) {
           max_lse = std::max(max_lse, e);
         }
         for (int x = 0; x < d; ++x) {
-          double const ref = visible == 0 ? 0.0 : o[x] / l;
+          double const ref = visible == 0 ? 0.0 : o[x] / row.l;
           double const got = load(c.dtype, b.ho.data(), qrow + x);
           if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
           err2 += (got - ref) * (got - ref);

@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "common/reference_row.h"
 #include "common/static_switch.h"
 #include "cutlassfa/params.h"
 #include "sm90ws/head_dims.h"
@@ -22,6 +23,8 @@
 
 using cutlassfa::DType;
 using cutlassfa::FwdParams;
+using cutlassfa::reference_row;
+using cutlassfa::ReferenceRow;
 
 #define CHECK_CUDA(expr)                                                                              \
   do {                                                                                                \
@@ -175,23 +178,17 @@ bool check_case(const Case& c) {
         size_t const qrow = size_t(b.p.q_batch_stride) * bi + size_t(b.p.q_head_stride) * h + size_t(b.p.q_row_stride) * i;
         // Bottom-right causal: query i sees keys j <= i + Nk - Nq.
         int const visible = c.causal ? std::min(c.seqlen_k, std::max(0, i + 1 + c.seqlen_k - c.seqlen_q)) : c.seqlen_k;
-        double m = -INFINITY;
-        for (int j = 0; j < visible; ++j) {
+        auto const dot = [&](int j) {
           size_t const krow = size_t(b.p.k_batch_stride) * bi + size_t(b.p.k_head_stride) * hk + size_t(b.p.k_row_stride) * j;
           double acc = 0;
           for (int x = 0; x < d; ++x) { acc += q64[qrow + x] * k64[krow + x]; }
-          s[j] = acc * scale;
-          m = std::max(m, s[j]);
-        }
-        double l = 0;
-        std::fill(o.begin(), o.end(), 0.0);
-        for (int j = 0; j < visible; ++j) {
-          double const pj = std::exp(s[j] - m);
-          l += pj;
-          size_t const vrow = size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j;
-          for (int x = 0; x < d; ++x) { o[x] += pj * v64[vrow + x]; }
-        }
-        double const lse_ref = visible == 0 ? -INFINITY : m + std::log(l);
+          return acc;
+        };
+        auto const value = [&](int j, int x) {
+          return v64[size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j + x];
+        };
+        ReferenceRow const row = reference_row(visible, d, scale, dot, value, s, o);
+        double const lse_ref = row.lse();
         float const lse_got = b.hlse[(size_t(bi) * c.heads_q + h) * c.seqlen_q + i];
         if (visible == 0) {
           if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
@@ -202,7 +199,7 @@ bool check_case(const Case& c) {
         }
         size_t const orow = size_t(b.p.o_batch_stride) * bi + size_t(b.p.o_head_stride) * h + size_t(b.p.o_row_stride) * i;
         for (int x = 0; x < d; ++x) {
-          double const ref = visible == 0 ? 0.0 : o[x] / l;
+          double const ref = visible == 0 ? 0.0 : o[x] / row.l;
           double const got = load(c.dtype, b.ho.data(), orow + x);
           if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
           err2 += (got - ref) * (got - ref);
@@ -311,32 +308,24 @@ bool check_varlen(DType t, int d, bool causal, int heads_q, int heads_kv, std::v
       for (int i = 0; i < lq[b]; ++i) {
         size_t const qrow = (size_t(cu_q[b] + i) * heads_q + h) * d;
         int const visible = causal ? std::min(lk[b], std::max(0, i + 1 + lk[b] - lq[b])) : lk[b];
-        double m = -INFINITY;
-        for (int j = 0; j < visible; ++j) {
+        auto const dot = [&](int j) {
           size_t const krow = (size_t(cu_k[b] + j) * heads_kv + h_kv) * d;
           double acc = 0;
           for (int x = 0; x < d; ++x) { acc += load(t, hq.data(), qrow + x) * load(t, hk.data(), krow + x); }
-          s[j] = acc * scale;
-          m = std::max(m, s[j]);
-        }
-        double l = 0;
-        std::fill(o.begin(), o.end(), 0.0);
-        for (int j = 0; j < visible; ++j) {
-          double const pj = std::exp(s[j] - m);
-          l += pj;
-          size_t const vrow = (size_t(cu_k[b] + j) * heads_kv + h_kv) * d;
-          for (int x = 0; x < d; ++x) { o[x] += pj * load(t, hv.data(), vrow + x); }
-        }
+          return acc;
+        };
+        auto const value = [&](int j, int x) { return load(t, hv.data(), (size_t(cu_k[b] + j) * heads_kv + h_kv) * d + x); };
+        ReferenceRow const row = reference_row(visible, d, scale, dot, value, s, o);
         float const lse_got = hlse[size_t(h) * total_q + cu_q[b] + i];
         if (visible == 0) {
           if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
         } else {
-          double const e = std::fabs(lse_got - (m + std::log(l)));
+          double const e = std::fabs(lse_got - row.lse());
           if (!(e <= 1e-3)) { ++bad; }
           max_lse = std::max(max_lse, e);
         }
         for (int x = 0; x < d; ++x) {
-          double const ref = visible == 0 ? 0.0 : o[x] / l;
+          double const ref = visible == 0 ? 0.0 : o[x] / row.l;
           double const got = load(t, ho.data(), qrow + x);
           if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
           err2 += (got - ref) * (got - ref);
