@@ -159,7 +159,7 @@ int resolve_num_splits(Backend backend, int device, const FwdParams& params, int
   if (!splits_keys(backend)) return 1;
   int const splits = requested > 0 ? requested : choose_num_splits(device, params);
   // More than one split per 128 keys would only add empty partials; past kMaxCombinedSplits, the
-  // combine's weights would not fit its shared memory (and the schedule changes nothing but rounding).
+  // combine's lse_s would not fit its shared memory (and the schedule changes nothing but rounding).
   return std::max(1, std::min({splits, (params.seqlen_k + 127) / 128, kMaxCombinedSplits}));
 }
 
