@@ -19,6 +19,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/dependent_launch.h"
+#include "common/lse_merge.h"
 #include "common/online_softmax.h"
 #include "common/tensor_utils.h"
 #include "cutlassfa/params.h"
@@ -66,9 +67,9 @@ struct DecodeTraits {
   static constexpr int kSlotElems = kWarpKeys * kHeadDim;  // one K or V slot of a warp's ring
   static constexpr int kSmemQ = kRows * kHeadDim * int(sizeof(Element));
   static constexpr int kSmemRing = kNWarps * kStages * 2 * kSlotElems * int(sizeof(Element));
-  // The merge of the warps' results (O rows and lse) reuses the ring.
+  // The merge of the warps' results (O rows, lse_s, then each row's lse) reuses the ring.
   static constexpr int kMergeRowStride = kHeadDim + 4;  // floats; breaks the bank pattern of the row writes
-  static constexpr int kSmemMerge = kNWarps * kRows * (kMergeRowStride + 1) * int(sizeof(float));
+  static constexpr int kSmemMerge = (kNWarps * kRows * (kMergeRowStride + 1) + kRows) * int(sizeof(float));
   static constexpr int kSmemSize = kSmemQ + (kSmemRing > kSmemMerge ? kSmemRing : kSmemMerge);
   static_assert(kSmemSize * kCtasPerSm <= 227 * 1024, "kCtasPerSm CTAs a multiprocessor on sm_90");
 };
@@ -248,27 +249,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   }
   __syncthreads();
 
+  // Each row's lse and its warps' weights, once a row (the weights replace the lse_s in place).
+  float* const merge_row_lse = merge_lse + kNWarps * kRows;  // [row]
+  if (tidx < rows) {
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) { m = fmaxf(m, merge_lse[w * kRows + tidx]); }
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) { sum += m == -INFINITY ? 0.f : expf(merge_lse[w * kRows + tidx] - m); }
+    float const row_lse = merged_lse(m, sum);
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) { merge_lse[w * kRows + tidx] = merge_weight(merge_lse[w * kRows + tidx], row_lse); }
+    merge_row_lse[tidx] = row_lse;
+  }
+  __syncthreads();
+
   bool const partial = params.num_splits > 1;
   long long const rows_all = static_cast<long long>(params.batch) * params.heads_q * nq;  // of o_accum
   for (int e = tidx; e < rows * kHeadDim; e += Traits::kNThreads) {
     int const r = e / kHeadDim, col = e % kHeadDim;
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) { m = fmaxf(m, merge_lse[w * kRows + r]); }
-    float sum = 0.f;
-    if (m != -INFINITY) {
-      CUTE_UNROLL
-      for (int w = 0; w < kNWarps; ++w) { sum += expf(merge_lse[w * kRows + r] - m); }
-    }
-    float const row_lse = m == -INFINITY ? -INFINITY : m + logf(sum);
     float out = 0.f;
-    if (m != -INFINITY) {
-      CUTE_UNROLL
-      for (int w = 0; w < kNWarps; ++w) {
-        float const lse_w = merge_lse[w * kRows + r];
-        if (lse_w != -INFINITY) { out += expf(lse_w - row_lse) * merge_o[(w * kRows + r) * Traits::kMergeRowStride + col]; }
-      }
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) {
+      float const weight = merge_lse[w * kRows + r];
+      if (weight != 0.f) { out += weight * merge_o[(w * kRows + r) * Traits::kMergeRowStride + col]; }
     }
+    float const row_lse = merge_row_lse[r];
     int const h = h_kv * params.heads_ratio + r / nq, i = r % nq;
     long long const row = (static_cast<long long>(b) * params.heads_q + h) * nq + i;
     if (partial) {

@@ -1,15 +1,14 @@
 // The combine step of split keys (Flash-Decoding): split s of every row wrote its normalized fp32 O_s
 // to o_accum[s][b][h][row] and its lse_s to lse_accum[s][b][h][row] (an empty split: O_s = 0, lse_s =
-// -inf). The row's result is
-//     lse = log sum_s exp(lse_s),    O = sum_s exp(lse_s - lse) O_s,
-// computed in fp32 around the largest lse_s, written to o (its dtype and strides) and lse when asked.
-// A row that no split saw (every lse_s = -inf) gets O = 0 and lse = -inf.
+// -inf). The row's result is their merge by lse (common/lse_merge.h), computed in fp32 around the
+// largest lse_s, written to o (its dtype and strides) and lse when asked.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 
 #include "common/dependent_launch.h"
+#include "common/lse_merge.h"
 #include "cutlassfa/backends.h"
 #include "cutlassfa/launch.h"
 
@@ -56,7 +55,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
     if (m != -INFINITY) {
       for (int s = lane; s < splits; s += 32) sum += expf(split_lse[s] - m);  // -inf: 0
     }
-    float const lse = m == -INFINITY ? -INFINITY : m + logf(warp_sum(sum));
+    float const lse = merged_lse(m, warp_sum(sum));
 
     const float* partial = params.o_accum + r * params.head_dim;
     for (int c = lane; c < chunks; c += 32) {
@@ -67,7 +66,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {  // an empty split (lse_s = -inf) weighs 0 and is not read
           int const s = s0 + u * kCombineWarps;
-          weight[u] = s < splits && lse != -INFINITY ? expf(split_lse[s] - lse) : 0.f;
+          weight[u] = s < splits ? merge_weight(split_lse[s], lse) : 0.f;
           value[u] = weight[u] != 0.f ? reinterpret_cast<const float4*>(partial + s * split_stride)[c]
                                       : make_float4(0.f, 0.f, 0.f, 0.f);
         }
