@@ -456,6 +456,64 @@ def test_tiny_real_bench_on_gpu(tmp_path):
     assert all(r["status"] != "error" for r in sdpa), sdpa
 
 
+def test_graph_timing_needs_torch_on_a_gpu(capsys):
+    """--graph captures torch.cuda graphs: with the numpy frame it is a usage error, before any case runs."""
+    assert _run(["--shape", "1,1,64,32", "--backends", "cpu", "--graph", "--no-progress"]) == 2
+    assert "--graph needs a GPU and PyTorch" in capsys.readouterr().err
+
+
+def test_graph_timer_refuses_empty_graphs():
+    with pytest.raises(ValueError, match="calls_per_graph"):
+        bench.TorchGraphTimer(calls_per_graph=0)
+
+
+@pytest.mark.gpu
+def test_graph_timer_replays_the_captured_calls():
+    """Every replay runs the captured calls again (a counter kernel says how often), each call taking the
+    copy its capture took, and a long kernel times alike replayed from a graph and called eagerly."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("optional package: PyTorch with CUDA")
+    count = torch.zeros((), device="cuda")
+    copies = [torch.tensor([i], device="cuda") for i in range(3)]  # input copy i: index i
+    seen = torch.zeros(3, device="cuda")
+    one = torch.ones(1, device="cuda")
+    taken = iter(range(10**6))
+
+    def call(_):
+        count.add_(1)
+        seen.index_add_(0, copies[next(taken) % 3], one)
+
+    timer = bench.TorchGraphTimer(calls_per_graph=3)
+    times = timer.time([call], 4)
+    torch.cuda.synchronize()
+    # One eager warm-up call before the capture, then 4 replays of 3 calls; the capture itself runs nothing.
+    assert count.item() == 1 + 4 * 3 and len(times) == 1 and len(times[0]) == 4
+    assert seen.tolist() == [1 + 4, 4, 4]  # the warm-up took copy 0, the captured calls copies 1, 2, 0
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    gemm = lambda _: a @ a  # noqa: E731
+    graph_ms = bench.median(bench.TorchGraphTimer(calls_per_graph=4).time([gemm], 5)[0])
+    eager_ms = bench.median(bench.TorchEventTimer().time([gemm], 5)[0])
+    assert 0.7 < graph_ms / eager_ms < 1.3, (graph_ms, eager_ms)
+
+
+@pytest.mark.gpu
+def test_graph_bench_of_a_decode_case(tmp_path):
+    """`bench --graph` on a decode-shaped case: our rows and cuDNN's are timed from graphs, accurate."""
+    pytest.importorskip("torch")
+    if not cutlassfa.backends()["tensorcore"].available:
+        pytest.skip(cutlassfa.backends()["tensorcore"].reason)
+    path = tmp_path / "bench.json"
+    code = bench.main(["--shape", "2,8:2,1,4096,128", "--dtypes", "bfloat16", "--graph", "--repeats", "3",
+                       "--warmup", "1", "--no-peaks", "--no-progress", "--backends", "tensorcore,sdpa_cudnn",
+                       "--json", str(path)])
+    assert code == 0
+    doc = json.loads(path.read_text())
+    assert doc["settings"]["timer"] == bench.TorchGraphTimer.name
+    (ours,) = [r for r in doc["rows"] if r["backend"] == "tensorcore"]
+    assert ours["status"] == "ok" and ours["ms"] > 0 and ours["rel_err"] < 2e-2
+
+
 @pytest.mark.gpu
 def test_overhead_on_gpu(tmp_path):
     if not cutlassfa.backends()["small_tile"].available:

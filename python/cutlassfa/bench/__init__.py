@@ -30,13 +30,13 @@ from .rules import (CPU_MAX_FLOPS, L2_FACTOR, MAX_COPIES, PEAKS, accuracy_bound,
                     skip_reason, tflops)
 from .runners import (ALL_BACKENDS, ANCHORS, FLEX, OUR_BACKENDS, SDPA_BACKENDS, Runner, flex, make_runners, ours,
                       sdpa, select_backends)
-from .timing import CudaPythonEventTimer, TorchEventTimer, WallTimer, median, round_robin
+from .timing import CudaPythonEventTimer, TorchEventTimer, TorchGraphTimer, WallTimer, median, round_robin
 from .._inputs import DTYPES
 
 __all__ = ["ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEventTimer", "CupyFrame", "DECODE_MAX_KV_BYTES",
            "DTYPES", "FLEX", "Frame", "HW4_SHAPES", "L2_FACTOR", "LLM_HEAD_DIMS", "LLM_SHAPES", "MAX_COPIES",
            "OUR_BACKENDS", "PEAKS", "Row", "Runner", "SDPA_BACKENDS", "Settings", "TorchEventTimer", "TorchFrame",
-           "WallTimer", "accuracy_bound", "add_arguments", "apply_peaks", "attention_bytes", "attention_flops",
+           "TorchGraphTimer", "WallTimer", "accuracy_bound", "add_arguments", "apply_peaks", "attention_bytes", "attention_flops",
            "bench_case", "decode_grid", "decode_quick_grid", "default_grid", "flex", "main", "make_runners",
            "measure_peaks", "median", "ours", "output_sample", "parse_shape", "parse_window", "peak_of", "pick_frame",
            "quick_grid", "reference_sample", "rotation_copies", "round_robin", "run", "sdpa", "select_backends",

@@ -24,7 +24,7 @@ from .plot import write_plot
 from .report import Progress, json_default, peaks_text, results_table, to_document
 from .rules import DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP
 from .runners import ALL_BACKENDS, OUR_BACKENDS, Runner, make_runners, select_backends
-from .timing import Timer, WallTimer
+from .timing import Timer, TorchGraphTimer, WallTimer
 
 
 def _ints(text: str) -> list[int]:
@@ -73,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON (schema in README)")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of TFLOP/s per backend per shape "
                         "(needs matplotlib)")
+    parser.add_argument("--graph", action="store_true",
+                        help="time every GPU contender's calls replayed from a CUDA graph (PyTorch inputs): "
+                             "GPU time with no host launch cost between calls, as a serving loop's decode "
+                             "steps see it (default: back-to-back calls)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--overhead", action="store_true",
                         help="instead of the grid: per-call overhead of a (1, 1, 16, 64) fp16 call (PyTorch, "
@@ -129,7 +133,9 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     runners, unavailable = make_runners(names, frame)
     if not runners:
         return _usage("no backend can run here: " + "; ".join(f"{n}: {why}" for n, why in unavailable.items()))
-    gpu_timer = frame.timer()
+    if args.graph and not (frame.on_gpu and frame.name == "torch"):
+        return _usage("--graph needs a GPU and PyTorch with CUDA (it captures torch.cuda graphs)")
+    gpu_timer = TorchGraphTimer() if args.graph else frame.timer()
     wall = WallTimer()
     timer_for = timer_for or (lambda r: gpu_timer if r.on_gpu and frame.on_gpu else wall)
     settings = Settings(args.repeats, args.warmup, args.max_call_s, args.seed, not args.no_accuracy)
@@ -143,7 +149,7 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
 
     peaks: dict[str, dict[str, Any]] = {}
     if frame.on_gpu and not args.no_peaks:
-        peaks = measure_peaks(frame, {c.dtype for c in cases}, gpu_timer)
+        peaks = measure_peaks(frame, {c.dtype for c in cases}, getattr(gpu_timer, "eager", gpu_timer))
 
     progress = Progress(len(cases) * len(runners), enabled=not args.no_progress)
     rows: list[Row] = []

@@ -184,6 +184,7 @@ def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]]
     the row is settled (skipped, unsupported, error)."""
     case = row.case
     first: list[Any] = []
+    timer = getattr(timer, "eager", timer)  # a graph timer's captured calls would not give this output
     try:
         with runner.context():
             call = runner.prepare(case)

@@ -64,6 +64,54 @@ class TorchEventTimer:
         return out
 
 
+class TorchGraphTimer:
+    """Each contender's `calls_per_graph` calls captured into one CUDA graph (torch.cuda.graph), then
+    the graphs replayed interleaved and timed by torch.cuda.Event pairs, a call's time being its graph's
+    over `calls_per_graph`. This is the GPU time of a call with no host launch cost between calls, as a
+    serving loop that replays its decode steps from a graph sees it; back-to-back event timing charges a
+    call whose kernels are shorter than its host path for the host's time. The captured calls take
+    successive input copies, as back-to-back calls do. First calls (the accuracy sample, the time that
+    decides a skip) run eagerly: `eager`."""
+
+    name = "CUDA graph + torch.cuda.Event"
+
+    def __init__(self, calls_per_graph: int = 8) -> None:
+        if calls_per_graph < 1:
+            raise ValueError("calls_per_graph must be >= 1")
+        self.calls_per_graph = calls_per_graph
+        self.eager = TorchEventTimer()
+
+    def time(self, calls: Sequence[Call], rounds: int) -> list[list[float]]:
+        import torch
+
+        graphs = [self._capture(torch, call) for call in calls]
+        order = round_robin(len(calls), rounds)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in order]
+        for (_, c), (start, end) in zip(order, events):
+            start.record()
+            graphs[c].replay()
+            end.record()
+        torch.cuda.synchronize()
+        out: list[list[float]] = [[] for _ in calls]
+        for (_, c), (start, end) in zip(order, events):
+            out[c].append(start.elapsed_time(end) / self.calls_per_graph)
+        return out
+
+    def _capture(self, torch: Any, call: Call) -> Any:
+        # One eager call on a side stream first, as torch.cuda.graph asks (lazy initialization, workspace
+        # sizing); then the capture.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call(0)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(self.calls_per_graph):
+                call(i)
+        return graph
+
+
 class CudaPythonEventTimer:
     """CUDA runtime events through cuda-python (`cuda.bindings.runtime`), recorded on `stream()`
     (CuPy's current stream: the one cutlassfa.forward launches on for CuPy arrays)."""
