@@ -114,16 +114,24 @@ cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t s
 
 namespace {
 
-// The decode kernel (one CTA per batch entry, K/V head and split; kSm80DecodeCtasPerSm resident per
-// multiprocessor) streams memory: the splits fill the resident slots once (a second, partial wave
-// would run on a few multiprocessors alone), each split at least 512 keys (8 steps of every warp).
+// The decode kernel (one CTA per batch entry, K/V head and split) streams memory. Its splits fill the
+// multiprocessors once, one CTA each (a second, partial wave would run on a few multiprocessors alone):
+// two a multiprocessor (kSm80DecodeCtasPerSm resident) were 3-15 % slower for the same bytes, except
+// with 32 query rows (two MMA slabs: twice the math a byte) on long splits, where the second CTA
+// hides the first one's math (B 8, 32:4 heads, 4 causal queries, 128k keys: 507 against 572 us).
+// A split holds at least kMinKeysPerSplit keys (a step or two of every warp): a small cache split
+// finer finishes sooner (B 1, 32:4 heads, 2k keys, d 128: 16 splits 10.6 us, 4 splits 13.8 us).
+// H200, bf16, CUDA graphs, inputs rotated past L2; bench/NOTES-variants.md "Decode split counts".
 int decode_num_splits(int sms, const FwdParams& params) {
-  constexpr int kMinKeysPerSplit = 512;
+  constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;
   long long const ctas = static_cast<long long>(params.batch) * params.heads_kv;
   long long const slots = static_cast<long long>(sms) * kSm80DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
+  bool const two_slabs = static_cast<long long>(params.seqlen_q) * params.heads_ratio > 16;
+  bool const two_per_sm = two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm;
+  long long const splits = (two_per_sm ? slots : sms) / ctas;
   long long const most = std::max(1, params.seqlen_k / kMinKeysPerSplit);
-  return static_cast<int>(std::max(1ll, std::min(slots / ctas, most)));
+  return static_cast<int>(std::max(1ll, std::min(splits, most)));
 }
 
 }  // namespace
