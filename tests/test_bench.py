@@ -499,7 +499,8 @@ def test_graph_timer_replays_the_captured_calls():
 
 @pytest.mark.gpu
 def test_graph_bench_of_a_decode_case(tmp_path):
-    """`bench --graph` on a decode-shaped case: our rows and cuDNN's are timed from graphs, accurate."""
+    """`bench --graph` on a decode-shaped case, cuDNN alongside: the JSON names the graph timer, and our row
+    ran and is accurate."""
     pytest.importorskip("torch")
     if not cutlassfa.backends()["tensorcore"].available:
         pytest.skip(cutlassfa.backends()["tensorcore"].reason)

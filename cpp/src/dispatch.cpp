@@ -120,7 +120,7 @@ namespace {
 // with 32 query rows (two MMA slabs: twice the math a byte) on long splits, where the second CTA
 // hides the first one's math (B 8, 32:4 heads, 4 causal queries, 128k keys: 507 against 572 us).
 // A split holds at least kMinKeysPerSplit keys (a step or two of every warp): a small cache split
-// finer finishes sooner (B 1, 32:4 heads, 2k keys, d 128: 16 splits 10.6 us, 4 splits 13.8 us).
+// finer finishes sooner (B 1, 32:4 heads, 2k keys, d 128: 16 splits 10.4 us, 4 splits 13.8 us).
 // H200, bf16, CUDA graphs, inputs rotated past L2; bench/NOTES-variants.md "Decode split counts".
 int decode_num_splits(int sms, const FwdParams& params) {
   constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;

@@ -36,8 +36,8 @@ from .._inputs import DTYPES
 __all__ = ["ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEventTimer", "CupyFrame", "DECODE_MAX_KV_BYTES",
            "DTYPES", "FLEX", "Frame", "HW4_SHAPES", "L2_FACTOR", "LLM_HEAD_DIMS", "LLM_SHAPES", "MAX_COPIES",
            "OUR_BACKENDS", "PEAKS", "Row", "Runner", "SDPA_BACKENDS", "Settings", "TorchEventTimer", "TorchFrame",
-           "TorchGraphTimer", "WallTimer", "accuracy_bound", "add_arguments", "apply_peaks", "attention_bytes", "attention_flops",
-           "bench_case", "decode_grid", "decode_quick_grid", "default_grid", "flex", "main", "make_runners",
-           "measure_peaks", "median", "ours", "output_sample", "parse_shape", "parse_window", "peak_of", "pick_frame",
-           "quick_grid", "reference_sample", "rotation_copies", "round_robin", "run", "sdpa", "select_backends",
-           "select_cases", "skip_reason", "tflops", "varlen_flops", "visible_pairs"]
+           "TorchGraphTimer", "WallTimer", "accuracy_bound", "add_arguments", "apply_peaks", "attention_bytes",
+           "attention_flops", "bench_case", "decode_grid", "decode_quick_grid", "default_grid", "flex", "main",
+           "make_runners", "measure_peaks", "median", "ours", "output_sample", "parse_shape", "parse_window",
+           "peak_of", "pick_frame", "quick_grid", "reference_sample", "rotation_copies", "round_robin", "run", "sdpa",
+           "select_backends", "select_cases", "skip_reason", "tflops", "varlen_flops", "visible_pairs"]
