@@ -12,6 +12,7 @@ import pytest
 import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2
+from gpu_results import assert_matches_reference, host64
 
 pytestmark = pytest.mark.gpu
 BACKENDS = ["tensorcore", "tensorcore_sm80"]
@@ -21,23 +22,8 @@ def _cuda(torch, x, dtype):
     return torch.from_numpy(x.astype(np.float32)).to("cuda", getattr(torch, dtype))
 
 
-def _host(x):
-    return x.float().cpu().numpy().astype(np.float64)
-
-
 def _rounded(x, dtype, torch):
-    return _host(_cuda(torch, x, dtype))
-
-
-def _check(backend, dtype, out, lse, ref, ref_lse):
-    out, lse = _host(out), _host(lse)
-    bound = bound_for(backend, dtype)
-    assert np.isfinite(out).all()
-    assert rel_l2(out, ref) <= bound.rel_l2
-    seen = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isneginf(lse), ~seen)
-    assert (out[~seen] == 0).all()
-    assert np.abs(lse[seen] - ref_lse[seen]).max(initial=0) <= bound.lse
+    return host64(_cuda(torch, x, dtype))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -67,8 +53,8 @@ def test_cache_lengths_windows_and_splits(torch, rng, backend, need_backend, dty
     for splits in (None, 1, 3, 40):
         out, lse = cutlassfa.forward(dq, dk, dv, cache_seqlens=lens, window=window, num_splits=splits,
                                      backend=backend, return_lse=True)
-        _check(backend, dtype, out, lse, ref, ref_lse)
-        results.append(_host(out))
+        assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
+        results.append(host64(out))
     for other in results[1:]:
         assert rel_l2(other, results[0]) <= 2 * bound_for(backend, dtype).rel_l2
 
@@ -87,4 +73,4 @@ def test_dense_decode_calls(torch, rng, backend, need_backend, dtype, d, shape, 
     ref, ref_lse = attention_reference(*(_rounded(x, dtype, torch) for x in (q, k, v)), causal=causal)
     out, lse = cutlassfa.forward(*(_cuda(torch, x, dtype) for x in (q, k, v)), causal=causal, backend=backend,
                                  return_lse=True)
-    _check(backend, dtype, out, lse, ref, ref_lse)
+    assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)

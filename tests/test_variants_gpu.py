@@ -12,6 +12,7 @@ import pytest
 import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
+from gpu_results import assert_matches_reference, host64
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 pytestmark = pytest.mark.gpu
@@ -21,19 +22,6 @@ def _cuda(torch, x):
     if x.dtype.kind in "iu":
         return torch.from_numpy(x.astype(np.int32)).cuda()
     return torch.from_numpy(x.astype(np.float32)).to("cuda", getattr(torch, x.dtype.name))
-
-
-def _host(x):
-    return x.float().cpu().numpy().astype(np.float64)
-
-
-def _check(backend, dtype, out, lse, ref, ref_lse):
-    out, lse = _host(out), _host(lse)
-    assert rel_l2(out, ref) <= bound_for(backend, dtype).rel_l2
-    seen = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isneginf(lse), ~seen)
-    assert (out[~seen] == 0).all()
-    assert np.abs(lse[seen] - ref_lse[seen]).max(initial=0) <= bound_for(backend, dtype).lse
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
@@ -47,8 +35,8 @@ def test_split_counts_change_only_the_rounding(torch, rng, backend, need_backend
     for splits in (None, 1, 2, 5, 8, 64):
         out, lse = cutlassfa.forward(*(_cuda(torch, x) for x in (q, k, v)), causal=causal, window=window,
                                      softcap=softcap, num_splits=splits, backend=backend, return_lse=True)
-        _check(backend, "float16", out, lse, ref, ref_lse)
-        results.append(_host(out))
+        assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
+        results.append(host64(out))
     for other in results[1:]:
         assert rel_l2(other, results[0]) <= 2 * bound_for(backend, "float16").rel_l2
 
@@ -80,8 +68,8 @@ def test_host_index_values_and_leftpad(torch, rng, backend, need_backend, page_s
     out, lse = cutlassfa.forward(_cuda(torch, q), dk, dv, cache_seqlens=lengths, cache_leftpad=tuple(leftpad),
                                  block_table=table, k_new=_cuda(torch, k_new), v_new=_cuda(torch, v_new),
                                  causal=True, backend=backend, return_lse=True)
-    _check(backend, "float16", out, lse, ref, ref_lse)
-    k_after = _host(dk)
+    assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
+    k_after = host64(dk)
     for i, n in enumerate(lengths):
         for j in range(2):
             p = n + j
@@ -101,10 +89,10 @@ def test_appends_past_the_capacity_are_dropped(torch, rng, backend, need_backend
     out = cutlassfa.forward(_cuda(torch, q), dk, _cuda(torch, v), cache_seqlens=_cuda(torch, np.array([14, 3])),
                             k_new=_cuda(torch, new), v_new=_cuda(torch, new), backend=backend)
     torch.cuda.synchronize()
-    after = _host(dk)
+    after = host64(dk)
     np.testing.assert_array_equal(after[0, :, 14:16], new[0, :, :2].astype(np.float64))
     np.testing.assert_array_equal(after[0, :, :14], k[0, :, :14].astype(np.float64))
-    assert np.isfinite(_host(out)).all()
+    assert np.isfinite(host64(out)).all()
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
@@ -121,7 +109,7 @@ def test_varlen_index_sources(torch, rng, backend, need_backend, host_cu, max_gi
     out, lse = cutlassfa.varlen_forward(*(_cuda(torch, x) for x in (q, k, v)), *cu, causal=True, softcap=10.0,
                                         backend=backend, return_lse=True, **extra)
     ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, softcap=10.0)
-    _check(backend, "float16", out.transpose(0, 1), lse, ref.transpose(1, 0, 2), ref_lse)
+    assert_matches_reference(backend, "float16", out.transpose(0, 1), lse, ref.transpose(1, 0, 2), ref_lse)
 
 
 def test_bad_device_arguments_name_the_argument(torch, rng):
