@@ -96,6 +96,19 @@ def _variant_runs(backend, dtype, rng):
                                 num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
         ref, _ = kvcache_reference(q, kc, vc, cache_seqlens=lengths, causal=True)
         runs.append((f"decode d={d}", rel_l2(to_numpy64(out), ref)))
+        # The same caches paged (page size 16, shuffled pages) with two appended keys: the decode kernel's
+        # page lookups at d = 128.
+        b, page, pages_per_seq = 3, 16, 44
+        table = rng.permutation(b * pages_per_seq).reshape(b, pages_per_seq)
+        kc, vc = (np.concatenate([x, normal(b, 2, page * pages_per_seq - 700, d)], axis=2) for x in (kc, vc))
+        kp, vp = (cuda(np.stack([x[seq, :, j * page:(j + 1) * page] for seq in range(b) for j in range(pages_per_seq)])
+                       [np.argsort(table.ravel())]) for x in (kc, vc))
+        kn, vn = normal(b, 2, 2, d), normal(b, 2, 2, d)
+        out = cutlassfa.forward(cuda(q), kp, vp, cache_seqlens=index(lengths), block_table=index(table),
+                                k_new=cuda(kn), v_new=cuda(vn), causal=True,
+                                num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
+        ref, _ = kvcache_reference(q, kc, vc, cache_seqlens=lengths, k_new=kn, v_new=vn, causal=True)
+        runs.append((f"paged decode d={d}", rel_l2(to_numpy64(out), ref)))
         # Varlen: an empty query sequence and an empty key sequence among ragged ones, causal.
         cu_q, cu_k = np.array([0, 5, 5, 70, 71]), np.array([0, 9, 30, 95, 95])
         q, k, v = normal(71, 4, d), normal(95, 2, d), normal(95, 2, d)

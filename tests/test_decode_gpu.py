@@ -1,7 +1,8 @@
 """The decode path of the tensor-core backends (a few query rows per K/V head: Nq x Hq/Hkv <= 32)
 against the float64 reference: d 64 and 128, fp16 and bf16, GQA ratios 1 / 4 / 8, ragged cache
 lengths with 0 among them, causal and a right window bound, strided (B, N, H, d) caches, split counts
-from 1 to many (equal up to rounding), and a stale NaN past the cache lengths that must not leak.
+from 1 to many (equal up to rounding), a stale NaN past the cache lengths that must not leak, and paged
+caches (page sizes 1 to 256, shuffled pages) against the contiguous cache, bit for bit.
 Skips cleanly without a GPU or PyTorch with CUDA."""
 
 from __future__ import annotations
@@ -74,3 +75,57 @@ def test_dense_decode_calls(torch, rng, backend, need_backend, dtype, d, shape, 
     out, lse = cutlassfa.forward(*(_cuda(torch, x, dtype) for x in (q, k, v)), causal=causal, backend=backend,
                                  return_lse=True)
     assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
+
+
+def _paged(torch, cache, lengths, page_size, rng):
+    """cache (B, Hkv, N, d) on the GPU as shuffled pages (num_pages, Hkv, page_size, d) and a block table;
+    the pages past each length, and two pages nobody uses, hold NaN."""
+    b, hkv, n, d = cache.shape
+    per_entry = -(-n // page_size)
+    order = rng.permutation(b * per_entry + 2)
+    table = order[: b * per_entry].reshape(b, per_entry).astype(np.int32)
+    pages = torch.full((b * per_entry + 2, hkv, page_size, d), float("nan"), dtype=cache.dtype, device="cuda")
+    for i, length in enumerate(lengths):
+        for j in range(-(-length // page_size)):
+            rows = cache[i, :, j * page_size : min((j + 1) * page_size, length)]
+            pages[int(table[i, j]), :, : rows.shape[1]] = rows
+    return pages, torch.from_numpy(table).cuda()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("page_size", [1, 7, 16, 32, 64, 256])
+@pytest.mark.parametrize("heads,nq", [((8, 2), 1), ((8, 1), 4)], ids=str)
+def test_paged_caches_equal_the_contiguous_cache(torch, rng, backend, need_backend, dtype, d, page_size, heads, nq):
+    """A paged cache (shuffled pages, NaN in the pages past every length) gives the contiguous cache's
+    result bit for bit at the same split count, and both match the reference."""
+    need_backend(backend)
+    hq, hkv = heads
+    lengths = [0, 1, 77, 1000, 2049]
+    q = _cuda(torch, rng.standard_normal((len(lengths), hq, nq, d)), dtype)
+    k, v = (_cuda(torch, rng.standard_normal((len(lengths), hkv, 2100, d)), dtype) for _ in range(2))
+    (k_pages, table), (v_pages, _) = (_paged(torch, x, lengths, page_size, np.random.default_rng(7)) for x in (k, v))
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    ref, ref_lse = kvcache_reference(host64(q), host64(k), host64(v), cache_seqlens=np.array(lengths, np.int32),
+                                     causal=True)
+    for splits in (1, 3, 40):
+        kw = dict(cache_seqlens=lens, causal=True, num_splits=splits, backend=backend, return_lse=True)
+        out, lse = cutlassfa.forward(q, k, v, **kw)
+        out_paged, lse_paged = cutlassfa.forward(q, k_pages, v_pages, block_table=table, **kw)
+        assert_matches_reference(backend, dtype, out_paged, lse_paged, ref, ref_lse)
+        assert torch.equal(out_paged, out) and torch.equal(lse_paged, lse)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_page_indices_out_of_range_read_inside_the_cache(torch, rng, backend, need_backend):
+    """A device block table is not checked (a sync): entries past the pages, or negative, are clamped to
+    pages that exist, so the call reads only the cache (compute-sanitizer runs this file) and stays finite."""
+    need_backend(backend)
+    q = _cuda(torch, rng.standard_normal((2, 8, 1, 128)), "bfloat16")
+    k, v = (_cuda(torch, rng.standard_normal((6, 2, 16, 128)), "bfloat16") for _ in range(2))
+    table = torch.tensor([[0, 1, 1000, -5], [5, 4, 3, 2**30]], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([64, 64], dtype=torch.int32, device="cuda")
+    out = cutlassfa.forward(q, k, v, cache_seqlens=lens, block_table=table, num_splits=2, backend=backend)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()

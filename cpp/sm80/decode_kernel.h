@@ -11,7 +11,9 @@
 //    by their lse at the end, as the key splits are (split_combine.cu);
 //  - each warp streams its own K/V rows through its own kStages-deep cp.async ring, synchronized by
 //    __syncwarp only: no warp ever waits for another inside the loop;
-//  - two CTAs per multiprocessor, so one CTA's first loads overlap another's last steps.
+//  - two CTAs per multiprocessor, so one CTA's first loads overlap another's last steps;
+//  - a paged cache's block-table entries reach shared memory by cp.async two steps ahead of the copies
+//    that need them, so no K/V address waits on a global read.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -70,7 +72,10 @@ struct DecodeTraits {
   // The merge of the warps' results (O rows, lse_s, then each row's lse) reuses the ring.
   static constexpr int kMergeRowStride = kHeadDim + 4;  // floats; breaks the bank pattern of the row writes
   static constexpr int kSmemMerge = (kNWarps * kRows * (kMergeRowStride + 1) + kRows) * int(sizeof(float));
-  static constexpr int kSmemSize = kSmemQ + (kSmemRing > kSmemMerge ? kSmemRing : kSmemMerge);
+  // Paged caches: each warp's block-table entries of kStages steps (a step's keys touch at most kWarpKeys
+  // pages).
+  static constexpr int kSmemTableOffset = kSmemQ + (kSmemRing > kSmemMerge ? kSmemRing : kSmemMerge);
+  static constexpr int kSmemSize = kSmemTableOffset + kNWarps * kStages * kWarpKeys * int(sizeof(int));
   static_assert(kSmemSize * kCtasPerSm <= 227 * 1024, "kCtasPerSm CTAs a multiprocessor on sm_90");
 };
 
@@ -80,6 +85,13 @@ __forceinline__ __device__ void cp_async_16_zfill(void* smem, const void* gmem, 
   unsigned const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   int const bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+
+// 4 bytes global -> shared (a block-table entry), or 4 zero bytes when !valid.
+__forceinline__ __device__ void cp_async_4_zfill(void* smem, const void* gmem, bool valid) {
+  unsigned const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  int const bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
 }
 
 template <class Traits>
@@ -121,6 +133,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   auto slot_v = [&](int s) { return make_tensor(make_smem_ptr(ring + (2 * s + 1) * Traits::kSlotElems), typename Traits::SmemLayoutKV{}); };
 
   // ---- Loads ---------------------------------------------------------------------------------------------
+  // A paged cache (params.h): key p is row p % page_size of page block_table[b][p / page_size], clamped
+  // to the pages that exist. Lane l copies the entry of the l-th page that the warp's keys of `step`
+  // touch (if a key below L lies in it) into table slot step % kStages; the copies of step s read it
+  // from there. The entries of step s + kStages - 1 travel in the cp.async group of step s.
+  bool const paged = params.block_table != nullptr;
+  const int* const table = paged ? params.block_table + b * params.block_table_stride : nullptr;
+  int* const table_ring = reinterpret_cast<int*>(smem + Traits::kSmemTableOffset) + warp * kStages * kWarpKeys;
+  auto page_of = [&](int key) {
+    return params.page_size_log2 >= 0 ? key >> params.page_size_log2 : key / params.page_size;
+  };
+  auto step_key0 = [&](int step) { return (tile_begin + step) * kBlockN + warp * kWarpKeys; };
+  auto load_table = [&](int step) {
+    int const key0 = step_key0(step), page = page_of(key0) + lane;
+    bool const read = step < steps && page * params.page_size < min(keys, key0 + kWarpKeys);
+    if (lane < kWarpKeys) {
+      cp_async_4_zfill(&table_ring[step % kStages * kWarpKeys + lane], table + (read ? page : 0), read);
+    }
+  };
+
   // Q: every thread, zero rows past `rows` (their scores are never read out).
   const Element* const q = static_cast<const Element*>(params.q) + b * params.q_batch_stride +
                            static_cast<long long>(h_kv) * params.heads_ratio * params.q_head_stride;
@@ -131,28 +162,77 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     const Element* src = valid ? q + (r / nq) * params.q_head_stride + (r % nq) * params.q_row_stride + col : q;
     cp_async_16_zfill(&sQ(r, col), src, valid);
   }
+  if (paged) {  // the first steps' entries, before their copies
+    CUTE_UNROLL
+    for (int s = 0; s < kStages - 1; ++s) { load_table(s); }
+  }
   cute::cp_async_fence();
+  if (paged) {
+    cute::cp_async_wait<0>();
+    __syncwarp();
+  }
 
   // K / V step `step` of this warp: keys tile * kBlockN + warp * kWarpKeys + [0, kWarpKeys); keys past
   // L are zero-filled (a stale V row would turn the zero weight into NaN).
-  const Element* const k_head = static_cast<const Element*>(params.k) + b * params.k_batch_stride + h_kv * params.k_head_stride;
-  const Element* const v_head = static_cast<const Element*>(params.v) + b * params.v_batch_stride + h_kv * params.v_head_stride;
+  // (A paged cache's batch strides are its page strides.)
+  int const kv_batch = paged ? 0 : b;
+  const Element* const k_head = static_cast<const Element*>(params.k) + kv_batch * params.k_batch_stride + h_kv * params.k_head_stride;
+  const Element* const v_head = static_cast<const Element*>(params.v) + kv_batch * params.v_batch_stride + h_kv * params.v_head_stride;
   auto load_step = [&](int step) __attribute__((always_inline)) {
-    int const key0 = (tile_begin + step) * kBlockN + warp * kWarpKeys;
+    int const key0 = step_key0(step);
     int const slot = step % kStages;
     Tensor sK = slot_k(slot);
     Tensor sV = slot_v(slot);
-    CUTE_UNROLL
-    for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
-      int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-      bool const valid = key0 + r < keys;
-      long long const key = valid ? key0 + r : 0;
-      cp_async_16_zfill(&sK(r, col), k_head + key * params.k_row_stride + col, valid);
-      cp_async_16_zfill(&sV(r, col), v_head + key * params.v_row_stride + col, valid);
+    if (!paged) {
+      CUTE_UNROLL
+      for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
+        int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+        bool const valid = key0 + r < keys;
+        long long const key = valid ? key0 + r : 0;
+        cp_async_16_zfill(&sK(r, col), k_head + key * params.k_row_stride + col, valid);
+        cp_async_16_zfill(&sV(r, col), v_head + key * params.v_row_stride + col, valid);
+      }
+    } else if (page_of(key0 + kWarpKeys - 1) == page_of(key0)) {
+      // The step's keys lie in one page (always, for page sizes that are multiples of kWarpKeys): its rows
+      // follow at row_stride, and the copies cost what a contiguous cache's do. (The kernel issues an
+      // instruction about every 3 cycles with one CTA a multiprocessor; per-row page arithmetic made
+      // paged calls 1.3-1.6x slower, bench/NOTES-variants.md.)
+      int const page = min(max(table_ring[slot * kWarpKeys], 0), params.num_pages - 1);
+      long long const row0 = key0 - page_of(key0) * params.page_size;
+      const Element* const k_rows = k_head + page * params.k_batch_stride + row0 * params.k_row_stride;
+      const Element* const v_rows = v_head + page * params.v_batch_stride + row0 * params.v_row_stride;
+      CUTE_UNROLL
+      for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
+        int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+        bool const valid = key0 + r < keys;
+        long long const row = valid ? r : 0;
+        cp_async_16_zfill(&sK(r, col), k_rows + row * params.k_row_stride + col, valid);
+        cp_async_16_zfill(&sV(r, col), v_rows + row * params.v_row_stride + col, valid);
+      }
+    } else {  // page sizes below a step's keys, or not dividing them: a page per row
+      const int* const entries = table_ring + slot * kWarpKeys;
+      int const first_page = page_of(key0);
+      CUTE_UNROLL
+      for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
+        int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+        bool const valid = key0 + r < keys;
+        long long page = 0, row = 0;
+        if (valid) {
+          int const key_page = page_of(key0 + r);
+          page = min(max(entries[key_page - first_page], 0), params.num_pages - 1);
+          row = key0 + r - key_page * params.page_size;
+        }
+        cp_async_16_zfill(&sK(r, col), k_head + page * params.k_batch_stride + row * params.k_row_stride + col, valid);
+        cp_async_16_zfill(&sV(r, col), v_head + page * params.v_batch_stride + row * params.v_row_stride + col, valid);
+      }
     }
   };
   CUTE_UNROLL
   for (int s = 0; s < kStages - 1; ++s) {
+    if (paged) {
+      __syncwarp();  // every lane has read the slot the next entries overwrite
+      load_table(s + kStages - 1);
+    }
     if (s < steps) { load_step(s); }
     cute::cp_async_fence();
   }
@@ -192,7 +272,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   for (int step = 0; step < steps; ++step) {
     cute::cp_async_wait<kStages - 2>();
     __syncwarp();  // step's K / V, copied by every lane, are visible; every lane is done with step - 1's slot
-    if (step + kStages - 1 < steps) { load_step(step + kStages - 1); }
+    if (step + kStages - 1 < steps) {
+      if (paged) { load_table(step + 2 * (kStages - 1)); }  // into the slot of step + 1, read last step
+      load_step(step + kStages - 1);
+    }
     cute::cp_async_fence();
 
     int const slot = step % kStages;
@@ -206,7 +289,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
               smem_thr_copy_K);
     }
 
-    int const key0 = (tile_begin + step) * kBlockN + warp * kWarpKeys;
+    int const key0 = step_key0(step);
     if (key0 + kWarpKeys - 1 > last_key_min) {  // some key of the step is hidden from some row
       Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
       CUTE_UNROLL

@@ -42,10 +42,10 @@ bool sm80_decode_covers(const FwdParams& p) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device_capability(device) < 90) { return false; }
   bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
-  bool const dense_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.block_table == nullptr &&
-                          p.leftpad_k == nullptr;
+  // One K/V sequence an entry, contiguous or paged; no varlen, no left padding.
+  bool const entry_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.leftpad_k == nullptr;
   long long const rows = static_cast<long long>(p.seqlen_q) * p.heads_ratio;
-  return halves && dense_keys && p.seqlen_q >= 1 && rows <= kSm80DecodeRows && p.window_left < 0 &&
+  return halves && entry_keys && p.seqlen_q >= 1 && rows <= kSm80DecodeRows && p.window_left < 0 &&
          p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM80_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p);
 }
 
