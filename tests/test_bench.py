@@ -202,6 +202,21 @@ def test_window_option_marks_every_case_and_adds_the_flex_anchor():
     assert case.causal and bench.tflops(case, 1.0) * 1e9 == bench.attention_flops(1, 2, 256, 256, 64, True, (32, 0))
 
 
+def test_read_is_a_default_row_of_decode_runs_only(monkeypatch):
+    assert bench.READ in bench.select_backends(None, decode=True)
+    assert bench.READ not in bench.select_backends(None) and bench.READ not in bench.select_backends(None, window=True)
+    assert bench.select_backends(["tensorcore"], decode=True) == ["tensorcore"]
+    assert bench.select_backends(["read", "cpu"]) == ["read", "cpu"]
+    assert bench.peak_of(bench.READ, "bfloat16") is None  # no arithmetic to compare with a GEMM
+    runners, unavailable = bench.make_runners([bench.READ], bench.Frame())
+    assert runners == [] and unavailable == {bench.READ: "needs PyTorch with CUDA"}
+    # The command asks for it by default with --decode only.
+    asked = []
+    monkeypatch.setattr(bench.cli, "make_runners", lambda names, frame: (asked.append(list(names)), ([], {}))[1])
+    assert _run(["--decode", "--quick", "--no-progress"]) == 2 and _run(["--quick", "--no-progress"]) == 2
+    assert bench.READ in asked[0] and bench.READ not in asked[1]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Whole runs on the CPU (cpu backend, tiny shapes).
 # ---------------------------------------------------------------------------------------------------
@@ -372,6 +387,66 @@ def test_inaccurate_row_is_marked_and_fails_the_run(tmp_path, monkeypatch, capsy
     assert row["rel_err"] > row["rel_bound"] == pytest.approx(1e-5)
 
 
+def _sums(case):
+    return lambda q, k, v: (k.sum(), v.sum())
+
+
+def test_a_row_that_is_not_attention_is_timed_but_not_checked():
+    """read's output is no attention: its row is timed, ok, with GB/s but no rel-L2, TFLOP/s or peak; an
+    attention row of the same case, 1 % off, is checked and marked. The table and the JSON take the row as
+    it is."""
+    from cutlassfa.reference import attention_reference
+
+    def wrong(case):
+        return lambda q, k, v: attention_reference(q, k, v, causal=case.causal)[0] * 1.01
+
+    case = Case("float32", 1, 4, 2, 1, 96, 32, False)
+    runners = [bench.Runner(bench.READ, _sums, on_gpu=False, attention=False),
+               bench.Runner("wrong", wrong, on_gpu=False)]
+    read_row, wrong_row = bench.bench_case(case, runners, bench.Frame(), bench.Settings(repeats=3, warmup=1),
+                                           rates={}, timer_for=lambda r: FakeTimer([2.0]))
+    assert read_row.status == "ok" and read_row.ms == 2.0 and read_row.rel_err is None and read_row.rel_bound is None
+    assert read_row.peak is None and read_row.tflops is None
+    assert read_row.gbps == pytest.approx(bench.measure.case_bytes(case) / 2e-3 / 1e9)
+    assert wrong_row.status == "inaccurate" and wrong_row.rel_err > wrong_row.rel_bound
+    assert "| read" in bench.report.results_table([read_row])
+    assert json.loads(json.dumps(read_row.to_json()))["rel_err"] is None
+
+
+def test_rows_that_are_not_attention_need_no_reference(monkeypatch):
+    def no_reference(*args):
+        raise AssertionError("reference computed for rows that are not attention")
+
+    monkeypatch.setattr(bench.measure, "reference_sample", no_reference)
+    case = Case("float32", 1, 2, 2, 1, 64, 32, False)
+    (row,) = bench.bench_case(case, [bench.Runner(bench.READ, _sums, on_gpu=False, attention=False)], bench.Frame(),
+                              bench.Settings(repeats=2, warmup=1), rates={}, timer_for=lambda r: FakeTimer([1.0]))
+    assert row.status == "ok" and row.rel_err is None
+
+
+def test_a_failing_read_row_does_not_fail_the_run():
+    """read is not ours: an error of it is reported, not a failure; PyTorch's refusal is `unsupported`, as
+    for an anchor."""
+    from cutlassfa.bench.cli import _verdict
+
+    def refuse(case):
+        def call(q, k, v):
+            raise RuntimeError("int64 sum is not supported on this device")
+        return call
+
+    def crash(case):
+        def call(q, k, v):
+            raise RuntimeError("illegal memory access")
+        return call
+
+    case = Case("float32", 1, 2, 2, 1, 64, 32, False)
+    rows = [bench.bench_case(case, [bench.Runner(bench.READ, prepare, on_gpu=False, attention=False)], bench.Frame(),
+                             bench.Settings(repeats=2, warmup=1), rates={}, timer_for=lambda r: FakeTimer([1.0]))[0]
+            for prepare in (refuse, crash)]
+    assert [r.status for r in rows] == ["unsupported", "error"]
+    assert _verdict(rows) == 0
+
+
 def test_json_or_plot_into_a_missing_folder_fails_at_once(tmp_path, capsys):
     for option in ("--json", "--plot"):
         if option == "--plot" and importlib.util.find_spec("matplotlib") is None:
@@ -539,6 +614,25 @@ def test_peaks_on_gpu():
     assert math.isfinite(peaks["fp16_gemm"]["tflops"])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_read_row_on_gpu(tmp_path, graph):
+    """The decode grid's ceiling row on a GPU, eager and captured in CUDA graphs: timed, not checked, and
+    reading a 512 MiB K + V cache well above 100 GB/s (an H100 streams ~3 TB/s)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("optional package: PyTorch with CUDA")
+    path = tmp_path / "bench.json"
+    code = bench.main(["--decode", "--quick", "--backends", "read", "--repeats", "3", "--warmup", "1", "--no-peaks",
+                       "--no-progress", "--json", str(path)] + (["--graph"] if graph else []))
+    assert code == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 3 and all(r["backend"] == "read" and r["status"] == "ok" for r in rows), rows
+    assert all(r["rel_err"] is None and r["peak"] is None and r["gbps"] > 0 for r in rows)
+    (longest,) = [r for r in rows if r["Nk"] == 131072]
+    assert longest["gbps"] > 100, longest
+
+
 def test_commit_given_by_environment_wins_over_an_ambient_checkout(monkeypatch):
     """A copy of a checkout run elsewhere may carry a .git of another commit: the commit its runner
     states (CUTLASSFA_COMMIT / CUTLASSFA_DIRTY) is the one recorded."""
@@ -594,3 +688,26 @@ def test_sdpa_anchor_refuses_a_window():
     case = Case("float32", 1, 2, 2, 64, 64, 32, False, variant=Variant("window", window=(8, 8)))
     with pytest.raises(Unsupported, match="sliding-window"):
         bench.sdpa("sdpa_math").prepare(case)
+
+
+@pytest.mark.parametrize("dtype, shape", [("bfloat16", (2, 4, 37, 64)), ("float16", (1, 1, 3, 5)),
+                                          ("float32", (1, 1, 7, 3)), ("bfloat16", (1, 1, 2, 3))])
+def test_read_row_sums_every_byte_of_k_and_v(dtype, shape):
+    """The read runner's call (CPU PyTorch here; the bench runs it on the GPU) returns the integer sums of
+    K's and V's bytes, as numpy sums the same bytes: it reads every element, without a copy, in the widest
+    words the byte count allows (random bit patterns, NaNs among them, sum as integers all the same)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    itemsize = 4 if dtype == "float32" else 2
+    raw = [rng.integers(0, 256, size=int(np.prod(shape)) * itemsize, dtype=np.uint8) for _ in range(2)]
+    k, v = (torch.from_numpy(r.copy()).view(getattr(torch, dtype)).reshape(shape) for r in raw)
+    case = Case(dtype, shape[0], shape[1], shape[1], 1, shape[2], shape[3], False)
+    q = torch.zeros(case.shapes()[0], dtype=k.dtype)
+    sums = bench.read().prepare(case)(q, k, v)
+    nbytes = raw[0].size
+    word = next(w for w in (np.int64, np.int32, np.int16, np.uint8) if nbytes % np.dtype(w).itemsize == 0)
+    expected = [int(r.view(word).sum(dtype=np.int64)) for r in raw]
+    assert [s.dtype for s in sums] == [torch.int64] * 2 and [s.item() for s in sums] == expected
+    assert bench.runners.as_words(k).data_ptr() == k.data_ptr()
+    if nbytes % 8 == 0:
+        assert bench.runners.as_words(k).dtype == torch.int64

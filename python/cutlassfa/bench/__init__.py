@@ -2,8 +2,8 @@
 
 For each case (dtype, B, H, Nq, Nk, d, causal) every available cutlassfa backend and, when PyTorch is
 importable, `scaled_dot_product_attention` restricted to one of its backends at a time (sdpa_flash,
-sdpa_efficient, sdpa_cudnn, sdpa_math; with --window, FlexAttention with a block mask: flex) is timed
-with CUDA events: each contender's first call alone,
+sdpa_efficient, sdpa_cudnn, sdpa_math; with --window, FlexAttention with a block mask: flex; with
+--decode, a plain read of K and V: read) is timed with CUDA events: each contender's first call alone,
 warm-up rounds, then `--repeats` (default 20) rounds in which every contender makes one call in turn;
 a row's time is the median of its rounds. Inputs are rotated among copies when they would sit in L2.
 
@@ -16,8 +16,8 @@ error exceeds the gate's bound is marked INACCURATE and the command exits 1. A b
 absurdly slow on a shape is skipped, and the table says why. `--overhead` measures the per-call cost.
 
 Modules: grid (cases), flops (visible-pair and byte counts), timing (interleaved timers), frames (where
-arrays live), runners (ours, SDPA, FlexAttention), rules (knobs, skips, peaks, accuracy bound), measure (one case),
-report (table, JSON), plot, overhead, cli.
+arrays live), runners (ours, SDPA, FlexAttention, read), rules (knobs, skips, peaks, accuracy bound), measure
+(one case), report (table, JSON), plot, overhead, cli.
 """
 
 from .cli import add_arguments, main, run
@@ -28,16 +28,17 @@ from .grid import (DECODE_MAX_KV_BYTES, HW4_SHAPES, LLM_HEAD_DIMS, LLM_SHAPES, d
 from .measure import Row, Settings, apply_peaks, bench_case, measure_peaks, output_sample, reference_sample
 from .rules import (CPU_MAX_FLOPS, L2_FACTOR, MAX_COPIES, PEAKS, accuracy_bound, peak_of, rotation_copies,
                     skip_reason, tflops)
-from .runners import (ALL_BACKENDS, ANCHORS, FLEX, OUR_BACKENDS, SDPA_BACKENDS, Runner, flex, make_runners, ours,
-                      sdpa, select_backends)
+from .runners import (ALL_BACKENDS, ANCHORS, FLEX, OUR_BACKENDS, READ, SDPA_BACKENDS, Runner, flex, make_runners,
+                      ours, read, sdpa, select_backends)
 from .timing import CudaPythonEventTimer, TorchEventTimer, TorchGraphTimer, WallTimer, median, round_robin
 from .._inputs import DTYPES
 
 __all__ = ["ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEventTimer", "CupyFrame", "DECODE_MAX_KV_BYTES",
            "DTYPES", "FLEX", "Frame", "HW4_SHAPES", "L2_FACTOR", "LLM_HEAD_DIMS", "LLM_SHAPES", "MAX_COPIES",
-           "OUR_BACKENDS", "PEAKS", "Row", "Runner", "SDPA_BACKENDS", "Settings", "TorchEventTimer", "TorchFrame",
-           "TorchGraphTimer", "WallTimer", "accuracy_bound", "add_arguments", "apply_peaks", "attention_bytes",
-           "attention_flops", "bench_case", "decode_grid", "decode_quick_grid", "default_grid", "flex", "main",
-           "make_runners", "measure_peaks", "median", "ours", "output_sample", "parse_shape", "parse_window",
-           "peak_of", "pick_frame", "quick_grid", "reference_sample", "rotation_copies", "round_robin", "run", "sdpa",
-           "select_backends", "select_cases", "skip_reason", "tflops", "varlen_flops", "visible_pairs"]
+           "OUR_BACKENDS", "PEAKS", "READ", "Row", "Runner", "SDPA_BACKENDS", "Settings", "TorchEventTimer",
+           "TorchFrame", "TorchGraphTimer", "WallTimer", "accuracy_bound", "add_arguments", "apply_peaks",
+           "attention_bytes", "attention_flops", "bench_case", "decode_grid", "decode_quick_grid", "default_grid",
+           "flex", "main", "make_runners", "measure_peaks", "median", "ours", "output_sample", "parse_shape",
+           "parse_window", "peak_of", "pick_frame", "quick_grid", "read", "reference_sample", "rotation_copies",
+           "round_robin", "run", "sdpa", "select_backends", "select_cases", "skip_reason", "tflops", "varlen_flops",
+           "visible_pairs"]

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--quick, a filter")
     parser.add_argument("--decode", action="store_true",
                         help="the decode grid instead: 1 new query (or 4, causal) against K/V caches of 2k-128k "
-                             "keys, B 1/8/64, 32 query heads on 32/8/4 K/V heads, d 128/64 (with --quick: 3 cases)")
+                             "keys, B 1/8/64, 32 query heads on 32/8/4 K/V heads, d 128/64 (with --quick: 3 cases); "
+                             "adds the read row: a plain read of K and V, the bandwidth ceiling of the same run")
     parser.add_argument("--shape", action="append", type=parse_shape, metavar="B,H,N,d",
                         help="a shape to run instead of the default grid; repeatable. B,H,N,d or B,H,Nq,Nk,d; "
                              "H may be Hq:Hkv (GQA)")
@@ -60,8 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--shape (default for --shape: float16)")
     parser.add_argument("--causal", choices=("no", "yes", "both"),
                         help="filter the grid (default: as listed) / causal for --shape (default: no)")
-    parser.add_argument("--backends", type=_csv, help="comma-separated rows to run (default: all): "
-                        + ", ".join(ALL_BACKENDS) + "; 'sdpa' means all four sdpa_*")
+    parser.add_argument("--backends", type=_csv, help="comma-separated rows to run (default: all; flex with "
+                        "--window, read with --decode): " + ", ".join(ALL_BACKENDS) + "; 'sdpa' means all four "
+                        "sdpa_*; read: no attention, K and V streamed once by a torch sum (the GB/s ceiling; needs "
+                        "PyTorch with CUDA)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help="timed rounds per case, every backend once per round (median)")
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls first (>= 1)")
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     """Runs the benchmark; returns 0, 1 (a row of ours failed) or 2 (usage error). `frame` and
     `timer_for` are for tests."""
     bad = [d for d in (args.dtypes or []) if d not in DTYPES]
-    names = select_backends(args.backends, window=args.window is not None)
+    names = select_backends(args.backends, window=args.window is not None, decode=args.decode)
     unknown = [b for b in names if b not in ALL_BACKENDS]
     if bad or unknown:
         return _usage(f"unknown dtype(s) {bad} / backend(s) {unknown}")

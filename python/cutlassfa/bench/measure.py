@@ -17,7 +17,7 @@ from .flops import attention_bytes, case_flops
 from .frames import Frame
 from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, REF_MAX_ROWS,
                     REF_MAX_SCORES, accuracy_bound, peak_of, rotation_copies, skip_reason, tflops)
-from .runners import ANCHORS, Runner
+from .runners import ANCHORS, READ, Runner
 from .timing import ContenderFailed, Timer, median
 
 # Row statuses: "ok"; "inaccurate" (timed, but its output is outside the accuracy bound: the run
@@ -34,7 +34,9 @@ class Row:
     ms_min: float | None = None
     repeats: int = 0
     tflops: float | None = None
-    gbps: float | None = None  # attention_bytes per second: the rate that bounds decode
+    # attention_bytes per second: the rate that bounds decode. The read row reads K + V alone; on the
+    # decode grid q and o are at most 1.6 % more (8:1 GQA, 4 queries, 2048 keys), so its count stands.
+    gbps: float | None = None
     peak: str | None = None
     pct_peak: float | None = None
     rel_err: float | None = None
@@ -137,7 +139,7 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
             gpu_inputs = [base] + [tuple(frame.clone(x) for x in base) for _ in range(copies - 1)]
         if any(not r.on_gpu for r in todo) or not frame.on_gpu:
             host_inputs = base if not frame.on_gpu else tuple(frame.to_host(x, case.dtype) for x in base)
-        if settings.accuracy:
+        if settings.accuracy and any(r.attention for r in todo):
             ref = reference_sample(case, *(host_inputs or base))
     except Exception as error:  # noqa: BLE001 - inputs that do not fit are reported per row
         status, note = ("skipped", "out of memory for the inputs") if _is_oom(error) else \
@@ -173,7 +175,8 @@ def _fail_row(row: Row, error: BaseException) -> None:
     if _is_oom(error):
         row.status, row.note = "skipped", "out of memory"
     else:
-        row.status = classify_error(error, anchor=row.backend in ANCHORS)
+        # read is not ours either: a refusal worded as PyTorch words it is `unsupported`, as for an anchor.
+        row.status = classify_error(error, anchor=row.backend in ANCHORS or row.backend == READ)
         row.note = f"{row.status}: {first_line(error)}"
 
 
@@ -195,7 +198,7 @@ def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]]
     if first_ms > settings.max_call_s * 1e3:
         row.status, row.note = "skipped", f"first call took {first_ms / 1e3:.3g} s > {settings.max_call_s:g} s"
         return None
-    if ref is not None:
+    if ref is not None and runner.attention:  # read's sums are no attention output: nothing to compare
         from cutlassfa.reference import rel_l2
 
         row.rel_err = rel_l2(output_sample(case, first[0]), ref)
@@ -236,11 +239,12 @@ def _time_interleaved(members: list[tuple[Runner, Callable]], rows: list[Row],
             del members[failed.index], rows[failed.index], inputs[failed.index]
     else:
         return
-    for row, copies, ts in zip(rows, inputs, times):
+    for (runner, _), row, copies, ts in zip(members, rows, inputs, times):
         row.ms, row.ms_min, row.repeats = median(ts), min(ts), len(ts)
-        row.tflops = tflops(row.case, row.ms)
         row.gbps = case_bytes(row.case) / (row.ms * 1e-3) / 1e9
-        rates[(row.backend, row.case.dtype)] = row.tflops
+        if runner.attention:  # read computes nothing: GB/s is its measure
+            row.tflops = tflops(row.case, row.ms)
+            rates[(row.backend, row.case.dtype)] = row.tflops
         row.copies = len(copies)
 
 

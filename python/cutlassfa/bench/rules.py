@@ -9,7 +9,7 @@ import math
 from .._inputs import Case
 from ..check.bounds import GATE_REL_L2, rel_l2_limit
 from .flops import case_flops
-from .runners import ANCHORS
+from .runners import ANCHORS, READ
 
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 5
@@ -35,7 +35,8 @@ GEMM_SIZE = 8192  # n of the n x n x n GEMM whose rate is the peak
 
 # Which measured dense-GEMM rate a row is compared with. fp16 / bf16 rows: the GEMM of that dtype.
 # fp32 rows: CUDA-core fp32 (TF32 off), except the tensor-core backends, which split fp32 inputs into fp16
-# and run fp16 MMAs. PyTorch's fp32 SDPA does not use TF32 unless allowed (off by default). cpu: none.
+# and run fp16 MMAs. PyTorch's fp32 SDPA does not use TF32 unless allowed (off by default). cpu: none;
+# read: none (it does no arithmetic: its measure is GB/s).
 PEAKS = {
     "fp16_gemm": ("float16", False),
     "bf16_gemm": ("bfloat16", False),
@@ -46,7 +47,7 @@ PEAKS = {
 
 def peak_of(backend: str, dtype: str) -> str | None:
     """Name of the peak (a key of PEAKS) that `backend` on `dtype` is compared with."""
-    if backend == "cpu":
+    if backend in ("cpu", READ):
         return None
     if dtype == "float16":
         return "fp16_gemm"

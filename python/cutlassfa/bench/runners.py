@@ -1,7 +1,8 @@
 """Runners: one per row name. Ours go through the public `cutlassfa.forward`; the anchors are
 `torch.nn.functional.scaled_dot_product_attention` restricted to one SDPA backend at a time, and for
 sliding windows (which no SDPA backend skips: a dense mask computes all N^2 pairs) FlexAttention with a
-block mask (`flex`)."""
+block mask (`flex`). `read` is no attention: a plain read of K and V, the same-run bandwidth ceiling of
+decode."""
 
 from __future__ import annotations
 
@@ -23,18 +24,21 @@ SDPA_BACKENDS = {
 }
 FLEX = "flex"  # torch.nn.attention.flex_attention, compiled, with a block mask of the case's mask
 ANCHORS = tuple(SDPA_BACKENDS) + (FLEX,)
-ALL_BACKENDS = OUR_BACKENDS + ANCHORS
+READ = "read"  # no attention: K and V streamed once by torch sums, the bandwidth ceiling of a decode row
+ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,)
 
 
 @dataclass
 class Runner:
     """`prepare(case)` returns call(q, k, v) -> out; calls run inside `context()`. `on_gpu`: fed the
-    frame's GPU arrays (else host numpy arrays)."""
+    frame's GPU arrays (else host numpy arrays). `attention`: its out is attention's, to be checked
+    against the reference (not so for `read`)."""
 
     name: str
     prepare: Callable[[Case], Callable[[Any, Any, Any], Any]]
     on_gpu: bool = True
     context: Callable[[], ContextManager] = contextlib.nullcontext
+    attention: bool = True
 
 
 def ours(name: str) -> Runner:
@@ -123,6 +127,28 @@ def flex(compiled: bool = True) -> Runner:
     return Runner(FLEX, prepare, on_gpu=True)
 
 
+def read() -> Runner:
+    """K and V each summed as integers: one pass over the bytes a decode call must read (a reduction reads
+    and writes nothing back, so it runs at the read rate of HBM), timed with the attention rows on the same
+    input copies. Returns the two int64 sums."""
+
+    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+        return lambda q, k, v: (as_words(k).sum(), as_words(v).sum())
+
+    return Runner(READ, prepare, on_gpu=True, attention=False)
+
+
+def as_words(x: Any) -> Any:
+    """A contiguous tensor's bytes viewed (no copy) as the widest integers their count allows, int64 when
+    it can: wide loads, and an integer sum meets no NaN or inf in the bit patterns."""
+    import torch
+
+    flat = x.reshape(-1)
+    nbytes = flat.numel() * flat.element_size()
+    word = next(t for t in (torch.int64, torch.int32, torch.int16, torch.uint8) if nbytes % t.itemsize == 0)
+    return flat.view(word)
+
+
 def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict[str, str]]:
     """Runners for the requested names that can run here, and {name: why not} for the others."""
     import cutlassfa
@@ -138,6 +164,11 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
                 runners.append(flex())
             except ImportError as error:
                 unavailable[name] = str(error)
+        elif name == READ:
+            if frame.name != "torch":
+                unavailable[name] = "needs PyTorch with CUDA"
+                continue
+            runners.append(read())
         elif name in SDPA_BACKENDS:
             if frame.name != "torch":
                 unavailable[name] = "needs PyTorch with CUDA"
@@ -158,13 +189,12 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
     return runners, unavailable
 
 
-
-
-def select_backends(requested: Sequence[str] | None, *, window: bool = False) -> list[str]:
+def select_backends(requested: Sequence[str] | None, *, window: bool = False, decode: bool = False) -> list[str]:
     """Row names of a run: the requested ones ('sdpa' meaning the four sdpa_* rows), or all of them; flex
-    (a torch.compile per shape) only when asked for, or for a run with a window."""
+    (a torch.compile per shape) only when asked for, or for a run with a window; read only when asked
+    for, or for a decode run (a bandwidth ceiling means nothing to compute-bound prefill)."""
     if not requested:
-        return [name for name in ALL_BACKENDS if name != FLEX or window]
+        return [name for name in ALL_BACKENDS if (name != FLEX or window) and (name != READ or decode)]
     names: list[str] = []
     for name in requested:
         names += list(SDPA_BACKENDS) if name == "sdpa" else [name]
