@@ -2,7 +2,8 @@
 against the float64 reference: d 64 and 128, fp16 and bf16, GQA ratios 1 / 4 / 8, ragged cache
 lengths with 0 among them, causal and a right window bound, strided (B, N, H, d) caches, split counts
 from 1 to many (equal up to rounding), a stale NaN past the cache lengths that must not leak, and paged
-caches (page sizes 1 to 256, shuffled pages) against the contiguous cache, bit for bit.
+caches (page sizes 1 to 256, shuffled pages) against the contiguous cache, bit for bit, and
+num_splits=1 on a plain call running the keys in one pass.
 Skips cleanly without a GPU or PyTorch with CUDA."""
 
 from __future__ import annotations
@@ -77,6 +78,33 @@ def test_dense_decode_calls(torch, rng, backend, need_backend, dtype, d, shape, 
     assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
 
 
+def _kernel_names(torch, call):
+    """The names of the CUDA kernels `call()` launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_split_is_one_pass(torch, rng, backend, need_backend):
+    """A plain call of one query splits its keys by itself (a split combine follows the decode kernel);
+    num_splits=1 asks for one pass: no combine, and the result still matches the reference."""
+    need_backend(backend)
+    q, k, v = (rng.standard_normal(s) for s in ((1, 32, 1, 128), (1, 8, 8192, 128), (1, 8, 8192, 128)))
+    ref, ref_lse = attention_reference(*(_rounded(x, "bfloat16", torch) for x in (q, k, v)))
+    dq, dk, dv = (_cuda(torch, x, "bfloat16") for x in (q, k, v))
+    split = _kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, backend=backend))
+    assert any("combine" in name for name in split), split
+    one_pass = _kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, num_splits=1, backend=backend))
+    assert one_pass and not any("combine" in name for name in one_pass), one_pass
+    out, lse = cutlassfa.forward(dq, dk, dv, num_splits=1, backend=backend, return_lse=True)
+    assert_matches_reference(backend, dtype="bfloat16", out=out, lse=lse, ref=ref, ref_lse=ref_lse)
+
+
 def _paged(torch, cache, lengths, page_size, rng):
     """cache (B, Hkv, N, d) on the GPU as shuffled pages (num_pages, Hkv, page_size, d) and a block table;
     the pages past each length, and two pages nobody uses, hold NaN."""
@@ -95,7 +123,7 @@ def _paged(torch, cache, lengths, page_size, rng):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("page_size", [1, 7, 16, 32, 64, 256])
+@pytest.mark.parametrize("page_size", [1, 7, 8, 16, 32, 64, 256])
 @pytest.mark.parametrize("heads,nq", [((8, 2), 1), ((8, 1), 4)], ids=str)
 def test_paged_caches_equal_the_contiguous_cache(torch, rng, backend, need_backend, dtype, d, page_size, heads, nq):
     """A paged cache (shuffled pages, NaN in the pages past every length) gives the contiguous cache's

@@ -63,6 +63,10 @@ struct DecodeTraits {
   using SmemLayoutVt = decltype(composition(SmemLayoutKV{},
                                             make_layout(Shape<Int<kHeadDim>, Int<kWarpKeys>>{}, GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+  // The swizzle atoms are stacked along the rows first (tile_to_shape's order): row r + 8 of a slot is
+  // row r of the next atom, the same swizzle pattern 8 x 64 elements further (the copies rely on it).
+  static constexpr int kEightRowsElems = 8 * 64;
+  static_assert(SmemLayoutKV{}(8, 0) == kEightRowsElems && SmemLayoutKV{}(13, 40) == SmemLayoutKV{}(5, 40) + kEightRowsElems);
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
 
@@ -81,10 +85,17 @@ struct DecodeTraits {
 
 // 16 bytes global -> shared, or 16 zero bytes when !valid (the source is then not read). No L2
 // prefetch hint: .L2::128B changed nothing and .L2::256B cost 8-10 % (H200, bench/NOTES-variants.md).
-__forceinline__ __device__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
-  unsigned const dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+// `smem`: a shared-window address.
+__forceinline__ __device__ void cp_async_16_zfill(uint32_t smem, const void* gmem, bool valid) {
   int const bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes));
+}
+__forceinline__ __device__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
+  cp_async_16_zfill(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, valid);
+}
+// 16 bytes global -> shared, unconditionally.
+__forceinline__ __device__ void cp_async_16(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
 }
 
 // 4 bytes global -> shared (a block-table entry), or 4 zero bytes when !valid.
@@ -174,52 +185,112 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
 
   // K / V step `step` of this warp: keys tile * kBlockN + warp * kWarpKeys + [0, kWarpKeys); keys past
   // L are zero-filled (a stale V row would turn the zero weight into NaN).
+  // The copies are most of the instructions a step issues, and with one CTA a multiprocessor the kernel
+  // is bound by its issue rate (ncu: ~3.6 cycles a warp instruction), so they are spelled out for the
+  // fewest: lane l copies 16-byte chunk l % kChunksPerRow of rows l / kChunksPerRow + kRowsPerPass i
+  // (pass i, kRowsPerPass whole rows a warp instruction); a pass's global address is one multiply-add
+  // on the step's first row, its shared address a register of the lane's swizzle pattern (it repeats
+  // every 8 rows) plus immediates. (Written through CuTe's tensors the copies took ~10 instructions
+  // each, 167 of a step's ~420.)
+  constexpr int kRowsPerPass = 32 / kChunksPerRow;
+  constexpr int kPasses = kWarpKeys / kRowsPerPass;
+  constexpr int kPeriod = 8 / kRowsPerPass;  // passes of one swizzle pattern
+  constexpr int kSlotBytes = Traits::kSlotElems * int(sizeof(Element));
+  constexpr int kEightRowsBytes = Traits::kEightRowsElems * int(sizeof(Element));
+  static_assert(32 % kChunksPerRow == 0 && kPasses % kPeriod == 0 && kPasses % 2 == 0);
+  int const lane_row = lane / kChunksPerRow, lane_col = lane % kChunksPerRow * 8;
+  uint32_t const ring_k0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));  // slot 0's K
+  uint32_t swizzled[kPeriod];  // this lane's first kPeriod chunks, bytes from a slot's start
+  CUTE_UNROLL
+  for (int j = 0; j < kPeriod; ++j) {
+    swizzled[j] = static_cast<uint32_t>(__cvta_generic_to_shared(&slot_k(0)(lane_row + kRowsPerPass * j, lane_col))) - ring_k0;
+  }
+  // Passes [first, first + count) of the step in `slot`, from k_src / v_src (this lane's chunk of pass
+  // `first`'s rows) on at the byte strides below; with `check`, only the passes whose row is below
+  // `rows_left` (the others are zero-filled).
+  long long const k_row_bytes = params.k_row_stride * int(sizeof(Element));
+  long long const v_row_bytes = params.v_row_stride * int(sizeof(Element));
+  uint32_t const k_pass_bytes = static_cast<uint32_t>(kRowsPerPass * k_row_bytes);  // < 2^32 / kPasses (launch_decode.cu)
+  uint32_t const v_pass_bytes = static_cast<uint32_t>(kRowsPerPass * v_row_bytes);
+  auto copy_passes = [&](int slot, const char* k_src, const char* v_src, auto first, auto count, auto check,
+                         int rows_left) __attribute__((always_inline)) {
+    constexpr int kFirst = decltype(first)::value, kCount = decltype(count)::value;
+    uint32_t const slot_k0 = ring_k0 + 2 * slot * kSlotBytes;
+    CUTE_UNROLL
+    for (int i = kFirst; i < kFirst + kCount; ++i) {
+      uint32_t const dst = slot_k0 + swizzled[i % kPeriod] + i / kPeriod * kEightRowsBytes;
+      const char* const k_pass = k_src + static_cast<uint32_t>(i - kFirst) * k_pass_bytes;
+      const char* const v_pass = v_src + static_cast<uint32_t>(i - kFirst) * v_pass_bytes;
+      if constexpr (decltype(check)::value) {
+        bool const valid = lane_row + kRowsPerPass * i < rows_left;
+        cp_async_16_zfill(dst, valid ? k_pass : k_src, valid);  // k_src: inside the cache; not read
+        cp_async_16_zfill(dst + kSlotBytes, valid ? v_pass : v_src, valid);
+      } else {
+        cp_async_16(dst, k_pass);
+        cp_async_16(dst + kSlotBytes, v_pass);
+      }
+    }
+  };
+  // Every pass of a step whose rows follow one another at row_stride from k_rows / v_rows (its first row).
+  auto copy_rows = [&](int slot, const Element* k_rows, const Element* v_rows, int rows_left) __attribute__((always_inline)) {
+    const char* const k_src = reinterpret_cast<const char*>(k_rows + lane_col) + lane_row * k_row_bytes;
+    const char* const v_src = reinterpret_cast<const char*>(v_rows + lane_col) + lane_row * v_row_bytes;
+    if (rows_left >= kWarpKeys) {
+      copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, false_type{}, kWarpKeys);
+    } else {  // the last step of an entry
+      copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, true_type{}, rows_left);
+    }
+  };
+
   // (A paged cache's batch strides are its page strides.)
   int const kv_batch = paged ? 0 : b;
   const Element* const k_head = static_cast<const Element*>(params.k) + kv_batch * params.k_batch_stride + h_kv * params.k_head_stride;
   const Element* const v_head = static_cast<const Element*>(params.v) + kv_batch * params.v_batch_stride + h_kv * params.v_head_stride;
+  auto clamp_page = [&](int entry) { return min(max(entry, 0), params.num_pages - 1); };  // reads stay in the cache
+  auto page_rows = [&](int entry, long long row0, long long batch_stride, long long row_stride, const Element* head) {
+    return head + clamp_page(entry) * batch_stride + row0 * row_stride;
+  };
   auto load_step = [&](int step) __attribute__((always_inline)) {
     int const key0 = step_key0(step);
     int const slot = step % kStages;
-    Tensor sK = slot_k(slot);
-    Tensor sV = slot_v(slot);
+    int const rows_left = keys - key0;
+    int const* const entries = table_ring + slot * kWarpKeys;
     if (!paged) {
-      CUTE_UNROLL
-      for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
-        int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-        bool const valid = key0 + r < keys;
-        long long const key = valid ? key0 + r : 0;
-        cp_async_16_zfill(&sK(r, col), k_head + key * params.k_row_stride + col, valid);
-        cp_async_16_zfill(&sV(r, col), v_head + key * params.v_row_stride + col, valid);
-      }
+      copy_rows(slot, k_head + key0 * params.k_row_stride, v_head + key0 * params.v_row_stride, rows_left);
     } else if (page_of(key0 + kWarpKeys - 1) == page_of(key0)) {
-      // The step's keys lie in one page (always, for page sizes that are multiples of kWarpKeys): its rows
-      // follow at row_stride, and the copies cost what a contiguous cache's do. (The kernel issues an
-      // instruction about every 3 cycles with one CTA a multiprocessor; per-row page arithmetic made
-      // paged calls 1.3-1.6x slower, bench/NOTES-variants.md.)
-      int const page = min(max(table_ring[slot * kWarpKeys], 0), params.num_pages - 1);
+      // The step's keys lie in one page (always, for page sizes that are multiples of kWarpKeys): one
+      // entry, and the copies of a contiguous cache.
       long long const row0 = key0 - page_of(key0) * params.page_size;
-      const Element* const k_rows = k_head + page * params.k_batch_stride + row0 * params.k_row_stride;
-      const Element* const v_rows = v_head + page * params.v_batch_stride + row0 * params.v_row_stride;
-      CUTE_UNROLL
-      for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
-        int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-        bool const valid = key0 + r < keys;
-        long long const row = valid ? r : 0;
-        cp_async_16_zfill(&sK(r, col), k_rows + row * params.k_row_stride + col, valid);
-        cp_async_16_zfill(&sV(r, col), v_rows + row * params.v_row_stride + col, valid);
-      }
-    } else {  // page sizes below a step's keys, or not dividing them: a page per row
-      const int* const entries = table_ring + slot * kWarpKeys;
+      copy_rows(slot, page_rows(entries[0], row0, params.k_batch_stride, params.k_row_stride, k_head),
+                page_rows(entries[0], row0, params.v_batch_stride, params.v_row_stride, v_head), rows_left);
+    } else if (2 * params.page_size == kWarpKeys) {
+      // Two pages a step (16-key pages at d = 64): each half of the passes from its page's first row.
+      const char* const lane_k = reinterpret_cast<const char*>(k_head + lane_col) + lane_row * k_row_bytes;
+      const char* const lane_v = reinterpret_cast<const char*>(v_head + lane_col) + lane_row * v_row_bytes;
+      auto half = [&](int e, auto first) __attribute__((always_inline)) {
+        long long const page = clamp_page(entries[e]);
+        long long const k_page = page * params.k_batch_stride * int(sizeof(Element));
+        long long const v_page = page * params.v_batch_stride * int(sizeof(Element));
+        if (rows_left >= kWarpKeys) {
+          copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, false_type{}, kWarpKeys);
+        } else {
+          copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, true_type{}, rows_left);
+        }
+      };
+      half(0, Int<0>{});
+      half(1, Int<kPasses / 2>{});
+    } else {  // smaller pages, or pages that do not divide a step: a page per row
       int const first_page = page_of(key0);
+      Tensor sK = slot_k(slot);
+      Tensor sV = slot_v(slot);
       CUTE_UNROLL
       for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
         int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-        bool const valid = key0 + r < keys;
+        bool const valid = r < rows_left;
         long long page = 0, row = 0;
         if (valid) {
           int const key_page = page_of(key0 + r);
-          page = min(max(entries[key_page - first_page], 0), params.num_pages - 1);
+          page = clamp_page(entries[key_page - first_page]);
           row = key0 + r - key_page * params.page_size;
         }
         cp_async_16_zfill(&sK(r, col), k_head + page * params.k_batch_stride + row * params.k_row_stride + col, valid);
@@ -340,7 +411,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     for (int w = 0; w < kNWarps; ++w) { m = fmaxf(m, merge_lse[w * kRows + tidx]); }
     float sum = 0.f;
     CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) { sum += m == -INFINITY ? 0.f : expf(merge_lse[w * kRows + tidx] - m); }
+    for (int w = 0; w < kNWarps; ++w) { sum += merge_weight(merge_lse[w * kRows + tidx], m); }  // exp(lse_w - m)
     float const row_lse = merged_lse(m, sum);
     CUTE_UNROLL
     for (int w = 0; w < kNWarps; ++w) { merge_lse[w * kRows + tidx] = merge_weight(merge_lse[w * kRows + tidx], row_lse); }

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <cstdint>
 
 #include <cutlass/numeric_types.h>
 
@@ -45,8 +46,12 @@ bool sm80_decode_covers(const FwdParams& p) {
   // One K/V sequence an entry, contiguous or paged; no varlen, no left padding.
   bool const entry_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.leftpad_k == nullptr;
   long long const rows = static_cast<long long>(p.seqlen_q) * p.heads_ratio;
+  // A warp step's rows span less than 4 GB (its copies add 32-bit offsets: at most 32 rows, 2 bytes an
+  // element).
+  auto step_in_32_bits = [](long long row_stride) { return row_stride >= 0 && row_stride * 2 * 32 <= UINT32_MAX; };
   return halves && entry_keys && p.seqlen_q >= 1 && rows <= kSm80DecodeRows && p.window_left < 0 &&
-         p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM80_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p);
+         p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM80_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
+         step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);
 }
 
 cudaError_t launch_sm80_decode(const FwdParams& params, cudaStream_t stream) {

@@ -270,7 +270,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     pass fills the GPU; a plain call of at most 64 fp16 / bf16 queries chooses the same way) or n >= 1
     parts of the keys (at most one per 128 keys and 1024 in all), merged by lse. The split is a
     schedule of the tensor-core backends; the CUDA-core backends (and varlen batches) run the keys in
-    one pass. It changes nothing beyond rounding.
+    one pass. It changes nothing beyond rounding. (Host arrays sent to a GPU backend take the schedule
+    num_splits=None would: they go through the plain call.)
     """
     if not (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
             and block_table is None and k_new is None and v_new is None and num_splits is None):

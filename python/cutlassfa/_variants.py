@@ -96,7 +96,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
         given["window"] = (win.left, win.right)
     if cap > 0:
         given["softcap"] = cap
-    if splits > 1:
+    if splits > 1 or asked_splits == 1 and not _is_host(q):
+        # An explicit 1 on device arrays too: the plain path splits a call of few queries by itself
+        # (dispatch.cpp, dense_num_splits), so one pass must be asked for through this path.
         given["num_splits"] = splits
     if not given:
         return PLAIN
