@@ -96,6 +96,11 @@ def _variant_runs(backend, dtype, rng):
                                 num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
         ref, _ = kvcache_reference(q, kc, vc, cache_seqlens=lengths, causal=True)
         runs.append((f"decode d={d}", rel_l2(to_numpy64(out), ref)))
+        # A plain decode call whose last key step runs past the end of k and v (700 keys, the last head's
+        # last rows at the end of each allocation): the rows past the keys are zero-filled, never read.
+        q1, k1, v1 = normal(1, 8, 1, d), normal(1, 2, 700, d), normal(1, 2, 700, d)
+        out = cutlassfa.forward(cuda(q1), cuda(k1), cuda(v1), backend=backend)
+        runs.append((f"decode at the end of the cache d={d}", rel_l2(to_numpy64(out), attention_reference(q1, k1, v1)[0])))
         # The same caches paged (page size 16, shuffled pages) with two appended keys: the decode kernel's
         # page lookups at d = 128.
         b, page, pages_per_seq = 3, 16, 44

@@ -126,8 +126,9 @@ def _paged(torch, cache, lengths, page_size, rng):
 @pytest.mark.parametrize("page_size", [1, 7, 8, 16, 32, 64, 256])
 @pytest.mark.parametrize("heads,nq", [((8, 2), 1), ((8, 1), 4)], ids=str)
 def test_paged_caches_equal_the_contiguous_cache(torch, rng, backend, need_backend, dtype, d, page_size, heads, nq):
-    """A paged cache (shuffled pages, NaN in the pages past every length) gives the contiguous cache's
-    result bit for bit at the same split count, and both match the reference."""
+    """A paged cache (shuffled pages, NaN in the pages past every length) matches the reference and, where
+    the decode kernel takes the pages (power-of-two sizes), gives the contiguous cache's result bit for
+    bit at the same split count; other sizes run on the tile kernels, equal up to rounding."""
     need_backend(backend)
     hq, hkv = heads
     lengths = [0, 1, 77, 1000, 2049]
@@ -142,7 +143,10 @@ def test_paged_caches_equal_the_contiguous_cache(torch, rng, backend, need_backe
         out, lse = cutlassfa.forward(q, k, v, **kw)
         out_paged, lse_paged = cutlassfa.forward(q, k_pages, v_pages, block_table=table, **kw)
         assert_matches_reference(backend, dtype, out_paged, lse_paged, ref, ref_lse)
-        assert torch.equal(out_paged, out) and torch.equal(lse_paged, lse)
+        if page_size & (page_size - 1) == 0:
+            assert torch.equal(out_paged, out) and torch.equal(lse_paged, lse)
+        else:
+            assert rel_l2(host64(out_paged), host64(out)) <= 2 * bound_for(backend, dtype).rel_l2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -93,9 +93,12 @@ __forceinline__ __device__ void cp_async_16_zfill(uint32_t smem, const void* gme
 __forceinline__ __device__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
   cp_async_16_zfill(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, valid);
 }
-// 16 bytes global -> shared, unconditionally.
-__forceinline__ __device__ void cp_async_16(uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
+// base + times * stride bytes in one IMAD.WIDE.U32 (times a constant once unrolled); written out in C++
+// the compiler took three or four instructions.
+__forceinline__ __device__ const char* mad_wide(uint32_t stride, uint32_t times, const char* base) {
+  unsigned long long out;
+  asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(out) : "r"(stride), "r"(times), "l"(reinterpret_cast<unsigned long long>(base)));
+  return reinterpret_cast<const char*>(out);
 }
 
 // 4 bytes global -> shared (a block-table entry), or 4 zero bytes when !valid.
@@ -145,20 +148,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
 
   // ---- Loads ---------------------------------------------------------------------------------------------
   // A paged cache (params.h): key p is row p % page_size of page block_table[b][p / page_size], clamped
-  // to the pages that exist. Lane l copies the entry of the l-th page that the warp's keys of `step`
-  // touch (if a key below L lies in it) into table slot step % kStages; the copies of step s read it
-  // from there. The entries of step s + kStages - 1 travel in the cp.async group of step s.
+  // to the pages that exist. Lane l < step_pages copies the entry of the l-th page that the warp's keys
+  // of `step` touch (if a key below L lies in it) into table slot step % kStages; the copies of step s
+  // read it from there. The entries of step s + kStages - 1 travel in the cp.async group of step s.
   bool const paged = params.block_table != nullptr;
   const int* const table = paged ? params.block_table + b * params.block_table_stride : nullptr;
   int* const table_ring = reinterpret_cast<int*>(smem + Traits::kSmemTableOffset) + warp * kStages * kWarpKeys;
-  auto page_of = [&](int key) {
-    return params.page_size_log2 >= 0 ? key >> params.page_size_log2 : key / params.page_size;
-  };
+  // Page sizes are powers of two here (launch_decode.cu): a key's page is a shift.
+  int const page_shift = params.page_size_log2;
+  int const step_pages = max(1, kWarpKeys >> max(page_shift, 0));  // entries a step needs
   auto step_key0 = [&](int step) { return (tile_begin + step) * kBlockN + warp * kWarpKeys; };
   auto load_table = [&](int step) {
-    int const key0 = step_key0(step), page = page_of(key0) + lane;
-    bool const read = step < steps && page * params.page_size < min(keys, key0 + kWarpKeys);
-    if (lane < kWarpKeys) {
+    int const page = (step_key0(step) >> page_shift) + lane;
+    bool const read = step < steps && page << page_shift < keys;
+    if (lane < step_pages) {
       cp_async_4_zfill(&table_ring[step % kStages * kWarpKeys + lane], table + (read ? page : 0), read);
     }
   };
@@ -206,40 +209,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     swizzled[j] = static_cast<uint32_t>(__cvta_generic_to_shared(&slot_k(0)(lane_row + kRowsPerPass * j, lane_col))) - ring_k0;
   }
   // Passes [first, first + count) of the step in `slot`, from k_src / v_src (this lane's chunk of pass
-  // `first`'s rows) on at the byte strides below; with `check`, only the passes whose row is below
-  // `rows_left` (the others are zero-filled).
+  // `first`'s rows) on at the byte strides below; the passes whose row is not below `rows_left` are
+  // zero-filled (the source is ignored, not read). One form for every step: with a separate form for
+  // full steps the compiler ran both, predicated.
   long long const k_row_bytes = params.k_row_stride * int(sizeof(Element));
   long long const v_row_bytes = params.v_row_stride * int(sizeof(Element));
-  uint32_t const k_pass_bytes = static_cast<uint32_t>(kRowsPerPass * k_row_bytes);  // < 2^32 / kPasses (launch_decode.cu)
+  uint32_t const k_pass_bytes = static_cast<uint32_t>(kRowsPerPass * k_row_bytes);  // < 2^32 (launch_decode.cu)
   uint32_t const v_pass_bytes = static_cast<uint32_t>(kRowsPerPass * v_row_bytes);
-  auto copy_passes = [&](int slot, const char* k_src, const char* v_src, auto first, auto count, auto check,
+  auto copy_passes = [&](int slot, const char* k_src, const char* v_src, auto first, auto count,
                          int rows_left) __attribute__((always_inline)) {
     constexpr int kFirst = decltype(first)::value, kCount = decltype(count)::value;
     uint32_t const slot_k0 = ring_k0 + 2 * slot * kSlotBytes;
+    int const lane_rows_left = rows_left - lane_row;  // pass i has a row iff kRowsPerPass i < this
     CUTE_UNROLL
     for (int i = kFirst; i < kFirst + kCount; ++i) {
       uint32_t const dst = slot_k0 + swizzled[i % kPeriod] + i / kPeriod * kEightRowsBytes;
-      const char* const k_pass = k_src + static_cast<uint32_t>(i - kFirst) * k_pass_bytes;
-      const char* const v_pass = v_src + static_cast<uint32_t>(i - kFirst) * v_pass_bytes;
-      if constexpr (decltype(check)::value) {
-        bool const valid = lane_row + kRowsPerPass * i < rows_left;
-        cp_async_16_zfill(dst, valid ? k_pass : k_src, valid);  // k_src: inside the cache; not read
-        cp_async_16_zfill(dst + kSlotBytes, valid ? v_pass : v_src, valid);
-      } else {
-        cp_async_16(dst, k_pass);
-        cp_async_16(dst + kSlotBytes, v_pass);
-      }
+      bool const valid = kRowsPerPass * i < lane_rows_left;
+      cp_async_16_zfill(dst, mad_wide(k_pass_bytes, i - kFirst, k_src), valid);
+      cp_async_16_zfill(dst + kSlotBytes, mad_wide(v_pass_bytes, i - kFirst, v_src), valid);
     }
   };
   // Every pass of a step whose rows follow one another at row_stride from k_rows / v_rows (its first row).
   auto copy_rows = [&](int slot, const Element* k_rows, const Element* v_rows, int rows_left) __attribute__((always_inline)) {
     const char* const k_src = reinterpret_cast<const char*>(k_rows + lane_col) + lane_row * k_row_bytes;
     const char* const v_src = reinterpret_cast<const char*>(v_rows + lane_col) + lane_row * v_row_bytes;
-    if (rows_left >= kWarpKeys) {
-      copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, false_type{}, kWarpKeys);
-    } else {  // the last step of an entry
-      copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, true_type{}, rows_left);
-    }
+    copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, rows_left);
   };
 
   // (A paged cache's batch strides are its page strides.)
@@ -257,13 +251,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     int const* const entries = table_ring + slot * kWarpKeys;
     if (!paged) {
       copy_rows(slot, k_head + key0 * params.k_row_stride, v_head + key0 * params.v_row_stride, rows_left);
-    } else if (page_of(key0 + kWarpKeys - 1) == page_of(key0)) {
-      // The step's keys lie in one page (always, for page sizes that are multiples of kWarpKeys): one
-      // entry, and the copies of a contiguous cache.
-      long long const row0 = key0 - page_of(key0) * params.page_size;
+    } else if (step_pages == 1) {
+      // The step's keys lie in one page (pages of kWarpKeys keys or more): one entry, and the copies of a
+      // contiguous cache.
+      long long const row0 = key0 & (params.page_size - 1);
       copy_rows(slot, page_rows(entries[0], row0, params.k_batch_stride, params.k_row_stride, k_head),
                 page_rows(entries[0], row0, params.v_batch_stride, params.v_row_stride, v_head), rows_left);
-    } else if (2 * params.page_size == kWarpKeys) {
+    } else if (step_pages == 2) {
       // Two pages a step (16-key pages at d = 64): each half of the passes from its page's first row.
       const char* const lane_k = reinterpret_cast<const char*>(k_head + lane_col) + lane_row * k_row_bytes;
       const char* const lane_v = reinterpret_cast<const char*>(v_head + lane_col) + lane_row * v_row_bytes;
@@ -271,16 +265,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
         long long const page = clamp_page(entries[e]);
         long long const k_page = page * params.k_batch_stride * int(sizeof(Element));
         long long const v_page = page * params.v_batch_stride * int(sizeof(Element));
-        if (rows_left >= kWarpKeys) {
-          copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, false_type{}, kWarpKeys);
-        } else {
-          copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, true_type{}, rows_left);
-        }
+        copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, rows_left);
       };
       half(0, Int<0>{});
       half(1, Int<kPasses / 2>{});
-    } else {  // smaller pages, or pages that do not divide a step: a page per row
-      int const first_page = page_of(key0);
+    } else {  // smaller pages: a page per row
+      int const first_page = key0 >> page_shift;
       Tensor sK = slot_k(slot);
       Tensor sV = slot_v(slot);
       CUTE_UNROLL
@@ -289,9 +279,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
         bool const valid = r < rows_left;
         long long page = 0, row = 0;
         if (valid) {
-          int const key_page = page_of(key0 + r);
+          int const key_page = (key0 + r) >> page_shift;
           page = clamp_page(entries[key_page - first_page]);
-          row = key0 + r - key_page * params.page_size;
+          row = (key0 + r) & (params.page_size - 1);
         }
         cp_async_16_zfill(&sK(r, col), k_head + page * params.k_batch_stride + row * params.k_row_stride + col, valid);
         cp_async_16_zfill(&sV(r, col), v_head + page * params.v_batch_stride + row * params.v_row_stride + col, valid);

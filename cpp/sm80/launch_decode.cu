@@ -43,11 +43,13 @@ bool sm80_decode_covers(const FwdParams& p) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device_capability(device) < 90) { return false; }
   bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
-  // One K/V sequence an entry, contiguous or paged; no varlen, no left padding.
-  bool const entry_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.leftpad_k == nullptr;
+  // One K/V sequence an entry, contiguous or paged (pages of a power-of-two size: shifts, not divisions,
+  // in the copies of every step); no varlen, no left padding.
+  bool const entry_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.leftpad_k == nullptr &&
+                          (p.block_table == nullptr || p.page_size_log2 >= 0);
   long long const rows = static_cast<long long>(p.seqlen_q) * p.heads_ratio;
-  // A warp step's rows span less than 4 GB (its copies add 32-bit offsets: at most 32 rows, 2 bytes an
-  // element).
+  // A copy pass's rows span less than 4 GB (its stride is a 32-bit register; a step is at most 32 rows,
+  // 2 bytes an element).
   auto step_in_32_bits = [](long long row_stride) { return row_stride >= 0 && row_stride * 2 * 32 <= UINT32_MAX; };
   return halves && entry_keys && p.seqlen_q >= 1 && rows <= kSm80DecodeRows && p.window_left < 0 &&
          p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM80_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&

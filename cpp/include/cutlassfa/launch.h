@@ -34,8 +34,9 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 // The decode kernel of the mma.sync family, run on sm_90 and up (two 100 KB CTAs a multiprocessor):
 // the few query rows of one K/V head (seqlen_q x heads_ratio <= kSm80DecodeRows) against a K/V cache,
 // one CTA per (batch, K/V head, key split), fp16 / bf16 at CUTLASSFA_SM80_DECODE_HEAD_DIMS; contiguous
-// or paged caches with or without seqlens_k, causal or a right window bound, lse, splits. Anything else
-// (varlen, left padding or a left window bound, softcap): cudaErrorNotSupported before any launch.
+// or paged caches (power-of-two page sizes) with or without seqlens_k, causal or a right window bound,
+// lse, splits. Anything else (varlen, left padding or a left window bound, softcap, other page sizes):
+// cudaErrorNotSupported before any launch.
 // cpp/sm80/launch_decode.cu.
 constexpr int kSm80DecodeRows = 32;
 constexpr int kSm80DecodeCtasPerSm = 2;
