@@ -1,6 +1,7 @@
 """`cutlassfa bench`: the exact FLOP count, interleaved timing, median, skip rules, accuracy marking and
 JSON schema on the CPU (cpu backend on tiny shapes, a fake timer where the numbers must be exact); the
-per-call overhead benchmark; a tiny real run on a GPU."""
+paged and varlen grids (cases, inputs, the anchors' dense equivalent, twins); the per-call overhead
+benchmark; tiny real runs on a GPU."""
 
 from __future__ import annotations
 
@@ -278,6 +279,25 @@ def test_first_call_too_slow_is_skipped(tmp_path):
                  "--json", str(path)], FakeTimer([5000.0])) == 0
     (row,) = json.loads(path.read_text())["rows"]
     assert row["status"] == "skipped" and "first call took 5 s" in row["note"]
+
+
+def test_a_slow_first_call_alone_does_not_skip_a_row():
+    """A first call over --max-call-s may be one-time setup (cuDNN's plan per shape): a fast second call
+    keeps the row; two slow ones skip it."""
+    from cutlassfa.reference import attention_reference
+
+    def exact(case):
+        return lambda q, k, v: attention_reference(q, k, v, causal=case.causal)[0]
+
+    case = Case("float32", 1, 2, 2, 8, 32, 16, False)
+    (row,) = bench.bench_case(case, [bench.Runner("setup", exact, on_gpu=False)], bench.Frame(),
+                              bench.Settings(repeats=3, warmup=1, max_call_s=1.0), rates={},
+                              timer_for=lambda r: FakeTimer([5000.0, 1.0]))
+    assert row.status == "ok" and row.rel_err < 1e-12
+    (row,) = bench.bench_case(case, [bench.Runner("slow", exact, on_gpu=False)], bench.Frame(),
+                              bench.Settings(repeats=3, warmup=1, max_call_s=1.0), rates={},
+                              timer_for=lambda r: FakeTimer([5000.0, 3000.0]))
+    assert row.status == "skipped" and "first call took 3 s" in row.note
 
 
 def test_refusing_backend_is_unsupported_not_an_error():
@@ -711,3 +731,369 @@ def test_read_row_sums_every_byte_of_k_and_v(dtype, shape):
     assert bench.runners.as_words(k).data_ptr() == k.data_ptr()
     if nbytes % 8 == 0:
         assert bench.runners.as_words(k).dtype == torch.int64
+
+
+# ---------------------------------------------------------------------------------------------------
+# The paged and varlen grids (--paged, --varlen): cases, inputs, twins, the command.
+# ---------------------------------------------------------------------------------------------------
+def test_paged_grid_pairs_every_shape_with_a_contiguous_twin():
+    grid = bench.paged_grid()
+    assert bench.select_cases(_args(["--paged"])) == grid
+    assert {c.variant.page_size for c in grid} == {0, 16, 64, 256}
+    assert all(c.dtype == "bfloat16" and c.H == 32 and c.Hk in (8, 32) and c.d in (128, 64) for c in grid)
+    assert all((c.Nq, c.causal) in {(1, False), (4, True)} and c.variant.cache_seqlens == (c.Nk,) * c.B
+               for c in grid)
+    # each shape: its contiguous cache, then one case per page size, the twin first
+    for i in range(0, len(grid), 4):
+        contiguous, *paged = grid[i:i + 4]
+        assert contiguous.variant.page_size == 0 and bench.twin_of(contiguous) is None
+        assert [c.variant.page_size for c in paged] == [16, 64, 256]
+        assert all(bench.twin_of(c) == contiguous for c in paged)
+    shapes = {(c.d, c.Hk, c.B, c.Nk, c.Nq) for c in grid}
+    every = {(d, hk, b, nk, nq) for d in (128, 64) for hk in (8, 32) for b in (1, 8, 64) for nk in (16384, 131072)
+             for nq in (1, 4)}
+    left_out = every - shapes
+    # only K + V over 32 GiB is left out: 8 K/V heads at B 64 and 128k keys (exactly 32 GiB at d 128) stays
+    assert left_out == {(d, 32, 64, 131072, nq) for d in (128, 64) for nq in (1, 4)}
+    assert max(2 * c.B * c.Hk * c.Nk * c.d * 2 for c in grid) == bench.DECODE_MAX_KV_BYTES
+    assert len(grid) == 4 * len(shapes) == 176
+
+    quick = bench.select_cases(_args(["--paged", "--quick"]))
+    assert quick == bench.paged_quick_grid() and len(quick) == 12 and set(quick) <= set(grid)
+    sized = bench.select_cases(_args(["--paged", "--quick", "--page-sizes", "32"]))
+    assert {c.variant.page_size for c in sized} == {0, 32}
+    assert all(c.causal for c in bench.select_cases(_args(["--paged", "--causal", "yes"])))
+    assert {c.dtype for c in bench.select_cases(_args(["--paged", "--quick", "--dtypes", "float16"]))} == {"float16"}
+    shaped = bench.select_cases(_args(["--paged", "--shape", "2,8:2,1,100,64", "--page-sizes", "16,7"]))
+    assert [(c.B, c.H, c.Hk, c.Nq, c.Nk, c.d, c.variant.page_size, c.dtype) for c in shaped] == [
+        (2, 8, 2, 1, 100, 64, p, "bfloat16") for p in (0, 16, 7)]
+
+
+def test_varlen_grid_follows_each_batch_with_its_dense_twin():
+    grid = bench.varlen_grid()
+    assert bench.select_cases(_args(["--varlen"])) == grid
+    assert bench.select_cases(_args(["--varlen", "--quick"])) == grid[:2]
+    varlen, dense = grid[0::2], grid[1::2]
+    assert [c.variant.kind for c in varlen] == ["varlen"] * 3 and all(c.variant.kind == "dense" for c in dense)
+    for v, twin in zip(varlen, dense):
+        lengths = v.variant.seqlens_q
+        assert v.variant.seqlens_k == lengths and bench.twin_of(v) == twin and bench.twin_of(twin) is None
+        assert (v.dtype, v.H, v.Hk, v.d, v.causal) == ("bfloat16", 32, 8, 128, True)
+        assert v.B == twin.B == len(lengths) and v.Nq == v.Nk == max(lengths)
+        assert twin.Nq == twin.Nk == round(sum(lengths) / len(lengths))
+    first = varlen[0].variant.seqlens_q
+    assert len(first) == 16 and 64 <= min(first) and max(first) <= 8192
+    assert first == tuple(int(n) for n in np.random.default_rng(0).integers(64, 8193, 16))  # a fixed draw
+    assert dense[0].Nq == 4164
+    assert len(varlen[1].variant.seqlens_q) == 64 and max(varlen[1].variant.seqlens_q) <= 1024
+    assert max(varlen[2].variant.seqlens_q) == 16384
+    mine = bench.select_cases(_args(["--varlen", "--lengths", "5,40,17", "--lengths", "33", "--dtypes",
+                                     "float16,bfloat16", "--head-dims", "64", "--causal", "both"]))
+    assert len(mine) == 2 * 2 * 2 * 2 and {c.d for c in mine} == {64}
+    assert {c.variant.seqlens_q for c in mine if c.variant.kind == "varlen"} == {(5, 40, 17), (33,)}
+    assert {(c.dtype, c.causal) for c in mine} == {(dt, ca) for dt in ("float16", "bfloat16") for ca in (False, True)}
+
+
+def test_block_table_is_a_shuffled_permutation_of_the_pool():
+    case = bench.kvcache_case("float32", 4, 2, 2, 1, 100, 8, False, page_size=16)
+    table = bench.feeds.block_table(case, seed=3)
+    assert table.dtype == np.int32 and table.shape == (4, 7)  # ceil(100 / 16) pages an entry
+    assert sorted(table.ravel().tolist()) == list(range(28))  # every page of the pool, once
+    assert not all(np.all(np.diff(row) == 1) for row in table)  # not in order
+    assert np.array_equal(table, bench.feeds.block_table(case, seed=3))
+    feed = bench.make_feed(case, bench.Frame(), seed=3)
+    q, k, v, seqlens, table = feed.own
+    assert q.shape == (4, 2, 1, 8) and k.shape == v.shape == (28, 2, 16, 8)
+    assert seqlens.tolist() == [100] * 4 and np.array_equal(table, feed.index["block_table"])
+
+
+class _TorchCpuFrame(bench.Frame):
+    """The numpy frame's values as PyTorch CPU tensors (index arrays stay numpy): the torch code paths of
+    the feeds without a GPU."""
+
+    def randn(self, shape, dtype, seed):
+        import torch
+
+        return torch.from_numpy(super().randn(shape, dtype, seed))
+
+    def empty_like(self, x, shape):
+        import torch
+
+        return torch.empty(shape, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("frame_name", ["numpy", "torch"])
+@pytest.mark.parametrize("nk, page_size", [(64, 16), (37, 16), (5, 8), (48, 1)])
+def test_gathered_dense_cache_holds_what_the_pages_hold(frame_name, nk, page_size):
+    """The anchors' contiguous cache, gathered with numpy indexing or PyTorch's, equals a lookup of each
+    key position through the block table, one at a time."""
+    if frame_name == "torch":
+        pytest.importorskip("torch")
+    frame = bench.Frame() if frame_name == "numpy" else _TorchCpuFrame()
+    case = bench.kvcache_case("float32", 3, 4, 2, 1, nk, 8, False, page_size=page_size)
+    feed = bench.with_dense(case, frame, bench.make_feed(case, frame, seed=5))
+    q, pool = feed.own[:2]
+    table = feed.index["block_table"]
+    dense_q, dense_k, dense_v = feed.dense
+    assert dense_q is q and tuple(dense_k.shape) == (3, 2, nk, 8)
+    dense_k, pool = np.asarray(dense_k), np.asarray(pool)
+    for b in range(3):
+        for p in range(nk):
+            assert np.array_equal(dense_k[b, :, p], pool[table[b, p // page_size], :, p % page_size])
+    assert np.array_equal(np.asarray(dense_v), np.asarray(bench.gather_pages(bench.Frame(), np.asarray(feed.own[2]),
+                                                                                table, nk)))
+
+
+def test_contiguous_and_plain_cases_feed_the_anchors_our_own_arrays():
+    frame = bench.Frame()
+    for case in (bench.kvcache_case("float32", 2, 4, 2, 1, 40, 8, False), Case("float32", 2, 4, 2, 3, 40, 8, True)):
+        feed = bench.with_dense(case, frame, bench.make_feed(case, frame, seed=1))
+        assert all(a is b for a, b in zip(feed.dense, feed.own[:3]))
+
+
+def test_varlen_packing_and_pair_counts():
+    lengths = (5, 40, 17, 1)
+    case = bench.varlen_case("float32", 4, 2, 8, True, lengths)
+    feed = bench.with_dense(case, bench.Frame(), bench.make_feed(case, bench.Frame(), seed=2))
+    q, k, v, cu_q, cu_k = feed.own
+    assert cu_q.tolist() == cu_k.tolist() == [0, 5, 45, 62, 63] and cu_q.dtype == np.int32
+    assert q.shape == (63, 4, 8) and k.shape == v.shape == (63, 2, 8)
+    qs, ks, vs = feed.dense
+    for i, n in enumerate(lengths):
+        assert qs[i].shape == (1, 4, n, 8) and ks[i].shape == vs[i].shape == (1, 2, n, 8)
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        assert np.array_equal(qs[i][0], q[rows].swapaxes(0, 1)) and np.shares_memory(qs[i], q)  # views
+        assert np.array_equal(vs[i][0], v[rows].swapaxes(0, 1))
+    # visible pairs: causal n (n + 1) / 2 a sequence and head; not causal n^2
+    assert bench.case_flops(case) == 4 * 4 * 8 * sum(n * (n + 1) // 2 for n in lengths)
+    open_case = bench.varlen_case("float32", 4, 2, 8, False, lengths)
+    assert bench.case_flops(open_case) == 4 * 4 * 8 * sum(n * n for n in lengths)
+    twin = bench.dense_at_mean(case)
+    assert (twin.B, twin.Nq, twin.Nk) == (4, 16, 16)  # mean 15.75
+    assert bench.case_flops(twin) == bench.attention_flops(4, 4, 16, 16, 8, True)
+    # q and o of 63 rows x 4 heads, k and v of 63 rows x 2 heads, float32
+    assert bench.case_bytes(case) == 4 * 8 * (2 * 4 * 63 + 2 * 2 * 63)
+    paged = bench.kvcache_case("bfloat16", 8, 32, 8, 4, 16384, 128, True, page_size=16)
+    contiguous = bench.twin_of(paged)
+    assert bench.case_flops(paged) == bench.case_flops(contiguous) == bench.attention_flops(8, 32, 4, 16384, 128, True)
+    assert bench.case_bytes(paged) == bench.attention_bytes(8, 32, 8, 4, 16384, 128, 2)
+
+
+def _ratio_row(backend, case, ms, rate_of=bench.tflops):
+    row = bench.Row(backend, case, ms=ms)
+    if backend == bench.READ:
+        row.gbps = bench.case_bytes(case) / (ms * 1e-3) / 1e9
+    else:
+        row.tflops = rate_of(case, ms)
+    return row
+
+
+def test_twin_ratios_and_their_summary_on_synthetic_rows():
+    contiguous = bench.kvcache_case("bfloat16", 8, 32, 8, 1, 16384, 128, False)
+    paged = [bench.kvcache_case("bfloat16", 8, 32, 8, 1, 16384, 128, False, page_size=p) for p in (16, 64, 256)]
+    varlen = bench.varlen_case("bfloat16", 32, 8, 128, True, (100, 300, 800))
+    dense = bench.dense_at_mean(varlen)
+    rows = [_ratio_row("tensorcore", contiguous, 0.100), _ratio_row(bench.READ, contiguous, 0.080)]
+    rows += [_ratio_row("tensorcore", c, ms) for c, ms in zip(paged, (0.125, 0.110, 0.100))]
+    rows += [_ratio_row(bench.READ, paged[0], 0.100), _ratio_row("sdpa_cudnn", paged[1], 0.2)]  # no sdpa twin
+    rows += [_ratio_row("tensorcore", varlen, 2.0), _ratio_row("tensorcore", dense, 1.0)]
+    bench.apply_twins(rows)
+    by = {(r.backend, r.case): r for r in rows}
+    # paged: the same FLOPs, so the rate ratio is the time ratio
+    assert [by[("tensorcore", c)].vs_twin for c in paged] == pytest.approx([0.8, 100 / 110, 1.0])
+    assert by[("tensorcore", paged[0])].twin == contiguous.label
+    assert by[(bench.READ, paged[0])].vs_twin == pytest.approx(0.8)  # read: GB/s
+    assert by[("sdpa_cudnn", paged[1])].vs_twin is None and by[("tensorcore", contiguous)].vs_twin is None
+    # varlen: TFLOP/s over each case's own visible pairs
+    expected = (bench.case_flops(varlen) / 2.0) / (bench.case_flops(dense) / 1.0)
+    assert by[("tensorcore", varlen)].vs_twin == pytest.approx(expected) and by[("tensorcore", dense)].vs_twin is None
+
+    table = bench.report.results_table(rows)
+    assert "| vs twin" in table and "| variant" in table and "paged 16" in table and "0.800" in table
+    assert "vs twin" not in bench.report.results_table([bench.Row("cpu", Case("float32", 1, 1, 1, 8, 8, 8, False))])
+    summary = bench.report.twin_summary(rows).splitlines()
+    paged_ratios = [0.8, 100 / 110, 1.0]
+    geomean = float(np.exp(np.mean(np.log(paged_ratios))))
+    assert summary[1] == (f"  paged / contiguous cache, tensorcore: min 0.800, geomean {geomean:.3f}, max 1.000 "
+                          f"over 3 cases (1 below 0.9)")
+    assert summary[2].startswith("  varlen / dense at the mean length, tensorcore: min") and len(summary) == 3
+    doc = json.loads(json.dumps(by[("tensorcore", paged[0])].to_json()))
+    assert doc["mode"] == "paged" and doc["page_size"] == 16 and doc["variant"] == "paged 16"
+    assert doc["seqlens_k"] == [16384] * 8 and doc["seqlens_q"] is None
+    assert doc["twin"] == contiguous.label and doc["vs_twin"] == pytest.approx(0.8)
+    doc = by[("tensorcore", varlen)].to_json()
+    assert doc["mode"] == "varlen" and doc["seqlens_q"] == doc["seqlens_k"] == [100, 300, 800]
+    assert doc["page_size"] is None and doc["flops"] == bench.case_flops(varlen)
+
+
+def test_new_flags_and_their_refusals(monkeypatch, capsys):
+    for argv in (["--paged", "--varlen"], ["--decode", "--paged"], ["--decode", "--varlen"], ["--page-sizes", "0"],
+                 ["--lengths", "3,-1"]):
+        with pytest.raises(SystemExit):
+            _args(argv)
+    for argv, why in ((["--quick", "--page-sizes", "16"], "--page-sizes goes with --paged"),
+                      (["--paged", "--lengths", "16"], "--lengths goes with --varlen"),
+                      (["--paged", "--window", "8,0"], "--window is for dense cases"),
+                      (["--varlen", "--window", "8,0"], "--window is for dense cases"),
+                      (["--varlen", "--shape", "1,2,64,32"], "--varlen takes --lengths")):
+        assert _run(argv + ["--backends", "cpu", "--no-progress"]) == 2
+        assert why in capsys.readouterr().err
+    # read is a default row of --paged (a decode grid), not of --varlen (prefill)
+    asked = []
+    monkeypatch.setattr(bench.cli, "make_runners", lambda names, frame: (asked.append(list(names)), ([], {}))[1])
+    assert _run(["--paged", "--quick", "--no-progress"]) == 2 and _run(["--varlen", "--quick", "--no-progress"]) == 2
+    assert bench.READ in asked[0] and bench.READ not in asked[1]
+    assert set(bench.SDPA_BACKENDS) <= set(asked[0]) & set(asked[1])
+
+
+def test_paged_run_on_the_cpu_backend(tmp_path, capsys):
+    """--paged end to end on the cpu backend (KV-cache calls take host arrays without the extension): every
+    row checked against the reference, the paged rows held against their contiguous twin, the JSON
+    self-describing."""
+    path = tmp_path / "paged.json"
+    code = _run(["--paged", "--shape", "2,4:2,1,100,32", "--shape", "1,4:2,3,64,32", "--causal", "both",
+                 "--page-sizes", "16,7", "--dtypes", "float32", "--backends", "cpu", "--repeats", "3", "--warmup", "1",
+                 "--no-progress", "--json", str(path)], FakeTimer([2.0]))
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "paged / contiguous cache, cpu: min 1.000, geomean 1.000, max 1.000 over 8 cases" in out
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "cutlassfa-bench/3" and "vs_twin" in doc["settings"]
+    rows = doc["rows"]
+    assert len(rows) == 2 * 2 * 3 and all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in rows), rows
+    assert [r["page_size"] for r in rows[:3]] == [None, 16, 7] and [r["mode"] for r in rows[:3]] == [
+        "kvcache", "paged", "paged"]
+    for r in rows:
+        assert r["seqlens_k"] == [r["Nk"]] * r["B"] and r["seqlens_q"] is None
+        assert r["flops"] == bench.attention_flops(r["B"], r["H"], r["Nq"], r["Nk"], r["d"], r["causal"])
+        if r["mode"] == "paged":
+            assert r["vs_twin"] == 1.0 and r["twin"].endswith("contiguous cache") and "block_table" in r["fed"]
+        else:
+            assert r["vs_twin"] is None and r["twin"] is None and "contiguous" in r["fed"]
+
+
+def test_a_paged_row_reading_the_wrong_pages_is_inaccurate():
+    """The reference follows the case's block table: a call that reads another entry's pages is caught."""
+    import cutlassfa
+
+    def wrong_pages(case):
+        return lambda q, k, v, seqlens, table: cutlassfa.forward(
+            q, k, v, cache_seqlens=seqlens, block_table=np.ascontiguousarray(table[::-1]), backend="cpu")
+
+    case = bench.kvcache_case("float32", 2, 4, 2, 1, 64, 32, False, page_size=16)
+    right, wrong = bench.bench_case(case, [bench.ours("cpu"), bench.Runner("wrong_pages", wrong_pages, on_gpu=False)],
+                                    bench.Frame(), bench.Settings(repeats=2, warmup=1), rates={},
+                                    timer_for=lambda r: FakeTimer([1.0]))
+    assert right.status == "ok" and right.rel_err < 1e-5
+    assert wrong.status == "inaccurate" and wrong.rel_err > 0.1
+
+
+def test_varlen_run_on_the_cpu_backend(tmp_path, monkeypatch):
+    """--varlen end to end on the cpu backend: the varlen row checked against varlen_reference on its
+    sampled sequences, the dense twin at the mean length, and the ratio of their TFLOP/s (each over its own
+    visible pairs). The twin is a plain call, which needs the extension; without it, the numpy backend's
+    own function stands in for the plain path."""
+    import cutlassfa
+    from cutlassfa import _api
+    from cutlassfa.cpu import forward_cpu
+
+    if _api._C is None:
+        real = cutlassfa.forward
+
+        def forward(q, k, v, *, causal=False, backend="auto", **variant):
+            if variant:
+                return real(q, k, v, causal=causal, backend=backend, **variant)
+            return forward_cpu(q, k, v, causal=causal, softmax_scale=None, return_lse=False)
+
+        monkeypatch.setattr(cutlassfa, "forward", forward)
+    path = tmp_path / "varlen.json"
+    code = _run(["--varlen", "--lengths", "5,40,17", "--head-dims", "32", "--dtypes", "float32", "--backends", "cpu",
+                 "--repeats", "3", "--warmup", "1", "--no-progress", "--json", str(path)], FakeTimer([2.0]))
+    assert code == 0
+    varlen, dense = json.loads(path.read_text())["rows"]
+    assert varlen["mode"] == "varlen" and varlen["seqlens_q"] == varlen["seqlens_k"] == [5, 40, 17]
+    assert [varlen[key] for key in ("B", "H", "Hk", "Nq", "d", "causal")] == [3, 32, 8, 40, 32, True]
+    assert varlen["flops"] == 4 * 32 * 32 * (15 + 820 + 153) and "cu_seqlens" in varlen["fed"]
+    assert dense["mode"] == "dense" and (dense["B"], dense["Nq"], dense["Nk"]) == (3, 21, 21)
+    assert varlen["status"] == dense["status"] == "ok" and varlen["rel_err"] < 1e-5 and dense["rel_err"] < 1e-5
+    assert varlen["vs_twin"] == pytest.approx(varlen["flops"] / dense["flops"])  # the same 2 ms each
+    assert varlen["twin"] == "float32 B3 H32/8 21x21 d32 causal " + dense["variant"]
+
+
+def test_sdpa_rows_on_the_dense_equivalent_match_the_references():
+    """SDPA (the math backend, CPU PyTorch) on what the anchors are fed: the gathered cache of a paged
+    case equals kvcache_reference on the pages, the per-sequence calls of a varlen batch equal
+    varlen_reference on the packed arrays."""
+    _torch_cpu()
+    from cutlassfa.reference import kvcache_reference, rel_l2, varlen_reference
+
+    frame = _TorchCpuFrame()
+    runner = bench.sdpa("sdpa_math")
+    assert runner.feed == bench.DENSE and bench.ours("cpu").feed == bench.read().feed == bench.OWN
+    paged = bench.kvcache_case("float32", 3, 4, 2, 4, 50, 16, True, page_size=16)
+    feed = bench.with_dense(paged, frame, bench.make_feed(paged, frame, seed=4))
+    with runner.context():
+        out = runner.prepare(paged)(*feed.dense)
+    q, k, v = (x.numpy() for x in feed.own[:3])
+    ref, _ = kvcache_reference(q, k, v, causal=True, **feed.index)
+    assert rel_l2(out.numpy(), ref) < 1e-5
+
+    varlen = bench.varlen_case("float32", 4, 2, 16, True, (7, 30, 1, 12))
+    feed = bench.with_dense(varlen, frame, bench.make_feed(varlen, frame, seed=4))
+    with runner.context():
+        outs = runner.prepare(varlen)(*feed.dense)
+    q, k, v = (x.numpy() for x in feed.own[:3])
+    ref, _ = varlen_reference(q, k, v, feed.index["cu_seqlens_q"], feed.index["cu_seqlens_k"], causal=True)
+    packed = np.concatenate([o[0].numpy().swapaxes(0, 1) for o in outs])
+    assert rel_l2(packed, ref) < 1e-5
+    # the samples the bench compares: SDPA's per-sequence outputs against the same slices of the reference
+    sample = bench.reference_sample(varlen, q, k, v, feed.index)
+    assert rel_l2(bench.output_sample(varlen, outs), sample) < 1e-5
+    assert np.array_equal(bench.output_sample(varlen, packed, feed.index), bench.output_sample(varlen, outs))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The paged and varlen quick grids on a GPU.
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_paged_quick_grid_on_gpu(tmp_path, torch, need_backend, graph):
+    """`bench --paged --quick`: ours (tensorcore) on shuffled pages and on the contiguous twin, accurate;
+    cuDNN and FlashAttention SDPA on the gathered cache; read on the page pools; every paged row of ours
+    with its ratio to the contiguous cache."""
+    need_backend("tensorcore")
+    path = tmp_path / "paged.json"
+    code = bench.main(["--paged", "--quick", "--backends", "tensorcore,sdpa_cudnn,sdpa_flash,read", "--repeats", "3",
+                       "--warmup", "1", "--no-peaks", "--no-progress", "--json", str(path)]
+                      + (["--graph"] if graph else []))
+    assert code == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 12 * 4
+    ours = [r for r in rows if r["backend"] == "tensorcore"]
+    assert all(r["status"] == "ok" and r["rel_err"] < 2e-2 and r["gbps"] > 0 for r in ours), ours
+    assert all(r["vs_twin"] > 0 for r in ours if r["mode"] == "paged")
+    reads = [r for r in rows if r["backend"] == "read"]
+    assert all(r["status"] == "ok" and r["gbps"] > 0 for r in reads), reads
+    sdpa = [r for r in rows if r["backend"].startswith("sdpa_")]
+    assert all(r["status"] != "error" for r in sdpa), sdpa
+    assert any(r["status"] == "ok" and r["mode"] == "paged" and "gathered" in r["fed"] for r in sdpa), sdpa
+
+
+@pytest.mark.gpu
+def test_varlen_quick_grid_on_gpu(tmp_path, torch, need_backend):
+    """`bench --varlen --quick`: ours through varlen_forward and its dense twin, accurate, with their ratio;
+    SDPA one call per sequence; read on the packed arrays."""
+    need_backend("tensorcore")
+    path = tmp_path / "varlen.json"
+    code = bench.main(["--varlen", "--quick", "--backends", "tensorcore,sdpa_flash,sdpa_cudnn,read", "--repeats", "3",
+                       "--warmup", "1", "--no-peaks", "--no-progress", "--json", str(path)])
+    assert code == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 2 * 4
+    ours = {r["mode"]: r for r in rows if r["backend"] == "tensorcore"}
+    assert all(r["status"] == "ok" and r["rel_err"] < 2e-2 and r["tflops"] > 0 for r in ours.values()), ours
+    assert ours["varlen"]["vs_twin"] > 0 and ours["varlen"]["twin"].endswith(ours["dense"]["variant"])
+    sdpa = [r for r in rows if r["backend"].startswith("sdpa_")]
+    assert all(r["status"] != "error" for r in sdpa), sdpa
+    assert any(r["status"] == "ok" and r["mode"] == "varlen" for r in sdpa), sdpa
+    assert all(r["status"] == "ok" for r in rows if r["backend"] == "read")

@@ -1,7 +1,7 @@
 """`cutlassfa bench` on the command line. Exit status: 0; 1 when a row of ours failed (its output
 outside the accuracy bound, or an error other than a refusal or out of memory); 2 for a usage error
-(unknown dtype or backend, bad counts, nothing can run, --plot without matplotlib, a --json or --plot
-path that cannot be written)."""
+(unknown dtype or backend, bad counts, options that do not go together, nothing can run, --plot without
+matplotlib, a --json or --plot path that cannot be written)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from .._inputs import DTYPES
 from .._provenance import gpu as gpu_info
 from .frames import Frame, pick_frame
 from .grid import parse_shape, parse_window, select_cases
-from .measure import Row, Settings, apply_peaks, bench_case, measure_peaks
+from .measure import Row, Settings, apply_peaks, apply_twins, bench_case, measure_peaks
 from .overhead import (DEFAULT_CALLS, DEFAULT_SYNC_CALLS, overhead_document, overhead_table, sync_rows,
                        tiny_call_rows)
 from .plot import write_plot
-from .report import Progress, json_default, peaks_text, results_table, to_document
+from .report import Progress, json_default, peaks_text, results_table, to_document, twin_summary
 from .rules import DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP
 from .runners import ALL_BACKENDS, OUR_BACKENDS, Runner, make_runners, select_backends
 from .timing import Timer, TorchGraphTimer, WallTimer
@@ -48,21 +48,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a sliding window on every case: query i sees keys i + Nk - Nq - LEFT .. + RIGHT "
                              "(-1: unbounded); adds the flex (FlexAttention) anchor, as SDPA has none")
     parser.add_argument("--head-dims", type=_ints, metavar="D,D,...",
-                        help="the grid's fp16 / bf16 head dims (default 64,128; e.g. 64,96,128,192,256); with "
-                             "--quick, a filter")
-    parser.add_argument("--decode", action="store_true",
-                        help="the decode grid instead: 1 new query (or 4, causal) against K/V caches of 2k-128k "
-                             "keys, B 1/8/64, 32 query heads on 32/8/4 K/V heads, d 128/64 (with --quick: 3 cases); "
-                             "adds the read row: a plain read of K and V, the bandwidth ceiling of the same run")
+                        help="the grid's fp16 / bf16 head dims (default 64,128; e.g. 64,96,128,192,256; "
+                             "--decode's, --paged's or --varlen's with those); with --quick, a filter (--varlen: "
+                             "the head dims)")
+    grids = parser.add_mutually_exclusive_group()
+    grids.add_argument("--decode", action="store_true",
+                       help="the decode grid instead: 1 new query (or 4, causal) against K/V caches of 2k-128k "
+                            "keys, B 1/8/64, 32 query heads on 32/8/4 K/V heads, d 128/64 (with --quick: 3 cases); "
+                            "adds the read row: a plain read of K and V, the bandwidth ceiling of the same run")
+    grids.add_argument("--paged", action="store_true",
+                       help="the paged grid instead: the decode queries (1, or 4 causal) against paged caches of "
+                            "16k and 128k keys (every entry full, pages shuffled), B 1/8/64, 32 query heads on 8/32 "
+                            "K/V heads, d 128/64, bf16 (--dtypes to change; with --quick: 3 shapes); each shape "
+                            "with a contiguous cache and then at each of --page-sizes, the 'vs twin' column being "
+                            "paged / contiguous. SDPA gets the pages gathered into a contiguous cache (outside the "
+                            "timing); adds the read row, reading the page pools. With --shape: those shapes")
+    grids.add_argument("--varlen", action="store_true",
+                       help="the varlen grid instead: causal prefill through varlen_forward of packed batches of "
+                            "mixed lengths (16 of 64-8192, 64 of 64-1024, one of 16384 among 15 of 64-1024; fixed "
+                            "seeds), 32 query heads on 8, d 128 (--head-dims), bf16 (--dtypes), each followed by "
+                            "a dense call of as many sequences at the mean length, the 'vs twin' column being "
+                            "varlen / dense TFLOP/s (visible pairs). SDPA: one call per sequence, timed as a "
+                            "whole (with --quick: the first batch)")
+    parser.add_argument("--page-sizes", type=_ints, metavar="P,P,...",
+                        help="with --paged: keys a page (default 16,64,256)")
+    parser.add_argument("--lengths", type=_ints, action="append", metavar="N,N,...",
+                        help="with --varlen: a batch of these sequence lengths instead of the grid's; repeatable")
     parser.add_argument("--shape", action="append", type=parse_shape, metavar="B,H,N,d",
                         help="a shape to run instead of the default grid; repeatable. B,H,N,d or B,H,Nq,Nk,d; "
                              "H may be Hq:Hkv (GQA)")
     parser.add_argument("--dtypes", type=_csv, help="comma-separated dtypes: filters the grid, or the dtypes of "
-                        "--shape (default for --shape: float16)")
+                        "--shape (default for --shape: float16) and of --paged / --varlen (default: bfloat16)")
     parser.add_argument("--causal", choices=("no", "yes", "both"),
-                        help="filter the grid (default: as listed) / causal for --shape (default: no)")
+                        help="filter the grid (default: as listed) / causal for --shape (default: no) and for "
+                             "--varlen (default: yes)")
     parser.add_argument("--backends", type=_csv, help="comma-separated rows to run (default: all; flex with "
-                        "--window, read with --decode): " + ", ".join(ALL_BACKENDS) + "; 'sdpa' means all four "
+                        "--window, read with --decode and --paged): " + ", ".join(ALL_BACKENDS) + "; 'sdpa' means "
+                        "all four "
                         "sdpa_*; read: no attention, K and V streamed once by a torch sum (the GB/s ceiling; needs "
                         "PyTorch with CUDA)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
@@ -77,9 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of TFLOP/s per backend per shape "
                         "(needs matplotlib)")
     parser.add_argument("--graph", action="store_true",
-                        help="time every GPU contender's calls replayed from a CUDA graph (PyTorch inputs): "
-                             "GPU time with no host launch cost between calls, as a serving loop's decode "
-                             "steps see it (default: back-to-back calls)")
+                        help="time every GPU contender's calls replayed from a CUDA graph (PyTorch inputs), on "
+                             "any grid (--decode, --paged, --varlen too): GPU time with no host launch cost "
+                             "between calls, as a serving loop's decode steps see it (default: back-to-back "
+                             "calls)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--overhead", action="store_true",
                         help="instead of the grid: per-call overhead of a (1, 1, 16, 64) fp16 call (PyTorch, "
@@ -107,12 +130,26 @@ def _check_paths(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _conflict(args: argparse.Namespace) -> str | None:
+    """Options that do not go together with the paged and varlen grids."""
+    paged, varlen = getattr(args, "paged", False), getattr(args, "varlen", False)
+    if args.page_sizes and not paged:
+        return "--page-sizes goes with --paged"
+    if args.lengths and not varlen:
+        return "--lengths goes with --varlen"
+    if (paged or varlen) and args.window is not None:
+        return "--window is for dense cases; not with --paged or --varlen"
+    if varlen and args.shape:
+        return "--varlen takes --lengths (heads 32:8, d from --head-dims), not --shape"
+    return None
+
+
 def run(args: argparse.Namespace, *, frame: Frame | None = None,
         timer_for: Callable[[Runner], Timer] | None = None) -> int:
     """Runs the benchmark; returns 0, 1 (a row of ours failed) or 2 (usage error). `frame` and
     `timer_for` are for tests."""
     bad = [d for d in (args.dtypes or []) if d not in DTYPES]
-    names = select_backends(args.backends, window=args.window is not None, decode=args.decode)
+    names = select_backends(args.backends, window=args.window is not None, decode=args.decode or args.paged)
     unknown = [b for b in names if b not in ALL_BACKENDS]
     if bad or unknown:
         return _usage(f"unknown dtype(s) {bad} / backend(s) {unknown}")
@@ -120,9 +157,9 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
         return _usage("--repeats, --warmup, --overhead-calls and --sync-calls must be >= 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return _usage("--plot needs matplotlib (pip install matplotlib, or the 'plot' extra)")
-    unwritable = _check_paths(args)
-    if unwritable:
-        return _usage(unwritable)
+    refusal = _conflict(args) or _check_paths(args)
+    if refusal:
+        return _usage(refusal)
     if frame is None:
         frame = pick_frame(gpu_info() is not None)
     if args.overhead:
@@ -165,12 +202,17 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     finally:
         progress.close()
     apply_peaks(rows, peaks)
+    apply_twins(rows)
 
     if peaks:
         print("Peaks (each row's '% peak' is against the one named in its 'peak' column):")
         print(peaks_text(peaks))
         print()
     print(results_table(rows))
+    summary = twin_summary(rows)
+    if summary:
+        print()
+        print(summary)
     if args.json:
         doc = to_document(rows, peaks, settings=settings, timer=gpu_timer.name, unavailable=unavailable,
                           frame=frame.name)

@@ -2,7 +2,9 @@
 each query-key pair that the mask lets through. Counting the visible pairs exactly, rather than halving
 for causal, keeps TFLOP/s honest for Nq != Nk (100 x 300 bottom-right causal is 0.835 of dense, not 0.5),
 and the same count serves sliding windows and per-sequence lengths. Decode is bound by memory instead:
-its rate is the bytes a call must move at least (q, k and v read once, o written once) per second."""
+its rate is the bytes a call must move at least (q, k and v read once, o written once) per second.
+A KV-cache case counts the keys each entry attends (cache_seqlens), a varlen batch each sequence's own
+lengths; a paged cache moves the same bytes as a contiguous one."""
 
 from __future__ import annotations
 
@@ -54,10 +56,48 @@ def case_window(case) -> Window | None:
 
 
 def case_flops(case) -> float:
-    """attention_flops of a bench case (its window included)."""
-    return attention_flops(case.B, case.H, case.Nq, case.Nk, case.d, case.causal, case_window(case))
+    """attention_flops of a bench case: its window, and the per-entry lengths of a KV-cache or varlen case."""
+    return 4.0 * case.H * case.d * case_pairs(case)
+
+
+def case_pairs(case) -> int:
+    """Visible query-key pairs of one head of a case, summed over its batch."""
+    window = case_window(case)
+    return sum(count * visible_pairs(nq, nk, causal=case.causal, window=window)
+               for (nq, nk), count in _lengths(case).items())
+
+
+def case_scores(case) -> int:
+    """Score elements a backend that materializes S holds for the whole case: H x sum of Nq x Nk."""
+    return case.H * sum(count * nq * nk for (nq, nk), count in _lengths(case).items())
+
+
+def _lengths(case) -> dict[tuple[int, int], int]:
+    """{(Nq, Nk): how many entries have it}: B x (Nq, Nk) for a dense case, cache_seqlens for a KV-cache
+    case, the sequences of a varlen batch."""
+    variant = case.variant
+    if variant is not None and variant.kind == "varlen":
+        pairs = list(zip(variant.seqlens_q, variant.seqlens_k))
+    elif variant is not None and variant.kind == "kvcache" and variant.cache_seqlens:
+        pairs = [(case.Nq, n) for n in variant.cache_seqlens]
+    else:
+        return {(case.Nq, case.Nk): case.B}
+    counts: dict[tuple[int, int], int] = {}
+    for pair in pairs:
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
 
 
 def attention_bytes(B: int, H: int, Hk: int, Nq: int, Nk: int, d: int, itemsize: int) -> int:
     """Bytes one call must move at least: q and o (B, H, Nq, d), k and v (B, Hk, Nk, d), once each."""
     return itemsize * d * (2 * B * H * Nq + 2 * B * Hk * Nk)
+
+
+def case_bytes(case) -> int:
+    """attention_bytes of a bench case: q and o once, and the keys and values each entry attends once (a
+    paged cache's pages hold the same bytes as a contiguous cache)."""
+    itemsize = 4 if case.dtype == "float32" else 2
+    lengths = _lengths(case).items()
+    queries = sum(count * nq for (nq, _), count in lengths)
+    keys = sum(count * nk for (_, nk), count in lengths)
+    return itemsize * case.d * (2 * case.H * queries + 2 * case.Hk * keys)

@@ -1,6 +1,7 @@
 """Frames: where a run's arrays live. GPU inputs are PyTorch CUDA tensors when PyTorch is importable,
 else CuPy arrays; without a GPU, numpy (the cpu backend only). A frame makes random inputs, copies,
-host copies, knows the free memory and L2 size, its timer, and a dense GEMM for the peak rates."""
+host copies, empty arrays, knows the free memory and L2 size, its timer, and a dense GEMM for the peak
+rates."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ class Frame:
 
     def clone(self, x: Any) -> Any:
         return x.copy()
+
+    def empty_like(self, x: Any, shape: tuple[int, ...]) -> Any:
+        """An uninitialized array of x's dtype and device, of `shape`."""
+        return np.empty(shape, x.dtype)
 
     def to_host(self, x: Any, dtype: str) -> np.ndarray:
         return np.asarray(x)
@@ -68,6 +73,9 @@ class TorchFrame(Frame):
 
     def clone(self, x: Any) -> Any:
         return x.clone()
+
+    def empty_like(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return self.torch.empty(shape, dtype=x.dtype, device=x.device)
 
     def to_host(self, x: Any, dtype: str) -> np.ndarray:
         return x.detach().float().cpu().numpy().astype(numpy_dtype(dtype))
@@ -126,6 +134,9 @@ class CupyFrame(Frame):
 
     def clone(self, x: Any) -> Any:
         return x.copy()
+
+    def empty_like(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return self.cupy.empty(shape, x.dtype)
 
     def to_host(self, x: Any, dtype: str) -> np.ndarray:
         return x.get()

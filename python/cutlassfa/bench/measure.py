@@ -1,6 +1,7 @@
-"""The measurement of one case: inputs made once and shared, each contender's first call alone (does it
-accept the case, is its output right, is it worth timing), then every contender timed interleaved
-(see timing.py) on the same rotated input copies; and the dense-GEMM peaks."""
+"""The measurement of one case: inputs made once and shared (feeds.py: our arrays, and the anchors'
+dense equivalent), each contender's first call alone (does it accept the case, is its output right, is
+it worth timing), then every contender timed interleaved (see timing.py) on the same rotated input
+copies; the dense-GEMM peaks; and each row's rate against its twin's (grid.twin_of)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .._inputs import Case, classify_error, to_numpy64
+from .._inputs import Case, classify_error
 from .._text import first_line
-from .flops import attention_bytes, case_flops
+from .feeds import Feed, clone_feed, fed_as, host_feed, kind_of, make_feed, with_dense, working_set
+from .flops import case_bytes, case_flops
 from .frames import Frame
-from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, REF_MAX_ROWS,
-                    REF_MAX_SCORES, accuracy_bound, peak_of, rotation_copies, skip_reason, tflops)
-from .runners import ANCHORS, READ, Runner
+from .grid import twin_of
+from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, accuracy_bound, peak_of,
+                    rotation_copies, skip_reason, tflops)
+from .runners import ANCHORS, DENSE, READ, Runner
+from .samples import output_sample, reference_sample
 from .timing import ContenderFailed, Timer, median
 
 # Row statuses: "ok"; "inaccurate" (timed, but its output is outside the accuracy bound: the run
@@ -43,21 +47,28 @@ class Row:
     rel_bound: float | None = None
     copies: int = 1  # input copies rotated among (L2)
     note: str = ""
+    fed: str = ""  # what the row's calls took (feeds.fed_as)
+    twin: str | None = None  # the label of the case this row's rate is held against (grid.twin_of)
+    vs_twin: float | None = None  # this row's rate / the same backend's rate on the twin (TFLOP/s, else GB/s)
 
     def to_json(self) -> dict[str, Any]:
-        c = self.case
+        c, var = self.case, self.case.variant
+        kind = kind_of(c)
         return {"backend": self.backend, "dtype": c.dtype, "B": c.B, "H": c.H, "Hk": c.Hk, "Nq": c.Nq,
                 "Nk": c.Nk, "d": c.d, "causal": c.causal,
                 "window": list(c.window) if c.window is not None else None,
+                "mode": kind, "variant": var.name if var is not None else None,
+                "page_size": var.page_size if kind == "paged" else None,
+                "seqlens_q": list(var.seqlens_q) if kind == "varlen" else None,
+                "seqlens_k": list(var.seqlens_k) if kind == "varlen" else
+                list(var.cache_seqlens) if kind in ("paged", "kvcache") else None,
+                "fed": self.fed,
                 "flops": case_flops(c), "bytes": case_bytes(c),
                 "status": self.status, "ms": self.ms, "ms_min": self.ms_min, "repeats": self.repeats,
                 "tflops": self.tflops, "gbps": self.gbps,
                 "peak": self.peak, "pct_peak": self.pct_peak, "rel_err": _finite(self.rel_err),
-                "rel_bound": self.rel_bound, "copies": self.copies, "note": self.note}
-
-
-def case_bytes(case: Case) -> int:
-    return attention_bytes(case.B, case.H, case.Hk, case.Nq, case.Nk, case.d, 4 if case.dtype == "float32" else 2)
+                "rel_bound": self.rel_bound, "copies": self.copies, "twin": self.twin, "vs_twin": self.vs_twin,
+                "note": self.note}
 
 
 def _finite(x: float | None) -> float | None:
@@ -79,34 +90,6 @@ def _is_oom(error: BaseException) -> bool:
         type(error).__name__ == "OutOfMemoryError"
 
 
-def _slices(case: Case) -> list[tuple[int, int]]:
-    return sorted({(0, 0), (case.B - 1, case.H - 1)})
-
-
-def _ref_rows(case: Case) -> int:
-    return max(1, min(case.Nq, REF_MAX_ROWS, REF_MAX_SCORES // max(case.Nk, 1)))
-
-
-def reference_sample(case: Case, q: Any, k: Any, v: Any) -> np.ndarray:
-    """float64 reference of out[b, h, -R:, :] for the sampled (b, h), concatenated. The *last* rows keep
-    the bottom-right causal alignment."""
-    from cutlassfa import reference
-
-    rows, group = _ref_rows(case), case.H // case.Hk
-    parts = []
-    for b, h in _slices(case):
-        qs = to_numpy64(q[b, h, case.Nq - rows:])[None, None]
-        ks = to_numpy64(k[b, h // group])[None, None]
-        vs = to_numpy64(v[b, h // group])[None, None]
-        parts.append(reference.attention_reference(qs, ks, vs, causal=case.causal, window=case.window)[0].ravel())
-    return np.concatenate(parts)
-
-
-def output_sample(case: Case, out: Any) -> np.ndarray:
-    rows = _ref_rows(case)
-    return np.concatenate([to_numpy64(out[b, h, case.Nq - rows:]).ravel() for b, h in _slices(case)])
-
-
 ProgressFn = Callable[[str], None]
 
 
@@ -115,7 +98,7 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
                progress: ProgressFn = lambda _: None) -> list[Row]:
     """All runners on one case; inputs (and their rotated copies) are made once and shared."""
     free = frame.free_bytes()
-    rows = {r.name: Row(r.name, case, peak=peak_of(r.name, case.dtype)) for r in runners}
+    rows = {r.name: Row(r.name, case, peak=peak_of(r.name, case.dtype), fed=fed_as(case, r.feed)) for r in runners}
     todo = []
     for r in runners:
         why = skip_reason(r.name, case, free_bytes=free, max_call_s=settings.max_call_s,
@@ -128,19 +111,20 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
     if not todo:
         return list(rows.values())
 
-    gpu_inputs: list[tuple[Any, Any, Any]] = []
-    host_inputs: tuple[Any, ...] | None = None
+    dense_wanted = any(r.feed == DENSE for r in todo)
+    gpu_feeds: list[Feed] = []
+    host: Feed | None = None
     ref: np.ndarray | None = None
     try:
-        base = tuple(frame.randn(s, case.dtype, settings.seed * 1000 + i) for i, s in enumerate(case.shapes()))
+        base = make_feed(case, frame, settings.seed)
         if frame.on_gpu and any(r.on_gpu for r in todo):
-            ws = sum(frame.nbytes(x) for x in base) + frame.nbytes(base[0])  # + out
-            copies = rotation_copies(ws, frame.l2_bytes(), free)
-            gpu_inputs = [base] + [tuple(frame.clone(x) for x in base) for _ in range(copies - 1)]
+            copies = rotation_copies(working_set(case, frame, base, dense_wanted), frame.l2_bytes(), free)
+            gpu_feeds = [base] + [clone_feed(frame, base) for _ in range(copies - 1)]
         if any(not r.on_gpu for r in todo) or not frame.on_gpu:
-            host_inputs = base if not frame.on_gpu else tuple(frame.to_host(x, case.dtype) for x in base)
+            host = base if not frame.on_gpu else host_feed(case, frame, base)
         if settings.accuracy and any(r.attention for r in todo):
-            ref = reference_sample(case, *(host_inputs or base))
+            sample = host or base
+            ref = reference_sample(case, *sample.own[:3], sample.index)
     except Exception as error:  # noqa: BLE001 - inputs that do not fit are reported per row
         status, note = ("skipped", "out of memory for the inputs") if _is_oom(error) else \
             ("unsupported", first_line(error))
@@ -150,11 +134,14 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
         frame.empty_cache()
         return list(rows.values())
 
-    inputs_of = {r.name: gpu_inputs if (r.on_gpu and frame.on_gpu) else [host_inputs] for r in todo}
+    feeds_of = {r.name: gpu_feeds if (r.on_gpu and frame.on_gpu) else [host] for r in todo}
+    if dense_wanted:
+        todo = _add_dense(case, frame, todo, feeds_of, rows, progress)
+    inputs_of = {r.name: [f.dense if r.feed == DENSE else f.own for f in feeds_of[r.name]] for r in todo}
     live = []
     for r in todo:
         progress(r.name)
-        call = _first_call(rows[r.name], r, inputs_of[r.name], timer_for(r), settings, ref)
+        call = _first_call(rows[r.name], r, inputs_of[r.name], timer_for(r), settings, ref, base.index)
         if call is not None:
             live.append((r, call))
     groups: dict[int, list[tuple[Runner, Callable]]] = {}
@@ -166,9 +153,31 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
     for key, members in groups.items():
         _time_interleaved(members, [rows[r.name] for r, _ in members], [inputs_of[r.name] for r, _ in members],
                           timers[key], settings, rates)
-    del gpu_inputs, host_inputs
+    del base, gpu_feeds, host, feeds_of, inputs_of
     frame.empty_cache()
     return list(rows.values())
+
+
+def _add_dense(case: Case, frame: Frame, todo: list[Runner], feeds_of: dict[str, list[Feed]],
+               rows: dict[str, Row], progress: ProgressFn) -> list[Runner]:
+    """Builds the dense equivalent on every feed an anchor takes. When it cannot be built (a gathered
+    cache that does not fit beside the pages), only the rows fed it are settled; ours still run."""
+    feeds = {id(f): f for r in todo if r.feed == DENSE for f in feeds_of[r.name]}
+    try:
+        for feed in feeds.values():
+            with_dense(case, frame, feed)
+        return todo
+    except Exception as error:  # noqa: BLE001 - reported on the anchors' rows
+        for feed in feeds.values():
+            feed.dense = None
+        frame.empty_cache()
+        status, note = ("skipped", "out of memory for the dense equivalent") if _is_oom(error) else \
+            ("unsupported", f"dense equivalent: {first_line(error)}")
+        for r in todo:
+            if r.feed == DENSE:
+                rows[r.name].status, rows[r.name].note = status, note
+                progress(r.name)
+        return [r for r in todo if r.feed != DENSE]
 
 
 def _fail_row(row: Row, error: BaseException) -> None:
@@ -180,11 +189,11 @@ def _fail_row(row: Row, error: BaseException) -> None:
         row.note = f"{row.status}: {first_line(error)}"
 
 
-def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]], timer: Timer,
-                settings: Settings, ref: np.ndarray | None) -> Callable[[Any, Any, Any], Any] | None:
+def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, ...]], timer: Timer, settings: Settings,
+                ref: np.ndarray | None, index: dict[str, np.ndarray]) -> Callable[..., Any] | None:
     """One call alone: checks the backend accepts the case, gives the output for the error sample, and
-    the time that decides whether the rest is worth running. Returns the prepared call, or None when
-    the row is settled (skipped, unsupported, error)."""
+    the time that decides whether the rest is worth running (a second call's when the first is over).
+    Returns the prepared call, or None when the row is settled (skipped, unsupported, error)."""
     case = row.case
     first: list[Any] = []
     timer = getattr(timer, "eager", timer)  # a graph timer's captured calls would not give this output
@@ -192,6 +201,11 @@ def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]]
         with runner.context():
             call = runner.prepare(case)
             first_ms = timer.time([lambda i: first.append(call(*inputs[0]))], 1)[0][0]
+            if first_ms > settings.max_call_s * 1e3:
+                # A first call may carry one-time setup: cuDNN builds a plan per shape, one per length for
+                # the per-sequence calls of a varlen batch (2.1 s for 16 lengths on an H200). The second
+                # call decides.
+                first_ms = timer.time([lambda i: call(*inputs[0])], 1)[0][0]
     except Exception as error:  # noqa: BLE001 - a refusing or failing backend is one row, not the run
         _fail_row(row, error)
         return None
@@ -201,7 +215,7 @@ def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]]
     if ref is not None and runner.attention:  # read's sums are no attention output: nothing to compare
         from cutlassfa.reference import rel_l2
 
-        row.rel_err = rel_l2(output_sample(case, first[0]), ref)
+        row.rel_err = rel_l2(output_sample(case, first[0], index), ref)
         row.rel_bound = accuracy_bound(row.backend, case.dtype)
         if not row.rel_err <= row.rel_bound:  # `not <=` also catches NaN
             row.status = "inaccurate"
@@ -211,14 +225,14 @@ def _first_call(row: Row, runner: Runner, inputs: Sequence[tuple[Any, Any, Any]]
 
 
 def _time_interleaved(members: list[tuple[Runner, Callable]], rows: list[Row],
-                      inputs: list[Sequence[tuple[Any, Any, Any]]], timer: Timer, settings: Settings,
+                      inputs: list[Sequence[tuple[Any, ...]]], timer: Timer, settings: Settings,
                       rates: dict[tuple[str, str], float]) -> None:
     """Warm-up rounds, then `repeats` timed rounds of every member, interleaved. Every call takes the
     next input copy (one counter for all members, so no call reads the copy the previous call read)."""
     counter = itertools.count(1)
 
     def timed(index: int, runner: Runner, call: Callable,
-              copies: Sequence[tuple[Any, Any, Any]]) -> Callable[[int], Any]:
+              copies: Sequence[tuple[Any, ...]]) -> Callable[[int], Any]:
         def one(_: int) -> Any:
             try:
                 with runner.context():
@@ -274,3 +288,19 @@ def apply_peaks(rows: Iterable[Row], peaks: dict[str, dict[str, Any]]) -> None:
         rate = peaks.get(row.peak or "", {}).get("tflops")
         if row.tflops is not None and rate:
             row.pct_peak = 100.0 * row.tflops / rate
+
+
+def apply_twins(rows: Sequence[Row]) -> None:
+    """Sets each row's vs_twin: its rate over the same backend's on the twin case of the same run
+    (paged / contiguous cache, varlen / dense at the mean length), TFLOP/s where both have one (the
+    twins count their own visible pairs), else GB/s (read)."""
+    by_key = {(r.backend, r.case): r for r in rows}
+    for row in rows:
+        twin_case = twin_of(row.case)
+        other = by_key.get((row.backend, twin_case)) if twin_case is not None else None
+        if other is None:
+            continue
+        row.twin = twin_case.label
+        mine, theirs = (row.tflops, other.tflops) if row.tflops and other.tflops else (row.gbps, other.gbps)
+        if mine and theirs:
+            row.vs_twin = mine / theirs

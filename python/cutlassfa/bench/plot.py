@@ -20,7 +20,8 @@ def write_plot(rows: Sequence[Row], path: str) -> None:
     def label(c: Case) -> str:
         short = SHORT_DTYPE[c.dtype]
         n = f"{c.Nq}" if c.Nq == c.Nk else f"{c.Nq}x{c.Nk}"
-        return f"{short} {c.B}x{c.H}x{n} d{c.d}" + (" causal" if c.causal else "")
+        return f"{short} {c.B}x{c.H}x{n} d{c.d}" + (" causal" if c.causal else "") + \
+            (f" {c.variant.name}" if c.variant else "")
 
     labels = list(dict.fromkeys(label(r.case) for r in rows))
     backends = list(dict.fromkeys(r.backend for r in rows if r.tflops is not None))

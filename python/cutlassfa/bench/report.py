@@ -1,17 +1,20 @@
-"""What a bench run prints and writes: the results table, the peaks, the JSON document (schema in the
-README), and a progress bar on stderr."""
+"""What a bench run prints and writes: the results table, the peaks, the ratios to the twins, the JSON
+document (schema in the README), and a progress bar on stderr."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Sequence
 
 import numpy as np
 
 from .._text import format_table
+from .feeds import kind_of
 from .measure import Row, Settings
+from .runners import READ
 
-SCHEMA = "cutlassfa-bench/2"
+SCHEMA = "cutlassfa-bench/3"  # 3: rows name their mode, variant, lengths, feed and twin
 
 
 def _f(x: float | None, spec: str) -> str:
@@ -19,16 +22,45 @@ def _f(x: float | None, spec: str) -> str:
 
 
 def results_table(rows: Sequence[Row]) -> str:
+    """One line per row. A `variant` column when a case has one (window, paged, varlen ...), a `vs twin`
+    column when a row has a twin in the run (see measure.apply_twins)."""
+    variants = any(r.case.variant is not None for r in rows)
+    twins = any(r.vs_twin is not None for r in rows)
     body = []
     for r in rows:
         c = r.case
         heads = str(c.H) if c.H == c.Hk else f"{c.H}/{c.Hk}"
-        body.append([r.backend, c.dtype, c.B, heads, c.Nq, c.Nk, c.d, "yes" if c.causal else "no",
-                     _f(r.ms, ".3f"), _f(r.tflops, ".1f" if (r.tflops or 0) >= 10 else ".3g"), _f(r.gbps, ".0f"),
-                     _f(r.pct_peak, ".0f"), r.peak or "", _f(r.rel_err, ".1e"),
-                     r.note if r.status != "skipped" else f"skipped: {r.note}"])
-    return format_table(["backend", "dtype", "B", "H", "Nq", "Nk", "d", "causal", "ms", "TFLOP/s", "GB/s",
-                         "% peak", "peak", "rel-L2", "note"], body)
+        line = [r.backend, c.dtype, c.B, heads, c.Nq, c.Nk, c.d, "yes" if c.causal else "no"]
+        line += [c.variant.name if c.variant else ""] if variants else []
+        line += [_f(r.ms, ".3f"), _f(r.tflops, ".1f" if (r.tflops or 0) >= 10 else ".3g"), _f(r.gbps, ".0f")]
+        line += [_f(r.vs_twin, ".3f")] if twins else []
+        line += [_f(r.pct_peak, ".0f"), r.peak or "", _f(r.rel_err, ".1e"),
+                 r.note if r.status != "skipped" else f"skipped: {r.note}"]
+        body.append(line)
+    header = ["backend", "dtype", "B", "H", "Nq", "Nk", "d", "causal"] + (["variant"] if variants else []) + \
+        ["ms", "TFLOP/s", "GB/s"] + (["vs twin"] if twins else []) + ["% peak", "peak", "rel-L2", "note"]
+    return format_table(header, body)
+
+
+# How a row's twin ratio reads, by the row's mode.
+TWIN_RATIOS = {"paged": "paged / contiguous cache", "varlen": "varlen / dense at the mean length"}
+
+
+def twin_summary(rows: Sequence[Row]) -> str:
+    """Per mode and backend, the spread of the attention rows' vs-twin ratios: min, geomean, max, and how
+    many are below 0.9 (the bar both the paged and the varlen targets set); '' when no row has one."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r.vs_twin is not None and r.backend != READ:
+            groups.setdefault((kind_of(r.case), r.backend), []).append(r.vs_twin)
+    lines = []
+    for (kind, backend), ratios in groups.items():
+        geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        below = sum(x < 0.9 for x in ratios)
+        lines.append(f"  {TWIN_RATIOS.get(kind, kind)}, {backend}: min {min(ratios):.3f}, geomean {geomean:.3f}, "
+                     f"max {max(ratios):.3f} over {len(ratios)} cases ({below} below 0.9)")
+    return ("Rate against the twin case of the same run (TFLOP/s over visible pairs):\n" + "\n".join(lines)
+            if lines else "")
 
 
 def peaks_text(peaks: dict[str, dict[str, Any]]) -> str:
@@ -49,7 +81,11 @@ def to_document(rows: Sequence[Row], peaks: dict[str, dict[str, Any]], *, settin
         **provenance(),
         "settings": {"repeats": settings.repeats, "warmup": settings.warmup, "max_call_s": settings.max_call_s,
                      "seed": settings.seed, "timer": timer, "inputs": frame, "interleaved": True,
-                     "flops": "4 * B * H * d * visible query-key pairs (bottom-right causal counted exactly)"},
+                     "flops": "4 * H * d * visible query-key pairs summed over the batch (bottom-right causal "
+                              "counted exactly; each entry's own lengths for KV caches and varlen batches)",
+                     "vs_twin": "a row's TFLOP/s (read: GB/s) over the same backend's on its twin case: paged "
+                                "cache / contiguous cache of the same shape, varlen batch / dense batch at the "
+                                "mean length"},
         "passed": not any(r.status == "inaccurate" for r in rows),
         "peaks": peaks,
         "unavailable": unavailable,

@@ -8,7 +8,7 @@ import math
 
 from .._inputs import Case
 from ..check.bounds import GATE_REL_L2, rel_l2_limit
-from .flops import case_flops
+from .flops import case_flops, case_scores
 from .runners import ANCHORS, READ
 
 DEFAULT_REPEATS = 20
@@ -17,7 +17,8 @@ DEFAULT_MAX_CALL_S = 2.0  # skip a backend on a shape where one call would take 
 # The numpy backend is only timed on tiny problems (~0.1 s per call).
 CPU_MAX_FLOPS = 2e9
 # Backends that materialize the Nq x Nk score matrix (float32), and how many such matrices they hold:
-# skipped when that many bytes exceed a quarter of the free GPU memory.
+# skipped when that many bytes exceed a quarter of the free GPU memory (a varlen batch: every sequence's
+# matrix at once, the most such a backend could hold).
 SCORE_MATRICES = {"naive": 1, "sdpa_math": 3}
 # FLOP-rate model (TFLOP/s) for the time prediction before a backend was measured in this run; after
 # the first measurement of a (backend, dtype) the measured rate replaces it. Deliberately low.
@@ -78,7 +79,7 @@ def skip_reason(backend: str, case: Case, *, free_bytes: int | None, max_call_s:
     if backend == "cpu" and flops > CPU_MAX_FLOPS:
         return f"{flops / 1e9:.3g} GFLOP > {CPU_MAX_FLOPS / 1e9:g} GFLOP limit of the numpy backend"
     if backend in SCORE_MATRICES and free_bytes is not None:
-        need = SCORE_MATRICES[backend] * case.B * case.H * case.Nq * case.Nk * 4
+        need = SCORE_MATRICES[backend] * case_scores(case) * 4
         if need > free_bytes / 4:
             return f"score matrix {need / 2**30:.1f} GiB > free memory / 4 ({free_bytes / 4 / 2**30:.1f} GiB)"
     rate, source = (rate_tflops, "measured") if rate_tflops else (MODEL_TFLOPS.get(backend), "model")

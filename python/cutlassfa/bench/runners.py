@@ -2,7 +2,12 @@
 `torch.nn.functional.scaled_dot_product_attention` restricted to one SDPA backend at a time, and for
 sliding windows (which no SDPA backend skips: a dense mask computes all N^2 pairs) FlexAttention with a
 block mask (`flex`). `read` is no attention: a plain read of K and V, the same-run bandwidth ceiling of
-decode."""
+decode.
+
+Ours and read are fed the case's own arrays (feeds.py): a paged case's page pools with cache_seqlens and
+block_table, a varlen batch's packed arrays with cu_seqlens_q and cu_seqlens_k. The anchors are fed the
+dense equivalent: the gathered cache, or one (1, H, n, d) view a sequence, with an SDPA call per sequence;
+GQA always through `enable_gqa=True`, never by repeating heads."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
 from .._inputs import Case, Unsupported
+from .feeds import kind_of
 from .frames import Frame
 
 OUR_BACKENDS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive", "cpu")
@@ -28,23 +34,39 @@ READ = "read"  # no attention: K and V streamed once by torch sums, the bandwidt
 ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,)
 
 
+OWN, DENSE = "own", "dense"  # what a runner is fed: the case's own arrays, or their dense equivalent
+
+
 @dataclass
 class Runner:
-    """`prepare(case)` returns call(q, k, v) -> out; calls run inside `context()`. `on_gpu`: fed the
-    frame's GPU arrays (else host numpy arrays). `attention`: its out is attention's, to be checked
-    against the reference (not so for `read`)."""
+    """`prepare(case)` returns call(q, k, v, *index arrays) -> out (`feed` OWN) or call(q, k, v) on the
+    dense equivalent (`feed` DENSE); calls run inside `context()`. `on_gpu`: fed the frame's GPU arrays
+    (else host numpy arrays). `attention`: its out is attention's, to be checked against the reference
+    (not so for `read`)."""
 
     name: str
-    prepare: Callable[[Case], Callable[[Any, Any, Any], Any]]
+    prepare: Callable[[Case], Callable[..., Any]]
     on_gpu: bool = True
     context: Callable[[], ContextManager] = contextlib.nullcontext
     attention: bool = True
+    feed: str = OWN
 
 
 def ours(name: str) -> Runner:
-    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+    def prepare(case: Case) -> Callable[..., Any]:
         import cutlassfa
 
+        kind = kind_of(case)
+        if kind in ("paged", "kvcache"):
+            return lambda q, k, v, cache_seqlens, block_table=None: cutlassfa.forward(
+                q, k, v, causal=case.causal, cache_seqlens=cache_seqlens, block_table=block_table, backend=name)
+        if kind == "varlen":
+            # The longest lengths as host ints, as a serving stack passes them: without them the grid
+            # covers the totals (varlen_forward's docstring).
+            longest_q, longest_k = max(case.variant.seqlens_q), max(case.variant.seqlens_k)
+            return lambda q, k, v, cu_seqlens_q, cu_seqlens_k: cutlassfa.varlen_forward(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=longest_q, max_seqlen_k=longest_k,
+                causal=case.causal, backend=name)
         if case.window is None:
             return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, backend=name)
         return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, window=case.window, backend=name)
@@ -61,20 +83,29 @@ def sdpa(name: str) -> Runner:
     if member is None:
         raise Unsupported(f"this PyTorch ({torch.__version__}) has no SDPBackend.{SDPA_BACKENDS[name]}")
 
-    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
-        if case.window is not None:
-            raise Unsupported("SDPA has no sliding-window kernel (a dense mask computes all N^2 pairs; "
-                              "the anchor for windows is flex)")
+    def options(case: Case, nq: int, nk: int) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
-        if case.causal and case.Nq != case.Nk:
+        if case.causal and nq != nk:
             # PyTorch's is_causal is top-left aligned; ours is bottom-right as FlashAttention-2.
             from torch.nn.attention.bias import causal_lower_right
 
-            kwargs["attn_mask"] = causal_lower_right(case.Nq, case.Nk)
+            kwargs["attn_mask"] = causal_lower_right(nq, nk)
         elif case.causal:
             kwargs["is_causal"] = True
         if case.H != case.Hk:
             kwargs["enable_gqa"] = True
+        return kwargs
+
+    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+        if case.window is not None:
+            raise Unsupported("SDPA has no sliding-window kernel (a dense mask computes all N^2 pairs; "
+                              "the anchor for windows is flex)")
+        if kind_of(case) == "varlen":
+            # One call per sequence, the batch timed as a whole: SDPA has no varlen entry point with GQA.
+            per_sequence = [options(case, nq, nk) for nq, nk in zip(case.variant.seqlens_q, case.variant.seqlens_k)]
+            return lambda qs, ks, vs: [F.scaled_dot_product_attention(q, k, v, **kwargs)
+                                       for q, k, v, kwargs in zip(qs, ks, vs, per_sequence)]
+        kwargs = options(case, case.Nq, case.Nk)
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kwargs)
 
     @contextlib.contextmanager
@@ -83,7 +114,7 @@ def sdpa(name: str) -> Runner:
             warnings.simplefilter("ignore")  # "Flash attention kernel not used because ..."
             yield
 
-    return Runner(name, prepare, on_gpu=True, context=context)
+    return Runner(name, prepare, on_gpu=True, context=context, feed=DENSE)
 
 
 _compiled_flex: list[Callable] = []
@@ -97,6 +128,8 @@ def flex(compiled: bool = True) -> Runner:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+        if kind_of(case) == "varlen":
+            raise Unsupported("flex here takes dense batches; the varlen anchors are the sdpa rows")
         if compiled and not _compiled_flex:
             _compiled_flex.append(torch.compile(flex_attention))
         attention = _compiled_flex[0] if compiled else flex_attention
@@ -124,16 +157,16 @@ def flex(compiled: bool = True) -> Runner:
 
         return call
 
-    return Runner(FLEX, prepare, on_gpu=True)
+    return Runner(FLEX, prepare, on_gpu=True, feed=DENSE)
 
 
 def read() -> Runner:
     """K and V each summed as integers: one pass over the bytes a decode call must read (a reduction reads
     and writes nothing back, so it runs at the read rate of HBM), timed with the attention rows on the same
-    input copies. Returns the two int64 sums."""
+    input copies: for a paged case, the page pools our rows read. Returns the two int64 sums."""
 
-    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
-        return lambda q, k, v: (as_words(k).sum(), as_words(v).sum())
+    def prepare(case: Case) -> Callable[..., Any]:
+        return lambda q, k, v, *index: (as_words(k).sum(), as_words(v).sum())
 
     return Runner(READ, prepare, on_gpu=True, attention=False)
 
@@ -192,7 +225,8 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
 def select_backends(requested: Sequence[str] | None, *, window: bool = False, decode: bool = False) -> list[str]:
     """Row names of a run: the requested ones ('sdpa' meaning the four sdpa_* rows), or all of them; flex
     (a torch.compile per shape) only when asked for, or for a run with a window; read only when asked
-    for, or for a decode run (a bandwidth ceiling means nothing to compute-bound prefill)."""
+    for, or for a decode run, paged ones included (a bandwidth ceiling means nothing to compute-bound
+    prefill)."""
     if not requested:
         return [name for name in ALL_BACKENDS if (name != FLEX or window) and (name != READ or decode)]
     names: list[str] = []
