@@ -258,7 +258,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       copy_rows(slot, page_rows(entries[0], row0, params.k_batch_stride, params.k_row_stride, k_head),
                 page_rows(entries[0], row0, params.v_batch_stride, params.v_row_stride, v_head), rows_left);
     } else if (step_pages == 2) {
-      // Two pages a step (16-key pages at d = 64): each half of the passes from its page's first row.
+      // Two pages a step (16-key pages at d = 64, 8-key at d = 128): each half of the passes from its
+      // page's first row.
       const char* const lane_k = reinterpret_cast<const char*>(k_head + lane_col) + lane_row * k_row_bytes;
       const char* const lane_v = reinterpret_cast<const char*>(v_head + lane_col) + lane_row * v_row_bytes;
       auto half = [&](int e, auto first) __attribute__((always_inline)) {

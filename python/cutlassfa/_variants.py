@@ -96,15 +96,15 @@ def forward(q: Any, k: Any, v: Any, *, causal: Any, softmax_scale: Any, window: 
         given["window"] = (win.left, win.right)
     if cap > 0:
         given["softcap"] = cap
-    if splits > 1 or asked_splits == 1 and not _is_host(q):
-        # An explicit 1 on device arrays too: the plain path splits a call of few queries by itself
-        # (dispatch.cpp, dense_num_splits), so one pass must be asked for through this path.
+    framework = _arrays.framework_of(q)
+    if splits > 1 or asked_splits == 1 and (not _on_jax_host(q) if framework == "jax" else not _is_host(q)):
+        # An explicit 1 on device arrays (and JAX tracers) too: the plain path splits a call of few
+        # queries by itself (dispatch.cpp, dense_num_splits), so one pass must be asked for here.
         given["num_splits"] = splits
     if not given:
         return PLAIN
     argument = next(iter(given))
 
-    framework = _arrays.framework_of(q)
     if framework == "jax":
         if k_new is not None or v_new is not None:
             raise TypeError("k_new / v_new are appended into k and v in place; JAX arrays are immutable")
@@ -228,6 +228,13 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
 def _is_host(array: Any) -> bool:
     framework = _arrays.framework_of(array)
     return framework == "numpy" or framework == "torch" and array.device.type == "cpu"
+
+
+def _on_jax_host(q: Any) -> bool:
+    """A concrete JAX array on the CPU only."""
+    import jax
+
+    return not isinstance(q, jax.core.Tracer) and all(d.platform == "cpu" for d in q.devices())
 
 
 def _on_jax_device(q: Any) -> bool:
