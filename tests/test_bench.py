@@ -736,6 +736,46 @@ def test_read_row_sums_every_byte_of_k_and_v(dtype, shape):
 # ---------------------------------------------------------------------------------------------------
 # The paged and varlen grids (--paged, --varlen): cases, inputs, twins, the command.
 # ---------------------------------------------------------------------------------------------------
+def test_cases_option_takes_a_part_of_the_grid():
+    assert bench.parse_cases("0:40") == slice(0, 40) and bench.parse_cases("40:") == slice(40, None)
+    assert bench.parse_cases(":7") == slice(None, 7)
+    for bad in ("5", "a:b", "1:2:3", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_cases(bad)
+    grid = bench.paged_grid()
+    assert bench.select_cases(_args(["--paged", "--cases", "4:12"])) == grid[4:12]
+    assert bench.select_cases(_args(["--paged", "--cases", "170:"])) == grid[170:]
+    assert bench.select_cases(_args(["--decode", "--cases", ":3"])) == bench.decode_grid()[:3]
+    shapes = ["--shape", "1,2,64,32", "--shape", "1,2,96,32"]
+    assert bench.select_cases(_args(shapes + ["--cases", "1:"])) == bench.select_cases(_args(shapes))[1:]
+
+
+def test_json_is_written_after_every_case(tmp_path, monkeypatch):
+    """A run stopped after its first case leaves that case's rows in --json, marked incomplete; a whole run
+    marks its document complete."""
+    path = tmp_path / "bench.json"
+    argv = ["--shape", "1,2,64,32", "--shape", "1,2,96,32", "--dtypes", "float32", "--backends", "cpu",
+            "--repeats", "3", "--no-progress", "--json", str(path)]
+    assert _run(argv, FakeTimer([1.0])) == 0
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is True and len(doc["rows"]) == 2
+    measured = []
+    real_bench_case = bench.cli.bench_case
+
+    def stop_after_one(case, *args, **kwargs):
+        if measured:
+            raise KeyboardInterrupt
+        measured.append(case)
+        return real_bench_case(case, *args, **kwargs)
+
+    monkeypatch.setattr(bench.cli, "bench_case", stop_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        _run(argv, FakeTimer([1.0]))
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is False
+    assert [(r["Nq"], r["status"]) for r in doc["rows"]] == [(64, "ok")]
+
+
 def test_paged_grid_pairs_every_shape_with_a_contiguous_twin():
     grid = bench.paged_grid()
     assert bench.select_cases(_args(["--paged"])) == grid

@@ -16,7 +16,7 @@ from .. import hw4
 from .._inputs import DTYPES
 from .._provenance import gpu as gpu_info
 from .frames import Frame, pick_frame
-from .grid import parse_shape, parse_window, select_cases
+from .grid import parse_cases, parse_shape, parse_window, select_cases
 from .measure import Row, Settings, apply_peaks, apply_twins, bench_case, measure_peaks
 from .overhead import (DEFAULT_CALLS, DEFAULT_SYNC_CALLS, overhead_document, overhead_table, sync_rows,
                        tiny_call_rows)
@@ -95,7 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="input seed")
     parser.add_argument("--no-accuracy", action="store_true", help="do not compute rel-L2 vs the fp64 reference")
     parser.add_argument("--no-peaks", action="store_true", help="do not measure the dense GEMM peaks")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON (schema in README)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON (schema in README); rewritten "
+                        "after every case, with \"complete\": false until the run ends, so that a run cut short "
+                        "keeps the cases it measured")
+    parser.add_argument("--cases", type=parse_cases, metavar="START:STOP",
+                        help="run only these cases of the grid (Python slice bounds over the list the other "
+                             "options select, e.g. 0:60 then 60:): a long grid in parts; a row whose twin case "
+                             "falls in another part has no 'vs twin'")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of TFLOP/s per backend per shape "
                         "(needs matplotlib)")
     parser.add_argument("--graph", action="store_true",
@@ -191,6 +197,11 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     if frame.on_gpu and not args.no_peaks:
         peaks = measure_peaks(frame, {c.dtype for c in cases}, getattr(gpu_timer, "eager", gpu_timer))
 
+    def write_json(rows: list[Row], complete: bool) -> None:
+        doc = to_document(rows, peaks, settings=settings, timer=gpu_timer.name, unavailable=unavailable,
+                          frame=frame.name, complete=complete)
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+
     progress = Progress(len(cases) * len(runners), enabled=not args.no_progress)
     rows: list[Row] = []
     rates: dict[tuple[str, str], float] = {}
@@ -199,6 +210,10 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
             progress.case(case.label)
             rows += bench_case(case, runners, frame, settings, rates=rates, timer_for=timer_for,
                                progress=lambda name, label=case.label: progress.step(f"{label} {name}"))
+            if args.json:  # so far: a run stopped from outside keeps what it measured
+                apply_peaks(rows, peaks)
+                apply_twins(rows)
+                write_json(rows, complete=False)
     finally:
         progress.close()
     apply_peaks(rows, peaks)
@@ -214,9 +229,7 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
         print()
         print(summary)
     if args.json:
-        doc = to_document(rows, peaks, settings=settings, timer=gpu_timer.name, unavailable=unavailable,
-                          frame=frame.name)
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+        write_json(rows, complete=True)
         print(f"\nwrote {args.json}", file=sys.stderr)
     if args.plot:
         write_plot(rows, args.plot)

@@ -181,19 +181,31 @@ def parse_window(text: str) -> tuple[int, int]:
     return left, right
 
 
+def parse_cases(text: str) -> slice:
+    """"START:STOP" (Python slice bounds over the run's case list, either may be empty): part of a grid, so
+    that a long one runs over several calls."""
+    try:
+        start, stop = (int(x) if x.strip() else None for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cases wants START:STOP (e.g. 0:40, 40:), got {text!r}") from None
+    return slice(start, stop)
+
+
 def select_cases(args: argparse.Namespace) -> list[Case]:
     """The cases of a run: --shape x --dtypes x --causal, or the (quick / decode / paged / varlen) grid
     with --head-dims, filtered by --dtypes and --causal; --window on every one. The paged and varlen grids
-    take --dtypes as the dtypes to run (default bfloat16), and --page-sizes / --lengths."""
+    take --dtypes as the dtypes to run (default bfloat16), and --page-sizes / --lengths. --cases takes a
+    part of the list."""
+    part = getattr(args, "cases", None) or slice(None)
     if getattr(args, "paged", False):
-        return _paged_cases(args)
+        return _paged_cases(args)[part]
     if getattr(args, "varlen", False):
-        return _varlen_cases(args)
+        return _varlen_cases(args)[part]
     window = getattr(args, "window", None)
     if window is not None:
         variant = Variant(f"window {window[0]},{window[1]}", window=window)
-        return [dataclasses.replace(c, variant=variant) for c in _plain_cases(args)]
-    return _plain_cases(args)
+        return [dataclasses.replace(c, variant=variant) for c in _plain_cases(args)][part]
+    return _plain_cases(args)[part]
 
 
 def _plain_cases(args: argparse.Namespace) -> list[Case]:

@@ -72,8 +72,9 @@ def peaks_text(peaks: dict[str, dict[str, Any]]) -> str:
 
 
 def to_document(rows: Sequence[Row], peaks: dict[str, dict[str, Any]], *, settings: Settings, timer: str,
-                unavailable: dict[str, str], frame: str) -> dict[str, Any]:
-    """The JSON document: provenance (commit, dirty, GPU, clocks, driver, versions), settings, peaks, rows."""
+                unavailable: dict[str, str], frame: str, complete: bool = True) -> dict[str, Any]:
+    """The JSON document: provenance (commit, dirty, GPU, clocks, driver, versions), settings, peaks, rows;
+    `complete` false while the run is still going (the rows so far)."""
     from .._provenance import provenance
 
     return {
@@ -86,6 +87,7 @@ def to_document(rows: Sequence[Row], peaks: dict[str, dict[str, Any]], *, settin
                      "vs_twin": "a row's TFLOP/s (read: GB/s) over the same backend's on its twin case: paged "
                                 "cache / contiguous cache of the same shape, varlen batch / dense batch at the "
                                 "mean length"},
+        "complete": complete,
         "passed": not any(r.status == "inaccurate" for r in rows),
         "peaks": peaks,
         "unavailable": unavailable,
