@@ -2,8 +2,8 @@
 against the float64 reference: d 64 and 128, fp16 and bf16, GQA ratios 1 / 4 / 8, ragged cache
 lengths with 0 among them, causal and a right window bound, strided (B, N, H, d) caches, split counts
 from 1 to many (equal up to rounding), a stale NaN past the cache lengths that must not leak, and paged
-caches (page sizes 1 to 256, shuffled pages) against the contiguous cache, bit for bit, and
-num_splits=1 on a plain call running the keys in one pass.
+caches (page sizes 1 to 256, shuffled pages) against the contiguous cache (bit for bit where the decode
+kernel takes the pages), and num_splits=1 on a plain call running the keys in one pass.
 Skips cleanly without a GPU or PyTorch with CUDA."""
 
 from __future__ import annotations
