@@ -300,16 +300,18 @@ def test_a_slow_first_call_alone_does_not_skip_a_row():
     assert row.status == "skipped" and "first call took 3 s" in row.note
 
 
-def test_refusing_backend_is_unsupported_not_an_error():
-    def refuse(case):
+def _raising(error):
+    """A runner's prepare whose calls raise `error`."""
+    def prepare(case):
         def call(q, k, v):
-            raise NotImplementedError("float32 is not supported")
+            raise error
         return call
+    return prepare
 
-    def crash(case):
-        def call(q, k, v):
-            raise RuntimeError("illegal memory access")
-        return call
+
+def test_refusing_backend_is_unsupported_not_an_error():
+    refuse = _raising(NotImplementedError("float32 is not supported"))
+    crash = _raising(RuntimeError("illegal memory access"))
 
     case = Case("float32", 1, 2, 2, 64, 64, 32, False)
     runners = [bench.Runner("refuser", refuse, on_gpu=False), bench.Runner("crasher", crash, on_gpu=False)]
@@ -449,15 +451,8 @@ def test_a_failing_read_row_does_not_fail_the_run():
     for an anchor."""
     from cutlassfa.bench.cli import _verdict
 
-    def refuse(case):
-        def call(q, k, v):
-            raise RuntimeError("int64 sum is not supported on this device")
-        return call
-
-    def crash(case):
-        def call(q, k, v):
-            raise RuntimeError("illegal memory access")
-        return call
+    refuse = _raising(RuntimeError("int64 sum is not supported on this device"))
+    crash = _raising(RuntimeError("illegal memory access"))
 
     case = Case("float32", 1, 2, 2, 1, 64, 32, False)
     rows = [bench.bench_case(case, [bench.Runner(bench.READ, prepare, on_gpu=False, attention=False)], bench.Frame(),
