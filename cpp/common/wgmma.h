@@ -1,6 +1,7 @@
 // Hopper warpgroup-MMA (wgmma) pieces shared by the two sm_90a kernels (sm90/ and sm90ws/): views of
 // an accumulator in the mma.sync shapes (so common/mask.h and the online softmax apply unchanged), the
-// S accumulator re-viewed as the register A operand of O += P V, and one warpgroup GEMM.
+// S accumulator re-viewed as the register A operand of O += P V, and one warpgroup GEMM (and its form for
+// fp32 inputs split into fp16 halves).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -53,6 +54,33 @@ __forceinline__ __device__ void warpgroup_gemm(TiledMma& tiled_mma, TensorA& tCr
   if constexpr (kWait >= 0) { warpgroup_wait<kWait>(); }
   warpgroup_fence_operand(tCrC);
   if constexpr (kARegisters) { warpgroup_fence_operand(tCrA); }
+}
+
+// fp32 inputs (cutlassfa/split_fp32.h): acc = Qhi Khi^T + Qhi Klo^T + Qlo Khi^T with both operands in
+// shared memory as [hi | lo] column halves (the first half of the 16-column K slices hi, the second lo):
+// three MMAs per slice, the small cross terms first; lo lo^T (~2^-22 relative) is dropped. Each half is
+// stored once and read by two of the three products. kWait as warpgroup_gemm's.
+template <int kWait, class TiledMma, class TensorA, class TensorB, class TensorC>
+__forceinline__ __device__ void warpgroup_gemm_split(TiledMma& tiled_mma, TensorA& tCrA, TensorB const& tCrB,
+                                                     TensorC& tCrC) {
+  using namespace cute;
+  constexpr int kHalf = decltype(size<2>(tCrA))::value / 2;
+  static_assert(2 * kHalf == decltype(size<2>(tCrA))::value && decltype(size<2>(tCrB))::value == 2 * kHalf);
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < 3 * kHalf; ++k) {
+    int const part = k / kHalf;  // 0: Qhi Klo, 1: Qlo Khi, 2: Qhi Khi
+    int const j = k % kHalf;
+    int const a = part == 1 ? kHalf + j : j;
+    int const b = part == 0 ? kHalf + j : j;
+    cute::gemm(tiled_mma, tCrA(_, _, a), tCrB(_, _, b), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait >= 0) { warpgroup_wait<kWait>(); }
+  warpgroup_fence_operand(tCrC);
 }
 
 }  // namespace cutlassfa

@@ -8,7 +8,7 @@
 // instruction stream that reads its B operand (K, V) from shared memory once per 64 rows, instead
 // of every warp fetching it with ldmatrix for its own 16 rows. Mask, online softmax and epilogue
 // are the shared ones (common/), run on re-viewed accumulators (sm90/utils.h). fp32 inputs arrive pre-split
-// (launch_fp32.cu): the Q/K width (kHeadDimQK = 2 d, hi | lo), the S GEMM (gemm_split) and the
+// (launch_fp32.cu): the Q/K width (kHeadDimQK = 2 d, hi | lo), the S GEMM (warpgroup_gemm_split) and the
 // output type differ.
 #pragma once
 
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     if (n_block > work.n_block_min) { page_offsets(n_block - 1); }  // its entries landed with K[n]
 
     if constexpr (Traits::kSplitQK) {
-      gemm_split(tiled_mma_s, tSrQ, tSrK, acc_s);
+      warpgroup_gemm_split</*kWait=*/0>(tiled_mma_s, tSrQ, tSrK, acc_s);
     } else {
       warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/0, /*kARegisters=*/false>(tiled_mma_s, tSrQ, tSrK, acc_s);
     }

@@ -60,7 +60,7 @@ struct FwdTraits {
   static constexpr int kNThreads = 128 * kNWarpGroups;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   // fp32 inputs (fp32 O): S = Qhi Khi^T + Qhi Klo^T + Qlo Khi^T over the [hi | lo] halves of Q and K
-  // (sm90::gemm_split).
+  // (warpgroup_gemm_split, common/wgmma.h).
   static constexpr bool kSplitQK = cute::is_same_v<ElementOut, float>;
   static_assert(kHeadDimQK == (kSplitQK ? 2 : 1) * kHeadDim, "Q and K: d columns, or [hi | lo] for fp32 inputs");
   static_assert(kBlockM % 64 == 0, "a warpgroup MMA covers 64 rows");

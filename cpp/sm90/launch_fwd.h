@@ -20,9 +20,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim>
 cudaError_t run_fwd_split(const FwdParams& params, cudaStream_t stream);
 
-// fp32 q, k, v (any strides), a head dim of CUTLASSFA_SM90_HEAD_DIMS: split into fp16 in a
-// stream-ordered workspace (cutlassfa/workspace.h),
-// then run_fwd_split. Defined in sm90/launch_fp32.cu.
+// fp32 q, k, v (any strides), a head dim of CUTLASSFA_SM90_HEAD_DIMS: split into fp16
+// (cutlassfa/split_fp32.h), then run_fwd_split. Defined in sm90/launch_fp32.cu.
 cudaError_t launch_fp32(const FwdParams& params, cudaStream_t stream);
 
 }  // namespace cutlassfa::sm90

@@ -65,8 +65,8 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q_tile(q_buffer)), typename Traits::SmemLayoutQ{});  // (kBlockM, d)
-  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, d, stage)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q_tile(q_buffer)), typename Traits::SmemLayoutQ{});  // (kBlockM, dQK)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (kBlockN, dQK, stage)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (d, kBlockN, stage)
 
   typename Traits::TiledMmaQK tiled_mma_qk;
@@ -91,6 +91,15 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     pipeline.consumer_wait(state, pipeline.consumer_try_wait(state));
   };
   // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O.
+  // S = Q K[stage]^T, issued (not waited for).
+  auto issue_s = [&](auto& acc_s, int stage) {
+    if constexpr (Traits::kSplitQK) {
+      warpgroup_gemm_split</*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
+    } else {
+      warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ,
+                                                                              tSrK(_, _, _, stage), acc_s);
+    }
+  };
   auto softmax_step = [&](auto& acc_s) {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
     return softmax.update(scores, params.softmax_scale_log2);
@@ -101,8 +110,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wait(pipeline_k, read_k);
     turns.wait_turn();
-    warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ,
-                                                                            tSrK(_, _, _, read_k.index()), acc_s);
+    issue_s(acc_s, read_k.index());
     turns.pass_turn();
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read_k);
@@ -124,8 +132,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wait(pipeline_k, read_k);
     turns.wait_turn();
-    warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1, /*kARegisters=*/false>(tiled_mma_qk, tSrQ,
-                                                                            tSrK(_, _, _, read_k.index()), acc_s);
+    issue_s(acc_s, read_k.index());
     softmax.rescale_o(acc_o_rc, alpha_pending);
     wait(pipeline_v, read_v);
     warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/-1, /*kARegisters=*/true>(tiled_mma_pv, tOrP,

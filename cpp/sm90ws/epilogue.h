@@ -25,7 +25,7 @@ template <class Traits, class TensorO, class Softmax>
 __forceinline__ __device__ void store_output(FwdParams const& params, typename Traits::SharedStorage& storage,
                                              TileCoord const& tile, SeqInfo const& seq, int thread_idx,
                                              TensorO& acc_o, Softmax& softmax) {
-  using Element = typename Traits::Element;
+  using ElementO = typename Traits::ElementO;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   int const wg = thread_idx / 128;
@@ -44,9 +44,9 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
 
   // Registers -> shared (this warpgroup's rows of the O tile, in O's own buffer or over its rows of Q),
   // once each thread of the warpgroup is done reading the last tile's O out of them.
-  Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? storage.o.data() : storage.q.data()),
-                          typename Traits::SmemLayoutO{});  // (kBlockM, d)
-  Tensor rO = make_tensor_like<Element>(acc_o);
+  ElementO* const o_tile = Traits::kSeparateO ? storage.o.data() : reinterpret_cast<ElementO*>(storage.q.data());
+  Tensor sO = make_tensor(make_smem_ptr(o_tile), typename Traits::SmemLayoutO{});  // (kBlockM, d)
+  Tensor rO = make_tensor_like<ElementO>(acc_o);
   convert_into(acc_o, rO);
   cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(NamedBarriers::kEpilogue0) + wg);
   auto smem_tiled_copy_O = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma_pv);
@@ -56,7 +56,7 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
 
   // Shared -> global: this warpgroup's 64 rows.
   int64_t const first_row = Traits::kVarlen ? seq.q_row_offset : 0;  // the entry's, in a packed o
-  Element* const o = static_cast<Element*>(params.o) + first_row * params.o_row_stride;
+  ElementO* const o = static_cast<ElementO*>(params.o) + first_row * params.o_row_stride;
   Tensor mO = head_tensor<kHeadDim>(o, params.o_batch_stride, params.o_head_stride, params.o_row_stride, tile.batch,
                                     tile.head, seq.seqlen_q);  // (seqlen_q, d), the entry's rows
   int const wg_block = tile.m_block * Traits::kNConsumerWarpGroups + wg;  // 64-row block of the queries

@@ -94,13 +94,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
   }
   // Barriers of the K and V rings, initialized by warp 0: full counts the producer's one arrival plus
   // the bytes, empty the consumer warpgroups' releases.
-  typename Pipeline::Params pipeline_params;
-  pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
-  pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pipeline_params.is_leader = threadIdx.x == 0;
-  pipeline_params.num_consumers = Traits::kNConsumerThreads;
-  Pipeline pipeline_k(storage.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
-  Pipeline pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  auto pipeline_params = [&](uint32_t transaction_bytes) {
+    typename Pipeline::Params pp;
+    pp.transaction_bytes = transaction_bytes;
+    pp.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pp.is_leader = threadIdx.x == 0;
+    pp.num_consumers = Traits::kNConsumerThreads;
+    return pp;
+  };
+  Pipeline pipeline_k(storage.pipeline_k, pipeline_params(Traits::kTmaBytesK), Shape<_1, _1, _1>{});
+  Pipeline pipeline_v(storage.pipeline_v, pipeline_params(Traits::kTmaBytesV), Shape<_1, _1, _1>{});
   __syncthreads();  // barrier initialization visible to every thread (the pipelines fenced it)
 
   FwdParams const& fwd = params.fwd;

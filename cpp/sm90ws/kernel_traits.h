@@ -58,12 +58,24 @@ struct TileShape {
 #ifndef CUTLASSFA_SM90WS_TILE_D256
 #define CUTLASSFA_SM90WS_TILE_D256 128, 80, 2, false
 #endif
+// fp32 inputs (split into fp16 [hi | lo], cutlassfa/split_fp32.h): S = Q K^T runs three d-deep products,
+// so a step at d = 64 costs the tensor cores what a d = 128 step does, and its S, P and O take
+// 64 + 32 + 32 registers.
+#ifndef CUTLASSFA_SM90WS_TILE_F32_D64
+#define CUTLASSFA_SM90WS_TILE_F32_D64 128, 128, 2, true
+#endif
+#ifndef CUTLASSFA_SM90WS_TILE_F32_D128
+#define CUTLASSFA_SM90WS_TILE_F32_D128 128, 64, 2, true
+#endif
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<64> : TileShape<CUTLASSFA_SM90WS_TILE_D64> {};
 template <> struct TileConfig<96> : TileShape<CUTLASSFA_SM90WS_TILE_D96> {};
 template <> struct TileConfig<128> : TileShape<CUTLASSFA_SM90WS_TILE_D128> {};
 template <> struct TileConfig<192> : TileShape<CUTLASSFA_SM90WS_TILE_D192> {};
 template <> struct TileConfig<256> : TileShape<CUTLASSFA_SM90WS_TILE_D256> {};
+template <int kHeadDim> struct TileConfigFp32;
+template <> struct TileConfigFp32<64> : TileShape<CUTLASSFA_SM90WS_TILE_F32_D64> {};
+template <> struct TileConfigFp32<128> : TileShape<CUTLASSFA_SM90WS_TILE_F32_D128> {};
 
 // Named barrier ids (cutlass::arch::NamedBarrier adds the ids CUTLASS reserves; 0 is __syncthreads;
 // 8 are left to users). Consumer warpgroup w uses kMmaTurn0 + w and kEpilogue0 + w.
@@ -76,16 +88,23 @@ static_assert(static_cast<uint32_t>(NamedBarriers::kCount) + cutlass::arch::Name
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "the named barriers fit beside CUTLASS's reserved ones");
 
+// Input_: the caller's dtype, cutlass::half_t, cutlass::bfloat16_t, or float: fp32 inputs arrive split
+// into fp16 (cutlassfa/split_fp32.h): Q and K as rows of 2 d columns [hi | lo] (kHeadDimQK), V as fp16
+// hi; S = Q K^T is the three products of the halves (split_gemm), and O is written in fp32.
 // kVarlen_: q / k / v / o are packed (total, heads, d) arrays of a varlen batch (cu_seqlens): a separate
 // instantiation, so that the dense kernel carries none of the per-entry offsets (sm90ws/tma_extents.h).
-template <int kHeadDim_, class Element_, bool kVarlen_ = false>
+template <int kHeadDim_, class Input_, bool kVarlen_ = false>
 struct Traits {
-  using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSplitQK = std::is_same_v<Input_, float>;
+  using Element = cute::conditional_t<kSplitQK, cutlass::half_t, Input_>;  // what the MMAs read
+  using ElementO = Input_;
+  static constexpr int kHeadDim = kHeadDim_;                              // columns of V and O
+  static constexpr int kHeadDimQK = kSplitQK ? 2 * kHeadDim : kHeadDim;  // columns of Q and K
   static constexpr bool kVarlen = kVarlen_;
-  static constexpr int kBlockM = TileConfig<kHeadDim>::kBlockM;
-  static constexpr int kBlockN = TileConfig<kHeadDim>::kBlockN;
-  static constexpr int kStages = TileConfig<kHeadDim>::kStages;
+  using Tile = cute::conditional_t<kSplitQK, TileConfigFp32<kHeadDim>, TileConfig<kHeadDim>>;
+  static constexpr int kBlockM = Tile::kBlockM;
+  static constexpr int kBlockN = Tile::kBlockN;
+  static constexpr int kStages = Tile::kStages;
   static constexpr int kNConsumerWarpGroups = kBlockM / 64;
   static constexpr int kNConsumerThreads = 128 * kNConsumerWarpGroups;
   static constexpr int kNThreads = 128 + kNConsumerThreads;  // producer warpgroup first
@@ -98,13 +117,13 @@ struct Traits {
   static_assert(kHeadDim % 32 == 0, "a 64- or 128-byte swizzle atom spans the columns");
   // Ping-pong: the consumer warpgroups take turns issuing their GEMMs, in a ring (sm90ws/consumer.h,
   // MmaTurns). false lets each issue whenever its operands are ready.
-  static constexpr bool kPingPong = TileConfig<kHeadDim>::kPingPong;
+  static constexpr bool kPingPong = Tile::kPingPong;
 
   // ---- MMA: S = Q K^T (both from shared memory), O += P V (P from registers) ------------------------
   // Warpgroup w of the consumers owns rows [64w, 64w + 64): the atom layout stacks them along M.
   using AtomLayout = Layout<Shape<Int<kNConsumerWarpGroups>, _1, _1>>;
   using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>>(),
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDimQK>>>(),
       AtomLayout{}));
   // One wgmma spans the tile's keys: CuTe's selector takes an instruction N that divides kBlockN, and
   // knows 80 or 112 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cpp/CMakeLists.txt); without it an
@@ -119,11 +138,14 @@ struct Traits {
   // ---- Shared layouts: one layout per tile, written by TMA and read by wgmma ------------------------
   // 8 rows x 64 columns with the 16-byte chunk XORed by the row (128-byte swizzle), K-major; rows of
   // 32 (mod 64) columns (d = 96) take the 64-byte swizzle.
-  using SmemLayoutAtom = cute::conditional_t<kHeadDim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+  template <int kCols>
+  using SmemLayoutAtom = cute::conditional_t<kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
                                              GMMA::Layout_K_SW64_Atom<Element>>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutV = SmemLayoutK;  // (kBlockN, d, stage), as TMA writes it
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));
+  using SmemLayoutV =  // (kBlockN, d, stage), as TMA writes it
+      decltype(tile_to_shape(SmemLayoutAtom<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // The same bytes as (d, kBlockN, stage): the B operand of P V.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
@@ -131,29 +153,36 @@ struct Traits {
   // The O tile is staged in shared memory of its own where it fits beside Q and the rings (d <= 128), so
   // that the next tile's Q can load during the epilogue; else over the Q tile (each consumer warpgroup
   // overwrites its own 64 rows once its last S = Q K^T has completed), and the next Q waits for it.
-  using SmemLayoutO = SmemLayoutQ;
+  // fp32 O (kSplitQK) has a layout of its own, always in its own buffer.
+  using SmemLayoutAtomO = cute::conditional_t<kSplitQK, GMMA::Layout_K_SW128_Atom<float>, SmemLayoutAtom<kHeadDim>>;
+  using SmemLayoutO = decltype(tile_to_shape(SmemLayoutAtomO{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));  // Q's, for halves
   static constexpr int kSmemBytesQ = cosize_v<SmemLayoutQ> * sizeof(Element);
-  static constexpr int kSmemBytesKV = 2 * cosize_v<SmemLayoutK> * sizeof(Element);
-  static constexpr bool kSeparateO = 2 * kSmemBytesQ + kSmemBytesKV + 1024 <= 227 * 1024;
+  static constexpr int kSmemBytesKV = (cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) * sizeof(Element);
+  static constexpr int kSmemBytesO = cosize_v<SmemLayoutO> * sizeof(ElementO);
+  static constexpr bool kSeparateO = kSmemBytesQ + kSmemBytesO + kSmemBytesKV + 1024 <= 227 * 1024;
+  static_assert(kSeparateO || !kSplitQK, "fp32 O is staged in a buffer of its own");
   // Q buffers: with two, the producer loads the next tile's Q while the consumers still run this one
   // (it lands before they need it), so a short sequence's tiles do not wait for Q at every start.
   // Needs O apart from Q and room for a third Q tile (d <= 128); else one, reloaded after the tile.
 #ifdef CUTLASSFA_SM90WS_Q_STAGES  // measurement builds: cpp/sm90ws/selftest.sh NVCC_FLAGS=-D...=1
   static constexpr int kQStages = kSeparateO ? CUTLASSFA_SM90WS_Q_STAGES : 1;
 #else
-  static constexpr int kQStages = kSeparateO && 3 * kSmemBytesQ + kSmemBytesKV + 1024 <= 227 * 1024 ? 2 : 1;
+  static constexpr int kQStages =
+      kSeparateO && 2 * kSmemBytesQ + kSmemBytesO + kSmemBytesKV + 1024 <= 227 * 1024 ? 2 : 1;
 #endif
   static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
-  using SmemCopyAtomO = Copy_Atom<UniversalCopy<uint32_t>, Element>;  // two columns a store
+  // Two columns a store (the accumulator's pairs).
+  using SmemCopyAtomO = Copy_Atom<UniversalCopy<cute::uint_bit_t<2 * sizeof_bits_v<ElementO>>>, ElementO>;
   // Shared -> global for one warpgroup's 64 rows: 16 bytes a thread; the threads of a row cover the
   // largest power-of-two number of 16-byte chunks that divides the row (d / 8 = 8, 12, 16, 24, 32
-  // chunks: 8, 4, 16, 8, 32 threads), so a pass of the warpgroup is whole rows and tiles (64, d).
-  static constexpr int kThreadsPerRowO = (kHeadDim / 8) & -(kHeadDim / 8);
+  // chunks of halves: 8, 4, 16, 8, 32 threads), so a pass of the warpgroup is whole rows and tiles (64, d).
+  static constexpr int kChunkO = 16 / sizeof(ElementO);  // columns a 16-byte chunk
+  static constexpr int kThreadsPerRowO = (kHeadDim / kChunkO) & -(kHeadDim / kChunkO);
   static_assert(128 % kThreadsPerRowO == 0 && 64 % (128 / kThreadsPerRowO) == 0, "passes tile the warpgroup's rows");
   using GmemTiledCopyO = decltype(make_tiled_copy(
-      Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
+      Copy_Atom<UniversalCopy<cute::uint128_t>, ElementO>{},
       Layout<Shape<Int<128 / kThreadsPerRowO>, Int<kThreadsPerRowO>>, Stride<Int<kThreadsPerRowO>, _1>>{},
-      Layout<Shape<_1, _8>>{}));
+      Layout<Shape<_1, Int<kChunkO>>>{}));
 
   // ---- TMA: q, k, v seen as (row, dim, head, batch) tensors, one descriptor each ---------------------
   using ShapeRDHB = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -161,11 +190,14 @@ struct Traits {
   using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeRDHB{},
                                           StrideRDHB{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
-                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
-                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);  // out-of-range rows count too
+                                      Shape<Int<kBlockM>, Int<kHeadDimQK>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDimQK>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDimQK * sizeof(Element);
+  static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDimQK * sizeof(Element);  // out-of-range rows count too
+  static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDim * sizeof(Element);
 
   // ---- Pipelines: K and V each a ring of kStages buffers (full: TMA landed; empty: every consumer
   // warpgroup is done reading) ------------------------------------------------------------------------
@@ -177,7 +209,7 @@ struct Traits {
     alignas(1024) cute::array_aligned<Element, kQStages * cosize_v<SmemLayoutQ>, 1024> q;  // kQStages tiles
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutO> : 0, 1024> o;
+    alignas(1024) cute::array_aligned<ElementO, kSeparateO ? cosize_v<SmemLayoutO> : 0, 1024> o;
     // The persistent loop's hand-over (sm90ws/kernel.h), per Q buffer, one phase each time the buffer
     // is used: barrier_q completes when the producer has written tile_index (and, for a tile with keys,
     // Q has landed); barrier_q_empty when every consumer thread is done with Q (and with tile_index).
@@ -199,8 +231,8 @@ template <class Traits>
 struct KernelParams {
   FwdParams fwd;
   typename Traits::TmaQ tma_q;
-  typename Traits::TmaKV tma_k;
-  typename Traits::TmaKV tma_v;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaV tma_v;
   TileScheduler scheduler;
 };
 

@@ -7,6 +7,8 @@
 #include "common/alignment.h"
 #include "common/static_switch.h"
 #include "cutlassfa/params.h"
+#include "cutlassfa/split_fp32.h"
+#include "cutlassfa/workspace.h"
 #include "sm90ws/head_dims.h"
 #include "sm90ws/launch.h"
 #include "sm90ws/launch_fwd.h"
@@ -34,16 +36,33 @@ bool in_scope(const FwdParams& p) {
                         p.num_splits <= 1;
   sm90ws::TmaExtents const e = sm90ws::tma_extents(p, packed);
   bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
-  int const eb = 2;
+  // fp32: dense only; the TMA reads the split pre-pass's contiguous fp16 rows, not q, k, v themselves.
+  bool const fp32 = p.dtype == DType::kFloat32 && !packed;
+  int const eb = halves ? 2 : 4;
+  bool const inputs_tma = fp32 ||
+      (tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
+       tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
+       tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb));
+  bool const listed = fp32     ? head_dim_listed<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(p.head_dim)
+                      : packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
+                               : head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim);
   // Any window: the mask, the trip counts and the masked steps at either edge are common/mask.h's.
-  return layout && no_cache && halves && p.softcap_pre == 0.f && e.rows_q > 0 && e.rows_k > 0 &&
-         (packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
-                 : head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim)) &&
-         tensorcore_aligned(p) &&
-         tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
-         tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
-         tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
+  return layout && no_cache && (halves || fp32) && p.softcap_pre == 0.f && e.rows_q > 0 && e.rows_k > 0 && listed &&
+         tensorcore_aligned(p) && inputs_tma &&
          tma_strides(p.o_batch_stride, p.o_head_stride, p.o_row_stride, e.batch, p.heads_q, e.rows_q, eb);
+}
+
+// fp32: the split pre-pass into a stream-ordered workspace, the kernel on its halves, the release.
+cudaError_t run_fp32(const FwdParams& params, cudaStream_t stream) {
+  FwdParams split;
+  void* workspace = nullptr;
+  cudaError_t err = split_fp32_inputs(params, split, &workspace, stream);
+  if (err != cudaSuccess) { return err; }
+  err = head_dim_switch<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+    return sm90ws::run_fwd<decltype(head_dim)::value, float, false>(split, stream);
+  });
+  cudaError_t const free_err = workspace_free(workspace, stream);
+  return err != cudaSuccess ? err : free_err;
 }
 
 }  // namespace
@@ -51,6 +70,7 @@ bool in_scope(const FwdParams& p) {
 cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream) {
   if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
   if (params.seqlen_k <= 0 || !in_scope(params)) { return cudaErrorNotSupported; }
+  if (params.dtype == DType::kFloat32) { return run_fp32(params, stream); }
   return fp16_switch(params.dtype, [&](auto element) {
     using Element = decltype(element);
     if (params.cu_seqlens_q != nullptr) {  // in scope: both cu_seqlens

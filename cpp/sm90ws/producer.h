@@ -26,10 +26,11 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimQK = Traits::kHeadDimQK;
   FwdParams const& p = params.fwd;
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q_tile(q_buffer)), typename Traits::SmemLayoutQ{});  // (kBlockM, d)
-  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, d, stage)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q_tile(q_buffer)), typename Traits::SmemLayoutQ{});  // (kBlockM, dQK)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, dQK, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage)
 
   // Coordinate tensors of the descriptors' (row, dim, head, batch) views (sm90ws/tma_extents.h), sliced
@@ -38,13 +39,13 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   int const batch = Traits::kVarlen ? 0 : tile.batch;
   auto const q_rows = make_coord(Traits::kVarlen ? seq.q_row_offset : 0, _0{});
   auto const k_rows = make_coord(Traits::kVarlen ? seq.k_row_offset : 0, _0{});
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(extents.rows_q, kHeadDim, p.heads_q, extents.batch))(_, _, tile.head, batch);
-  Tensor mK = params.tma_k.get_tma_tensor(make_shape(extents.rows_k, kHeadDim, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(extents.rows_q, kHeadDimQK, p.heads_q, extents.batch))(_, _, tile.head, batch);
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(extents.rows_k, kHeadDimQK, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
   Tensor mV = params.tma_v.get_tma_tensor(make_shape(extents.rows_k, kHeadDim, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
-  Tensor gQ = local_tile(domain_offset(q_rows, mQ), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                         make_coord(tile.m_block, _0{}));  // (kBlockM, d)
-  Tensor gK = local_tile(domain_offset(k_rows, mK), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                         make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
+  Tensor gQ = local_tile(domain_offset(q_rows, mQ), Shape<Int<kBlockM>, Int<kHeadDimQK>>{},
+                         make_coord(tile.m_block, _0{}));  // (kBlockM, dQK)
+  Tensor gK = local_tile(domain_offset(k_rows, mK), Shape<Int<kBlockN>, Int<kHeadDimQK>>{},
+                         make_coord(_, _0{}));  // (kBlockN, dQK, n_blocks)
   Tensor gV = local_tile(domain_offset(k_rows, mV), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                          make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
 

@@ -31,13 +31,14 @@ sed -e 's/@CUTLASSFA_SMALL_TILE_HEAD_DIMS_CSV@/32, 64, 128/' -e 's/@CUTLASSFA_LA
 varlen_head_dims=${VARLEN_HEAD_DIMS-$(for d in $head_dims; do case $d in 64|128) echo -n "$d ";; esac; done)}
 csv() { echo $1 | sed 's/ /, /g'; }
 sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(csv "$head_dims")/" \
-    -e "s/@CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS_CSV@/$(csv "$varlen_head_dims")/" cpp/sm90ws/head_dims.h.in \
+    -e "s/@CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS_CSV@/$(csv "$varlen_head_dims")/" \
+    -e "s/@CUTLASSFA_SM90WS_FP32_HEAD_DIMS_CSV@//" cpp/sm90ws/head_dims.h.in \
     > "$build/generated/sm90ws/head_dims.h"
 : > "$build/generated/sm90ws/tile_overrides.h"
 for t in ${TILES:-}; do
   echo "#define CUTLASSFA_SM90WS_TILE_D${t%%=*} ${t#*=}" >> "$build/generated/sm90ws/tile_overrides.h"
 done
-sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu cpp/src/workspace.cpp cpp/src/backends.cpp)
+sources=(cpp/sm90ws/launch.cu cpp/sm90ws/selftest.cu cpp/src/workspace.cpp cpp/src/backends.cpp cpp/src/split_fp32.cu)
 for d in $head_dims; do
   sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate.cu.in > "$build/generated/sm90ws_hdim$d.cu"
   sources+=("$build/generated/sm90ws_hdim$d.cu")
