@@ -17,6 +17,7 @@
 
 #include "cutlassfa/params.h"
 #include "sm90ws/scheduler.h"
+#include "sm90ws/tile_overrides.h"  // generated: empty unless a measurement build overrides tiles
 #include "sm90ws/tma_extents.h"
 
 namespace cutlassfa::sm90ws {
@@ -35,9 +36,10 @@ using namespace cute;
 //  - d = 192 / 256: two consumer warpgroups, 112 / 80 keys (FA3's), the most that two stages of K and V beside
 //    the Q tile fit in 227 KB (216 KB / 224 KB). S + P + O = 56 + 28 + 96 and 40 + 20 + 128 of 240.
 //    The GEMMs are long beside the softmax: no turns.
-// Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> as kBlockM, kBlockN,
-// kStages, ping-pong (kBlockM 128 or 192, kBlockN a multiple of 16): cpp/sm90ws/selftest.sh,
-// TILES="96=128,128,2,1".
+// Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> (or _F32_D<d>) as
+// kBlockM, kBlockN, kStages, ping-pong (kBlockM 128 or 192, kBlockN a multiple of 16) in the generated
+// sm90ws/tile_overrides.h: cpp/sm90ws/selftest.sh TILES="96=128,128,2,1", or the package build's
+// -DCUTLASSFA_SM90WS_TILES="D96=128,128,2,1" (cpp/CMakeLists.txt).
 template <int kBlockM_, int kBlockN_, int kStages_, bool kPingPong_>
 struct TileShape {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
@@ -59,10 +61,12 @@ struct TileShape {
 #define CUTLASSFA_SM90WS_TILE_D256 128, 80, 2, false
 #endif
 // fp32 inputs (split into fp16 [hi | lo], cutlassfa/split_fp32.h): S = Q K^T runs three d-deep products,
-// so a step at d = 64 costs the tensor cores what a d = 128 step does, and its S, P and O take
-// 64 + 32 + 32 registers.
+// so a step at d = 64 costs the tensor cores what a d = 128 step does; S, P and O take 64 + 32 + 32
+// registers, as at fp16. d = 64, H200, the HW4 shapes (bench/NOTES-tensorcore.md): 192 x 128 (44 bytes
+// spilled) 6 % faster than 128 x 128 at (500, 2048, 64), within 3 % at (2, 32768, 64), where 128 x 176
+// was 4 % faster but 2-6 % slower at N = 2048.
 #ifndef CUTLASSFA_SM90WS_TILE_F32_D64
-#define CUTLASSFA_SM90WS_TILE_F32_D64 128, 128, 2, true
+#define CUTLASSFA_SM90WS_TILE_F32_D64 192, 128, 2, true
 #endif
 #ifndef CUTLASSFA_SM90WS_TILE_F32_D128
 #define CUTLASSFA_SM90WS_TILE_F32_D128 128, 64, 2, true

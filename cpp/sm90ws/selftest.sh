@@ -34,7 +34,7 @@ sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(csv "$head_dims")/" \
     -e "s/@CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS_CSV@/$(csv "$varlen_head_dims")/" \
     -e "s/@CUTLASSFA_SM90WS_FP32_HEAD_DIMS_CSV@//" cpp/sm90ws/head_dims.h.in \
     > "$build/generated/sm90ws/head_dims.h"
-: > "$build/generated/sm90ws/tile_overrides.h"
+: > "$build/generated/sm90ws/tile_overrides.h"  # included by sm90ws/kernel_traits.h
 for t in ${TILES:-}; do
   echo "#define CUTLASSFA_SM90WS_TILE_D${t%%=*} ${t#*=}" >> "$build/generated/sm90ws/tile_overrides.h"
 done
@@ -47,7 +47,7 @@ for d in $varlen_head_dims; do
   sed "s/@HEAD_DIM@/$d/g" cpp/sm90ws/instantiate_varlen.cu.in > "$build/generated/sm90ws_varlen_hdim$d.cu"
   sources+=("$build/generated/sm90ws_varlen_hdim$d.cu")
 done
-flags="-O3 -std=c++17 --expt-relaxed-constexpr -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$inc -Icpp/include -Icpp -I$build/generated -include sm90ws/tile_overrides.h ${NVCC_FLAGS:-}"
+flags="-O3 -std=c++17 --expt-relaxed-constexpr -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$inc -Icpp/include -Icpp -I$build/generated ${NVCC_FLAGS:-}"
 start=$(date +%s)
 pids=()
 for f in "${sources[@]}"; do
