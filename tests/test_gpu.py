@@ -214,6 +214,39 @@ def test_device_info_names_the_tensorcore_kernel_family():
     assert info["tensorcore_kernel"] == expected
 
 
+def _kernel_names(torch, call):
+    """The names of the CUDA kernels `call()` launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_runs_on_the_kernel_of_the_half_types(rng, causal):
+    """Where an fp16 call at d = 64 runs the warp-specialized kernel (sm_90a builds), an fp32 call runs
+    the split pre-pass and that same kernel, not the wgmma kernel, and matches the fp64 reference; its O
+    is fp32."""
+    _need("tensorcore")
+    torch = _torch()
+    q, k, v = _inputs(rng, 2, 4, 2, 300, 517, 64, "float32")
+    half = [torch.from_numpy(x.astype(np.float16)).cuda() for x in (q, k, v)]
+    if not any("flash_fwd_ws_kernel" in n for n in _kernel_names(torch, lambda: cutlassfa.forward(*half))):
+        pytest.skip("machine: the warp-specialized kernel needs an sm_90 GPU and an sm_90a build")
+    cq, ck, cv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    names = _kernel_names(torch, lambda: cutlassfa.forward(cq, ck, cv, causal=causal, backend="tensorcore"))
+    assert any("split_fp32" in n for n in names) and any("flash_fwd_ws_kernel" in n for n in names), names
+    assert not any("sm90::flash_fwd_kernel" in n for n in names), names
+    out, lse = cutlassfa.forward(cq, ck, cv, causal=causal, backend="tensorcore", return_lse=True)
+    assert out.dtype == torch.float32
+    ref, ref_lse = attention_reference(q, k, v, causal=causal)
+    assert rel_l2(out.cpu().numpy().astype(np.float64), ref) <= _bound("tensorcore", "float32")
+    _assert_lse(lse.cpu().numpy(), ref_lse, "tensorcore", "float32")
+
+
 # ---- device arrays of each framework ------------------------------------------------------------
 
 def _torch():
