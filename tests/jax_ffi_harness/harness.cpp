@@ -63,6 +63,9 @@ cudaError_t run_forward(Backend backend, const FwdParams& p, cudaStream_t) {
   return cudaSuccess;
 }
 
+// The split count of the dispatch (cpp/src/dispatch.cpp) asks the device; the CPU stand-in runs one pass.
+int dense_num_splits(Backend, int, const FwdParams&) { return 1; }
+
 }  // namespace cutlassfa
 
 extern "C" {
