@@ -226,13 +226,14 @@ def _kernel_names(torch, call):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp32_runs_on_the_kernel_of_the_half_types(rng, causal):
-    """Where an fp16 call at d = 64 runs the warp-specialized kernel (sm_90a builds), an fp32 call runs
-    the split pre-pass and that same kernel, not the wgmma kernel, and matches the fp64 reference; its O
-    is fp32."""
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp32_runs_on_the_kernel_of_the_half_types(rng, d, causal):
+    """Where an fp16 call runs the warp-specialized kernel (sm_90a builds), an fp32 call at d = 64 / 128
+    (the default build's CUTLASSFA_SM90WS_FP32_HEAD_DIMS) runs the split pre-pass and that same kernel,
+    not the wgmma kernel, and matches the fp64 reference; its O is fp32."""
     _need("tensorcore")
     torch = _torch()
-    q, k, v = _inputs(rng, 2, 4, 2, 300, 517, 64, "float32")
+    q, k, v = _inputs(rng, 2, 4, 2, 300, 517, d, "float32")
     half = [torch.from_numpy(x.astype(np.float16)).cuda() for x in (q, k, v)]
     if not any("flash_fwd_ws_kernel" in n for n in _kernel_names(torch, lambda: cutlassfa.forward(*half))):
         pytest.skip("machine: the warp-specialized kernel needs an sm_90 GPU and an sm_90a build")
