@@ -157,7 +157,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   for_each_kv_tile(n_block_min, n_block_max - 1, n_block_unmasked_begin, mask.n_block_unmasked_end(m_block), kv_step);
 
   // ---- Last P V (every S = Q K^T has completed: Q may go, unless O is to be staged over it) -------------
-  if constexpr (Traits::kSeparateO) { storage.barrier_q_empty[q_buffer].arrive(); }
+  if constexpr (Traits::kReleaseQAfterLastS) { storage.barrier_q_empty[q_buffer].arrive(); }
   softmax.rescale_o(acc_o_rc, alpha_pending);
   wait(pipeline_v, read_v);
   warpgroup_gemm</*kZeroInit=*/false, /*kWait=*/0, /*kARegisters=*/true>(tiled_mma_pv, tOrP,
@@ -189,7 +189,7 @@ __forceinline__ __device__ void pass_tiles(typename Traits::SharedStorage& stora
     pass(pipeline_k, read_k);
     if (n_block < n_block_max - 1) { pass(pipeline_v, read_v); }
   }
-  if constexpr (Traits::kSeparateO) { storage.barrier_q_empty[q_buffer].arrive(); }
+  if constexpr (Traits::kReleaseQAfterLastS) { storage.barrier_q_empty[q_buffer].arrive(); }
   pass(pipeline_v, read_v);
 }
 

@@ -22,6 +22,7 @@
 #include "sm90ws/producer.h"
 #include "sm90ws/scheduler.h"
 #include "sm90ws/softmax.h"
+#include "sm90ws/split_q.h"
 
 namespace cutlassfa::sm90ws {
 
@@ -152,11 +153,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       // warp_group is warp-uniform as the compiler sees it (a shuffle): a branch on thread_idx moved the
       // pipeline states out of uniform registers and cost 4-15 %.
       bool const has_rows = 64 * (warp_group - 1) < work.seq.seqlen_q - work.tile.m_block * kBlockM;
+      if constexpr (Traits::kReleaseQAfterSplit) {  // fp32: this warpgroup's rows of Q, then the staging is free
+        // Every warpgroup that runs GEMMs on the tile (pass_tiles below runs none), its rows past the
+        // queries too: TMA filled them with zeros.
+        if (work.has_keys() && (Traits::kNConsumerWarpGroups != 3 || has_rows)) {
+          split_q_rows<Traits>(storage, slot.buffer, thread_idx);
+        }
+        storage.barrier_q_empty[slot.buffer].arrive();
+      }
       if (Traits::kNConsumerWarpGroups == 3 && work.has_keys() && !has_rows) {
         // Takes part in the hand-overs only; writes nothing (O and lse have no such rows).
         pass_tiles<Traits>(storage, pipeline_k, pipeline_v, read_k, read_v, slot.buffer, work.n_block_min,
                            work.n_block_max, thread_idx);
-        if constexpr (!Traits::kSeparateO) { storage.barrier_q_empty[slot.buffer].arrive(); }
+        if constexpr (Traits::kReleaseQAfterEpilogue) { storage.barrier_q_empty[slot.buffer].arrive(); }
         continue;
       }
       typename Traits::TiledMmaPV tiled_mma_pv;
@@ -169,10 +178,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
                         work.tile.m_block, work.n_block_min, work.n_block_max, thread_idx, acc_o, softmax);
       } else {
         clear(acc_o);  // finalize: O = 0, lse = -inf
-        if constexpr (Traits::kSeparateO) { storage.barrier_q_empty[slot.buffer].arrive(); }
+        if constexpr (Traits::kReleaseQAfterLastS) { storage.barrier_q_empty[slot.buffer].arrive(); }
       }
       store_output<Traits>(fwd, storage, work.tile, work.seq, thread_idx, acc_o, softmax);
-      if constexpr (!Traits::kSeparateO) { storage.barrier_q_empty[slot.buffer].arrive(); }  // O was staged over Q
+      if constexpr (Traits::kReleaseQAfterEpilogue) { storage.barrier_q_empty[slot.buffer].arrive(); }  // O was staged over Q
     }
   }
 #endif

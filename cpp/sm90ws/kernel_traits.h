@@ -92,9 +92,11 @@ static_assert(static_cast<uint32_t>(NamedBarriers::kCount) + cutlass::arch::Name
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "the named barriers fit beside CUTLASS's reserved ones");
 
-// Input_: the caller's dtype, cutlass::half_t, cutlass::bfloat16_t, or float: fp32 inputs arrive split
-// into fp16 (cutlassfa/split_fp32.h): Q and K as rows of 2 d columns [hi | lo] (kHeadDimQK), V as fp16
-// hi; S = Q K^T is the three products of the halves (split_gemm), and O is written in fp32.
+// Input_: the caller's dtype, cutlass::half_t, cutlass::bfloat16_t, or float: fp32 K and V arrive split
+// into fp16 by the pre-pass (cutlassfa/split_fp32.h): K as rows of 2 d columns [hi | lo] (kHeadDimQK),
+// V as fp16 hi; fp32 Q is loaded as it is and split into the same [hi | lo] rows in shared memory at
+// the start of each tile (sm90ws/split_q.h); S = Q K^T is the three products of the halves
+// (warpgroup_gemm_split), and O is written in fp32.
 // kVarlen_: q / k / v / o are packed (total, heads, d) arrays of a varlen batch (cu_seqlens): a separate
 // instantiation, so that the dense kernel carries none of the per-entry offsets (sm90ws/tma_extents.h).
 template <int kHeadDim_, class Input_, bool kVarlen_ = false>
@@ -146,6 +148,13 @@ struct Traits {
   using SmemLayoutAtom = cute::conditional_t<kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
                                              GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
+  // Q as TMA loads it: the Q tile itself, or for fp32 the caller's values (kBlockM, d) in a staging
+  // buffer of their own (128-byte swizzled rows of floats), split into the Q tile by the consumers.
+  using ElementQLoad = cute::conditional_t<kSplitQK, float, Element>;
+  static constexpr int kHeadDimQLoad = kSplitQK ? kHeadDim : kHeadDimQK;
+  using SmemLayoutQLoad = cute::conditional_t<
+      kSplitQK, decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{})),
+      SmemLayoutQ>;
   using SmemLayoutK =
       decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));
   using SmemLayoutV =  // (kBlockN, d, stage), as TMA writes it
@@ -163,8 +172,12 @@ struct Traits {
   static constexpr int kSmemBytesQ = cosize_v<SmemLayoutQ> * sizeof(Element);
   static constexpr int kSmemBytesKV = (cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) * sizeof(Element);
   static constexpr int kSmemBytesO = cosize_v<SmemLayoutO> * sizeof(ElementO);
-  static constexpr bool kSeparateO = kSmemBytesQ + kSmemBytesO + kSmemBytesKV + 1024 <= 227 * 1024;
-  static_assert(kSeparateO || !kSplitQK, "fp32 O is staged in a buffer of its own");
+  static constexpr int kSmemBytesQStaging = kSplitQK ? cosize_v<SmemLayoutQLoad> * sizeof(float) : 0;
+  static constexpr bool kSeparateO = kSmemBytesQ + kSmemBytesQStaging + kSmemBytesO + kSmemBytesKV + 1024 <= 227 * 1024;
+  // fp32 O over Q': a warpgroup's 64 rows of d floats and of 2d halves are the same 128-byte swizzled
+  // rows, the same bytes.
+  static_assert(kSeparateO || !kSplitQK || (kSmemBytesO == kSmemBytesQ && kHeadDim % 32 == 0),
+                "fp32 O staged over the Q tile covers each warpgroup's own rows");
   // Q buffers: with two, the producer loads the next tile's Q while the consumers still run this one
   // (it lands before they need it), so a short sequence's tiles do not wait for Q at every start.
   // Needs O apart from Q and room for a third Q tile (d <= 128); else one, reloaded after the tile.
@@ -175,6 +188,13 @@ struct Traits {
       kSeparateO && 2 * kSmemBytesQ + kSmemBytesO + kSmemBytesKV + 1024 <= 227 * 1024 ? 2 : 1;
 #endif
   static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
+  static_assert(kQStages == 1 || !kSplitQK, "one fp32 staging buffer: one Q buffer");
+  // When the consumers give a Q buffer back (barrier_q_empty): fp32, as soon as each warpgroup has split
+  // its rows out of the staging buffer; with O apart, after the last S = Q K^T; with O over Q, after the
+  // epilogue.
+  static constexpr bool kReleaseQAfterSplit = kSplitQK;
+  static constexpr bool kReleaseQAfterLastS = kSeparateO && !kSplitQK;
+  static constexpr bool kReleaseQAfterEpilogue = !kSeparateO && !kSplitQK;
   // Two columns a store (the accumulator's pairs).
   using SmemCopyAtomO = Copy_Atom<UniversalCopy<cute::uint_bit_t<2 * sizeof_bits_v<ElementO>>>, ElementO>;
   // Shared -> global for one warpgroup's 64 rows: 16 bytes a thread; the threads of a row cover the
@@ -191,15 +211,16 @@ struct Traits {
   // ---- TMA: q, k, v seen as (row, dim, head, batch) tensors, one descriptor each ---------------------
   using ShapeRDHB = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideRDHB = cute::Stride<int64_t, _1, int64_t, int64_t>;
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeRDHB{},
-                                          StrideRDHB{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
-                                      Shape<Int<kBlockM>, Int<kHeadDimQK>>{}, _1{}));
+  template <class T>
+  using GmemTensorOf = decltype(make_tensor(make_gmem_ptr(static_cast<T const*>(nullptr)), ShapeRDHB{}, StrideRDHB{}));
+  using GmemTensor = GmemTensorOf<Element>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorOf<ElementQLoad>{}, SmemLayoutQLoad{},
+                                      Shape<Int<kBlockM>, Int<kHeadDimQLoad>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                       Shape<Int<kBlockN>, Int<kHeadDimQK>>{}, _1{}));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDimQK * sizeof(Element);
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDimQLoad * sizeof(ElementQLoad);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDimQK * sizeof(Element);  // out-of-range rows count too
   static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDim * sizeof(Element);
 
@@ -214,6 +235,7 @@ struct Traits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     alignas(1024) cute::array_aligned<ElementO, kSeparateO ? cosize_v<SmemLayoutO> : 0, 1024> o;
+    alignas(1024) cute::array_aligned<float, kSplitQK ? cosize_v<SmemLayoutQLoad> : 0, 1024> q_staging;  // fp32 Q
     // The persistent loop's hand-over (sm90ws/kernel.h), per Q buffer, one phase each time the buffer
     // is used: barrier_q completes when the producer has written tile_index (and, for a tile with keys,
     // Q has landed); barrier_q_empty when every consumer thread is done with Q (and with tile_index).
@@ -224,6 +246,14 @@ struct Traits {
     alignas(16) typename Pipeline::SharedStorage pipeline_v;
 
     __forceinline__ __device__ Element* q_tile(int buffer) { return q.data() + buffer * cosize_v<SmemLayoutQ>; }
+    // Where TMA writes a tile's Q.
+    __forceinline__ __device__ ElementQLoad* q_load(int buffer) {
+      if constexpr (kSplitQK) {
+        return q_staging.data();
+      } else {
+        return q_tile(buffer);
+      }
+    }
   };
   static constexpr int kSmemSize = sizeof(SharedStorage);
   static_assert(kSmemSize <= 227 * 1024, "one CTA per SM fits its shared memory");

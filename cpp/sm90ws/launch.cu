@@ -36,13 +36,13 @@ bool in_scope(const FwdParams& p) {
                         p.num_splits <= 1;
   sm90ws::TmaExtents const e = sm90ws::tma_extents(p, packed);
   bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
-  // fp32: dense only; the TMA reads the split pre-pass's contiguous fp16 rows, not q, k, v themselves.
+  // fp32: dense only; the TMA reads q itself, and k, v as the split pre-pass's contiguous fp16 rows.
   bool const fp32 = p.dtype == DType::kFloat32 && !packed;
   int const eb = halves ? 2 : 4;
-  bool const inputs_tma = fp32 ||
-      (tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
-       tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
-       tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb));
+  bool const inputs_tma =
+      tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
+      (fp32 || (tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
+                tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb)));
   bool const listed = fp32     ? head_dim_listed<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(p.head_dim)
                       : packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
                                : head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim);
@@ -52,11 +52,12 @@ bool in_scope(const FwdParams& p) {
          tma_strides(p.o_batch_stride, p.o_head_stride, p.o_row_stride, e.batch, p.heads_q, e.rows_q, eb);
 }
 
-// fp32: the split pre-pass into a stream-ordered workspace, the kernel on its halves, the release.
+// fp32: the split pre-pass of K and V into a stream-ordered workspace (the kernel splits Q itself,
+// sm90ws/split_q.h), the kernel, the release.
 cudaError_t run_fp32(const FwdParams& params, cudaStream_t stream) {
   FwdParams split;
   void* workspace = nullptr;
-  cudaError_t err = split_fp32_inputs(params, split, &workspace, stream);
+  cudaError_t err = split_fp32_inputs(params, split, &workspace, stream, /*split_q=*/false);
   if (err != cudaSuccess) { return err; }
   err = head_dim_switch<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
     return sm90ws::run_fwd<decltype(head_dim)::value, float, false>(split, stream);

@@ -13,8 +13,8 @@ namespace cutlassfa {
 // (exactly), dense (batch, heads, seqlen, d) tensors or a varlen batch (packed (total, heads, d) with
 // both cu_seqlens; head dims of CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS), base and batch / head / row strides
 // 16-byte aligned (the TMA descriptors), any seqlen_q and seqlen_k, any window (causal = (-1, 0);
-// common/mask.h), GQA / MQA, lse; and fp32 dense tensors at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, through
-// the split pre-pass (cutlassfa/split_fp32.h; q, k, v of any strides, o aligned as above).
+// common/mask.h), GQA / MQA, lse; and fp32 dense tensors at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, K and V
+// through the split pre-pass (cutlassfa/split_fp32.h), Q split in the kernel (q and o aligned as above).
 // Anything else (softcap, KV caches, paged caches, left padding, split keys, fp32 varlen, other head
 // dims, unaligned tensors) returns cudaErrorNotSupported before any launch, so that the caller can fall
 // back to another kernel. The caller has checked that the device is sm_90.

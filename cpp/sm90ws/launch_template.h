@@ -23,10 +23,9 @@ namespace cutlassfa::sm90ws {
 // A (rows, kCols, heads, batch) view of q, k or v for its descriptor. A stride over an extent of 1 is
 // never applied and may be anything; the descriptor checks every stride, so it becomes kCols (16-byte
 // multiple).
-template <class Traits, int kCols>
+template <class Element, int kCols>
 auto rdhb_tensor(void const* base, long long batch_stride, long long head_stride, long long row_stride, int rows,
                  int heads, int batch) {
-  using Element = typename Traits::Element;
   auto used = [](long long stride, int extent) { return static_cast<int64_t>(extent <= 1 ? kCols : stride); };
   return make_tensor(make_gmem_ptr(static_cast<Element const*>(base)), make_shape(rows, kCols, heads, batch),
                      make_stride(used(row_stride, rows), _1{}, used(head_stride, heads), used(batch_stride, batch)));
@@ -35,7 +34,9 @@ auto rdhb_tensor(void const* base, long long batch_stride, long long head_stride
 template <int kHeadDim, class Input, bool kVarlen>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   using T = Traits<kHeadDim, Input, kVarlen>;
+  using Element = typename T::Element;
   constexpr int kHeadDimQK = T::kHeadDimQK;
+  constexpr int kHeadDimQLoad = T::kHeadDimQLoad;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) { return err; }
@@ -48,15 +49,16 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   int const grid = static_cast<int>(std::min<long long>(num_tiles, sms));
   KernelParams<T> kp{params,
                      make_tma_copy(SM90_TMA_LOAD{},
-                                   rdhb_tensor<T, kHeadDimQK>(params.q, params.q_batch_stride, params.q_head_stride,
-                                                  params.q_row_stride, extents.rows_q, params.heads_q, extents.batch),
-                                   typename T::SmemLayoutQ{}, Shape<Int<T::kBlockM>, Int<kHeadDimQK>>{}, _1{}),
+                                   rdhb_tensor<typename T::ElementQLoad, kHeadDimQLoad>(
+                                       params.q, params.q_batch_stride, params.q_head_stride, params.q_row_stride,
+                                       extents.rows_q, params.heads_q, extents.batch),
+                                   typename T::SmemLayoutQLoad{}, Shape<Int<T::kBlockM>, Int<kHeadDimQLoad>>{}, _1{}),
                      make_tma_copy(SM90_TMA_LOAD{},
-                                   rdhb_tensor<T, kHeadDimQK>(params.k, params.k_batch_stride, params.k_head_stride,
+                                   rdhb_tensor<Element, kHeadDimQK>(params.k, params.k_batch_stride, params.k_head_stride,
                                                   params.k_row_stride, extents.rows_k, params.heads_kv, extents.batch),
                                    take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<kHeadDimQK>>{}, _1{}),
                      make_tma_copy(SM90_TMA_LOAD{},
-                                   rdhb_tensor<T, kHeadDim>(params.v, params.v_batch_stride, params.v_head_stride,
+                                   rdhb_tensor<Element, kHeadDim>(params.v, params.v_batch_stride, params.v_head_stride,
                                                   params.v_row_stride, extents.rows_k, params.heads_kv, extents.batch),
                                    take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{}),
                      TileScheduler{static_cast<int>(num_tiles), num_m_blocks, 1, nullptr}};
@@ -71,7 +73,7 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   void* counter = nullptr;
   if (unequal && num_tiles > grid) {
     long long const kv_bytes =
-        static_cast<long long>(params.seqlen_k) * (kHeadDimQK + kHeadDim) * sizeof(typename T::Element) / params.heads_ratio;
+        static_cast<long long>(params.seqlen_k) * (kHeadDimQK + kHeadDim) * sizeof(Element) / params.heads_ratio;
     long long const pairs = static_cast<long long>(params.heads_q) * params.batch;
     kp.scheduler.heads_per_section = static_cast<int>(std::clamp((32ll << 20) / std::max(kv_bytes, 1ll), 1ll, pairs));
     err = workspace_alloc(&counter, sizeof(int), stream);

@@ -1,5 +1,6 @@
 // The producer: one thread of the producer warpgroup issues every TMA load of a tile with keys. Q (into
-// the tile's Q buffer, with that buffer's mbarrier, which also publishes the tile index:
+// the tile's Q buffer, or fp32 Q into the staging buffer that the consumers split it from:
+// sm90ws/split_q.h; with that buffer's mbarrier, which also publishes the tile index:
 // sm90ws/kernel.h), then K and V tiles into their rings (whose write states run on across the CTA's
 // tiles) from the last visible tile down, in the order the consumers use them: S = Q K[n]^T runs one
 // step ahead of O += P V[n+1], so K[n] is issued before V[n+1]. Each load first waits until every consumer warpgroup has released the buffer it
@@ -29,7 +30,8 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   constexpr int kHeadDimQK = Traits::kHeadDimQK;
   FwdParams const& p = params.fwd;
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q_tile(q_buffer)), typename Traits::SmemLayoutQ{});  // (kBlockM, dQK)
+  constexpr int kHeadDimQLoad = Traits::kHeadDimQLoad;
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q_load(q_buffer)), typename Traits::SmemLayoutQLoad{});  // (kBlockM, dQ)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, dQK, stage)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage)
 
@@ -39,11 +41,11 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   int const batch = Traits::kVarlen ? 0 : tile.batch;
   auto const q_rows = make_coord(Traits::kVarlen ? seq.q_row_offset : 0, _0{});
   auto const k_rows = make_coord(Traits::kVarlen ? seq.k_row_offset : 0, _0{});
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(extents.rows_q, kHeadDimQK, p.heads_q, extents.batch))(_, _, tile.head, batch);
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(extents.rows_q, kHeadDimQLoad, p.heads_q, extents.batch))(_, _, tile.head, batch);
   Tensor mK = params.tma_k.get_tma_tensor(make_shape(extents.rows_k, kHeadDimQK, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
   Tensor mV = params.tma_v.get_tma_tensor(make_shape(extents.rows_k, kHeadDim, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
-  Tensor gQ = local_tile(domain_offset(q_rows, mQ), Shape<Int<kBlockM>, Int<kHeadDimQK>>{},
-                         make_coord(tile.m_block, _0{}));  // (kBlockM, dQK)
+  Tensor gQ = local_tile(domain_offset(q_rows, mQ), Shape<Int<kBlockM>, Int<kHeadDimQLoad>>{},
+                         make_coord(tile.m_block, _0{}));  // (kBlockM, dQ)
   Tensor gK = local_tile(domain_offset(k_rows, mK), Shape<Int<kBlockN>, Int<kHeadDimQK>>{},
                          make_coord(_, _0{}));  // (kBlockN, dQK, n_blocks)
   Tensor gV = local_tile(domain_offset(k_rows, mV), Shape<Int<kBlockN>, Int<kHeadDim>>{},

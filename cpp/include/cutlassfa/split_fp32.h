@@ -16,8 +16,10 @@ namespace cutlassfa {
 // Enqueues the split of params.q / k / v (fp32, any strides, dense (batch, heads, seqlen, d)) into a
 // stream-ordered workspace (cutlassfa/workspace.h) and sets `split` to params with q, k, v pointing at
 // the fp16 rows: (batch, heads, seqlen) contiguous, 2 d columns for q and k, d for v; o, lse and the rest
-// as in params. On success *workspace is to be released (workspace_free) on `stream` after the kernel
-// that reads it is enqueued. cpp/src/split_fp32.cu.
-cudaError_t split_fp32_inputs(const FwdParams& params, FwdParams& split, void** workspace, cudaStream_t stream);
+// as in params. split_q = false leaves q as it is (fp32, for a kernel that splits Q itself:
+// sm90ws/split_q.h). On success *workspace is to be released (workspace_free) on `stream` after the
+// kernel that reads it is enqueued. cpp/src/split_fp32.cu.
+cudaError_t split_fp32_inputs(const FwdParams& params, FwdParams& split, void** workspace, cudaStream_t stream,
+                              bool split_q = true);
 
 }  // namespace cutlassfa
