@@ -62,7 +62,7 @@ struct TileShape {
 #endif
 // fp32 inputs (split into fp16 [hi | lo], cutlassfa/split_fp32.h): S = Q K^T runs three d-deep products,
 // so a step at d = 64 costs the tensor cores what a d = 128 step does; S, P and O take 64 + 32 + 32
-// registers, as at fp16. d = 64, H200, the HW4 shapes (bench/NOTES-tensorcore.md): 192 x 128 (44 bytes
+// registers, as at fp16. d = 64, H200, the HW4 shapes (bench/NOTES-tensorcore.md): 192 x 128 (48 bytes
 // spilled) 6 % faster than 128 x 128 at (500, 2048, 64), within 3 % at (2, 32768, 64), where 128 x 176
 // was 4 % faster but 2-6 % slower at N = 2048.
 #ifndef CUTLASSFA_SM90WS_TILE_F32_D64
@@ -166,7 +166,8 @@ struct Traits {
   // The O tile is staged in shared memory of its own where it fits beside Q and the rings (d <= 128), so
   // that the next tile's Q can load during the epilogue; else over the Q tile (each consumer warpgroup
   // overwrites its own 64 rows once its last S = Q K^T has completed), and the next Q waits for it.
-  // fp32 O (kSplitQK) has a layout of its own, always in its own buffer.
+  // fp32 O (kSplitQK) has a layout of its own (rows of d floats); beside the fp32 Q staging buffer it
+  // never fits apart, and goes over Q' (2d halves a row: the same bytes, static_assert below).
   using SmemLayoutAtomO = cute::conditional_t<kSplitQK, GMMA::Layout_K_SW128_Atom<float>, SmemLayoutAtom<kHeadDim>>;
   using SmemLayoutO = decltype(tile_to_shape(SmemLayoutAtomO{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));  // Q's, for halves
   static constexpr int kSmemBytesQ = cosize_v<SmemLayoutQ> * sizeof(Element);
