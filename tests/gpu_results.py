@@ -1,5 +1,6 @@
 """Checking a GPU backend's output and lse (PyTorch CUDA tensors) against the float64 reference, within
-that backend's bounds (cutlassfa.check.bound_for): shared by the decode and variant GPU tests."""
+that backend's bounds (cutlassfa.check.bound_for), and which kernels a call launched: shared by the GPU
+tests."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ def assert_matches_reference(backend: str, dtype: str, out, lse, ref: np.ndarray
     np.testing.assert_array_equal(np.isneginf(lse), ~seen)
     assert (out[~seen] == 0).all()
     assert np.abs(lse[seen] - ref_lse[seen]).max(initial=0) <= bound.lse
+
+
+def kernel_names(torch, call) -> list[str]:
+    """The names of the CUDA kernels `call()` launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]

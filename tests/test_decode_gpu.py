@@ -14,7 +14,7 @@ import pytest
 import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2
-from gpu_results import assert_matches_reference, host64
+from gpu_results import assert_matches_reference, host64, kernel_names
 
 pytestmark = pytest.mark.gpu
 BACKENDS = ["tensorcore", "tensorcore_sm80"]
@@ -78,17 +78,6 @@ def test_dense_decode_calls(torch, rng, backend, need_backend, dtype, d, shape, 
     assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
 
 
-def _kernel_names(torch, call):
-    """The names of the CUDA kernels `call()` launches."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_split_is_one_pass(torch, rng, backend, need_backend):
     """A plain call of one query splits its keys by itself (a split combine follows the decode kernel);
@@ -97,9 +86,9 @@ def test_one_split_is_one_pass(torch, rng, backend, need_backend):
     q, k, v = (rng.standard_normal(s) for s in ((1, 32, 1, 128), (1, 8, 8192, 128), (1, 8, 8192, 128)))
     ref, ref_lse = attention_reference(*(_rounded(x, "bfloat16", torch) for x in (q, k, v)))
     dq, dk, dv = (_cuda(torch, x, "bfloat16") for x in (q, k, v))
-    split = _kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, backend=backend))
+    split = kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, backend=backend))
     assert any("combine" in name for name in split), split
-    one_pass = _kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, num_splits=1, backend=backend))
+    one_pass = kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, num_splits=1, backend=backend))
     assert one_pass and not any("combine" in name for name in one_pass), one_pass
     out, lse = cutlassfa.forward(dq, dk, dv, num_splits=1, backend=backend, return_lse=True)
     assert_matches_reference(backend, dtype="bfloat16", out=out, lse=lse, ref=ref, ref_lse=ref_lse)

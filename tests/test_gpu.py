@@ -14,6 +14,7 @@ from cutlassfa import hw4
 from cutlassfa.check import bound_for
 from cutlassfa.check.hw4_rule import max_abs_error
 from cutlassfa.reference import attention_reference, rel_l2
+from gpu_results import kernel_names
 from strided_matrix import layout_failures
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
@@ -214,17 +215,6 @@ def test_device_info_names_the_tensorcore_kernel_family():
     assert info["tensorcore_kernel"] == expected
 
 
-def _kernel_names(torch, call):
-    """The names of the CUDA kernels `call()` launches."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_fp32_runs_on_the_kernel_of_the_half_types(rng, d, causal):
@@ -235,10 +225,10 @@ def test_fp32_runs_on_the_kernel_of_the_half_types(rng, d, causal):
     torch = _torch()
     q, k, v = _inputs(rng, 2, 4, 2, 300, 517, d, "float32")
     half = [torch.from_numpy(x.astype(np.float16)).cuda() for x in (q, k, v)]
-    if not any("flash_fwd_ws_kernel" in n for n in _kernel_names(torch, lambda: cutlassfa.forward(*half))):
+    if not any("flash_fwd_ws_kernel" in n for n in kernel_names(torch, lambda: cutlassfa.forward(*half))):
         pytest.skip("machine: the warp-specialized kernel needs an sm_90 GPU and an sm_90a build")
     cq, ck, cv = (torch.from_numpy(x).cuda() for x in (q, k, v))
-    names = _kernel_names(torch, lambda: cutlassfa.forward(cq, ck, cv, causal=causal, backend="tensorcore"))
+    names = kernel_names(torch, lambda: cutlassfa.forward(cq, ck, cv, causal=causal, backend="tensorcore"))
     assert any("split_fp32" in n for n in names) and any("flash_fwd_ws_kernel" in n for n in names), names
     assert not any("sm90::flash_fwd_kernel" in n for n in names), names
     out, lse = cutlassfa.forward(cq, ck, cv, causal=causal, backend="tensorcore", return_lse=True)
