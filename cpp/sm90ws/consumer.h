@@ -90,8 +90,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   auto wait = [](typename Traits::Pipeline& pipeline, typename Traits::PipelineState const& state) {
     pipeline.consumer_wait(state, pipeline.consumer_try_wait(state));
   };
-  // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O.
-  // S = Q K[stage]^T, issued (not waited for).
+  // S = Q K[stage]^T, issued (not waited for): for fp32 inputs, the three products of the halves.
   auto issue_s = [&](auto& acc_s, int stage) {
     if constexpr (Traits::kSplitQK) {
       warpgroup_gemm_split</*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s);
@@ -100,6 +99,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
                                                                               tSrK(_, _, _, stage), acc_s);
     }
   };
+  // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O.
   auto softmax_step = [&](auto& acc_s) {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
     return softmax.update(scores, params.softmax_scale_log2);
