@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -486,7 +487,30 @@ def test_overhead_on_the_cpu(tmp_path, capsys):
     assert numpy_row["shape"] == [1, 1, 16, 64] and numpy_row["dtype"] == "float16"
     assert {tuple(r["shape"]) for r in doc["synchronized"]} == set(bench.HW4_SHAPES)
     if not cutlassfa.backends()["small_tile"].available:
-        assert all(r["status"] == "unavailable" and r["note"] for r in doc["synchronized"])
+        assert all(r["status"] == "unavailable" and r["note"] and r["sm_clock_mhz"] is None
+                   for r in doc["synchronized"])
+
+
+def test_sm_clock_is_read_from_nvidia_smi_or_none(monkeypatch):
+    """The overhead rows' clock: nvidia-smi's clocks.sm as a number, None where nvidia-smi is missing or
+    says [N/A]."""
+    from cutlassfa import _provenance
+
+    fields = {"name": "GPU", "driver_version": "1", "clocks.sm": "1695", "clocks.mem": "3201",
+              "clocks.max.sm": "1980", "clocks.max.mem": "3201", "temperature.gpu": "50", "power.limit": "700"}
+
+    class Done:
+        returncode = 0
+        stdout = ", ".join(fields[k] for k in _provenance._NVIDIA_SMI_FIELDS) + "\n"
+
+    monkeypatch.setattr(_provenance.shutil, "which", lambda exe: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(_provenance.subprocess, "run", lambda *a, **k: Done())
+    assert _provenance.sm_clock_mhz() == 1695.0
+    fields["clocks.sm"] = "[N/A]"
+    Done.stdout = ", ".join(fields[k] for k in _provenance._NVIDIA_SMI_FIELDS) + "\n"
+    assert _provenance.sm_clock_mhz() is None
+    monkeypatch.setattr(_provenance.shutil, "which", lambda exe: None)
+    assert _provenance.sm_clock_mhz() is None
 
 
 def test_wall_per_call_counts_every_call():
@@ -617,6 +641,8 @@ def test_overhead_on_gpu(tmp_path):
     assert any(r["path"] == "torch" and r["status"] == "ok" and r["us_per_call"] > 0 for r in doc["tiny"])
     assert paths["torch sdpa_flash"]["status"] in ("ok", "unavailable")
     assert all(r["status"] == "ok" and r["ms_synchronized"] > 0 for r in doc["synchronized"]), doc["synchronized"]
+    if shutil.which("nvidia-smi"):
+        assert all(r["sm_clock_mhz"] > 0 for r in doc["synchronized"]), doc["synchronized"]
 
 
 @pytest.mark.gpu

@@ -94,6 +94,12 @@ def _nvidia_smi(device: int) -> dict[str, Any]:
     return out
 
 
+def sm_clock_mhz(device: int = 0) -> float | None:
+    """The SM clock nvidia-smi reads now (MHz), or None without it: a timing's clock after sustained load
+    can sit well below the maximum (bench/NOTES-tensorcore.md)."""
+    return _nvidia_smi(device).get("clocks_sm")
+
+
 def gpu(device: int = 0) -> dict[str, Any] | None:
     """The GPU results were measured on: name, compute capability ("9.0"), multiprocessors, L2 bytes,
     driver and CUDA runtime versions, current and maximum SM / memory clocks (MHz). None without one."""

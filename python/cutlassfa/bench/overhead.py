@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import hw4
 from .._inputs import Case
+from .._provenance import sm_clock_mhz
 from .._text import first_line, format_table
 from .frames import Frame
 from .timing import median
@@ -53,6 +54,7 @@ class SyncRow:
     ms_back_to_back: float | None = None
     ms_synchronized: float | None = None
     ratio: float | None = None  # synchronized / back to back
+    sm_clock_mhz: float | None = None  # nvidia-smi's SM clock right after the row's timings (None without it)
     note: str = ""
 
 
@@ -175,6 +177,7 @@ def sync_rows(frame: Frame, calls: int, shapes: Sequence[tuple[int, int, int]] =
                                         lambda: wall_per_call(call, calls, frame.synchronize, sync_each=True)])
             row.ms_back_to_back, row.ms_synchronized = b2b * 1e3, synced * 1e3
             row.ratio = synced / b2b
+            row.sm_clock_mhz = sm_clock_mhz()  # device 0, as the document's provenance
         except Exception as error:  # noqa: BLE001
             row = SyncRow(shape, "-", "error", note=first_line(error))
         rows.append(row)
@@ -187,9 +190,10 @@ def overhead_table(tiny: Sequence[OverheadRow], synced: Sequence[SyncRow]) -> st
     first = format_table(["path", "backend", "shape", "calls", "µs per call", "note"],
                          [[r.what, r.backend, "x".join(map(str, r.shape)) + f" {r.dtype}", r.calls,
                            f(r.us_per_call, ".1f"), r.note or r.status] for r in tiny])
-    second = format_table(["fp32 (B, N, d)", "backend", "calls", "ms back to back", "ms synchronized", "ratio", "note"],
+    second = format_table(["fp32 (B, N, d)", "backend", "calls", "ms back to back", "ms synchronized", "ratio",
+                           "SM MHz after", "note"],
                           [[str(r.shape), r.backend, r.calls, f(r.ms_back_to_back, ".3f"), f(r.ms_synchronized, ".3f"),
-                            f(r.ratio, ".3f"), r.note or r.status] for r in synced])
+                            f(r.ratio, ".3f"), f(r.sm_clock_mhz, ".0f"), r.note or r.status] for r in synced])
     return first + "\n\n" + second
 
 
