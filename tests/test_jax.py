@@ -183,7 +183,8 @@ def ffi_harness(tmp_path_factory):
                f"-I{nb_dir / 'include'}", f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}",
                f"-I{sysconfig.get_paths()['include']}", "-isystem", jax.ffi.include_dir(), f"-I{cuda_include}",
                f"-I{_ROOT / 'cpp' / 'include'}", f"-I{_ROOT / 'cpp'}",
-               str(_ROOT / "tests" / "jax_ffi_harness" / "harness.cpp"), str(nb_dir / "src" / "nb_combined.cpp"),
+               str(_ROOT / "tests" / "jax_ffi_harness" / "harness.cpp"), str(_ROOT / "cpp" / "src" / "problem.cpp"),
+               str(nb_dir / "src" / "nb_combined.cpp"),
                "-o", str(target)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -1,5 +1,5 @@
-"""The extension's validator of the variant arguments (cpp/bindings/variant.cpp), through
-`_C.validate_variant` on host arrays: it runs in every build, the CPU-only one included (no GPU
+"""The extension's validator of the variant arguments (cpp/bindings/request.cpp), through
+`_C.validate` on host arrays: it runs in every build, the CPU-only one included (no GPU
 needed). Each bad input is refused with the ValueError / TypeError naming the argument; good inputs
 resolve to a backend."""
 
@@ -11,7 +11,7 @@ import pytest
 from cutlassfa import _api
 
 _C = _api._C
-pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "validate_variant"),
+pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "validate"),
                                 reason="optional package: the cutlassfa extension is not built")
 AUTO = -1
 
@@ -27,7 +27,7 @@ def _paged(rng, pages=9, page_size=7, hkv=2, d=64, dtype=np.float16):
 
 
 def _validate(q, k, v, out=None, causal=False, backend=AUTO, **kw):
-    return _C.validate_variant(q, k, v, out, causal, None, backend, **kw)
+    return _C.validate(q, k, v, out, causal, None, backend, **kw)
 
 
 def test_good_calls_resolve_to_a_backend(rng):

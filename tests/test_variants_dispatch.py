@@ -1,9 +1,9 @@
-"""How `forward` and `varlen_forward` dispatch the variant arguments (window, softcap, KV caches,
-num_splits, varlen): values checked on every backend before anything runs or is written; values that
-ask for nothing take the plain path; the cpu backend computes the rest for numpy, PyTorch CPU tensors
-and JAX arrays; GPU backends asked for by name on host arrays refuse, naming the argument and saying
-where it runs (CUDA arrays; tests/test_variants_api.py runs them there); `supports` answers the same
-in advance. Results against the float64 reference."""
+"""How `forward` and `varlen_forward` take the variant arguments (window, softcap, KV caches,
+num_splits, varlen): one path for every call; values checked by the extension's validator on every
+backend before anything runs or is written; values that ask for nothing give the plain call's result;
+host arrays (numpy, PyTorch CPU tensors, JAX arrays on the CPU) run where plain ones do (a GPU backend
+when one is usable, else the cpu backend); `supports` answers the same in advance. Results against the
+float64 reference."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cutlassfa
-from cutlassfa import _api, _variants
+from cutlassfa import _api
 from cutlassfa import cpu
 from cutlassfa.check import bound_for
 from cutlassfa.merge import merge_attention
@@ -46,18 +46,12 @@ def _expect_close(out, lse, ref, ref_lse, dtype="float32"):
 
 
 @needs_extension
-def test_values_that_ask_for_nothing_take_the_plain_path(rng, monkeypatch):
+def test_values_that_ask_for_nothing_give_the_plain_result(rng):
     q, k, v = _qkv(rng)
     plain = cutlassfa.forward(q, k, v, causal=True)
-
-    def variant_path(*args, **kwargs):
-        raise AssertionError("the variant path computed a plain call")
-
-    monkeypatch.setattr(_variants, "forward_cpu", variant_path)
-    same = cutlassfa.forward(q, k, v, causal=True, window=(-1, -1), softcap=0.0, num_splits=1)
+    same = cutlassfa.forward(q, k, v, causal=True, window=(-1, -1), softcap=0.0)
     np.testing.assert_array_equal(same, plain)
-    with pytest.raises(AssertionError, match="variant path"):
-        cutlassfa.forward(q, k, v, causal=True, window=(3, -1))
+    assert not np.array_equal(cutlassfa.forward(q, k, v, causal=True, window=(3, -1)), plain)
 
 
 @needs_extension
@@ -76,38 +70,59 @@ def test_gpu_backends_get_plain_calls_with_explicit_defaults(rng, backend):
                                   expected)
 
 
-def test_variants_run_without_the_extension(rng, monkeypatch):
-    """The variant path on host arrays is pure numpy: it runs from a source tree too."""
+def test_every_call_needs_the_extension(rng, monkeypatch):
+    """One path: the extension validates every call, so without it every call says so."""
     monkeypatch.setattr(_api, "_C", None)
     monkeypatch.setattr(_api, "_EXTENSION_ERROR", "the cutlassfa extension is not built")
     q, k, v = _qkv(rng)
-    out, lse = cutlassfa.forward(q, k, v, window=(3, 1), return_lse=True)
-    _expect_close(out, lse, *attention_reference(q, k, v, window=(3, 1)))
+    for options in ({}, dict(window=(3, 1)), dict(softcap=2.0), dict(cache_seqlens=[4])):
+        with pytest.raises(RuntimeError, match="extension"):
+            cutlassfa.forward(q, k, v, **options)
     with pytest.raises(RuntimeError, match="extension"):
-        cutlassfa.forward(q, k, v)
+        cutlassfa.varlen_forward(q[0], k[0], v[0], [0, 2], [0, 2])
 
 
 # ---- refusals ---------------------------------------------------------------------------------------
 
 
+@needs_extension
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_gpu_backends_send_host_arrays_to_cpu_naming_the_argument(rng, backend, name):
+def test_gpu_backends_take_host_arrays_with_every_option(rng, backend, name):
+    """A GPU backend asked for by name runs a host call with an option where it runs the plain call: on
+    the GPU when one is usable (the result against the reference), else with the plain call's refusal,
+    before anything is written."""
     q, k, v = _qkv(rng)
     out = np.full(q.shape, 7.0, np.float32)
-    with pytest.raises(NotImplementedError, match=rf"{name}=.*{backend}.*CUDA arrays.*cpu backend"):
-        cutlassfa.forward(q, k, v, backend=backend, out=out, **VARIANTS[name])
-    assert (out == 7.0).all()
-    # On CUDA arrays the GPU backend takes it: supports answers as for the plain call.
+    status = cutlassfa.backends()[backend]
+    if not status.available:
+        with pytest.raises(RuntimeError, match="not available"):
+            cutlassfa.forward(q, k, v, backend=backend, out=out, **VARIANTS[name])
+        assert (out == 7.0).all()
+    else:
+        options = dict(VARIANTS[name])
+        result = cutlassfa.forward(q, k, v, backend=backend, out=out, **options)
+        options.pop("num_splits", None)
+        if name.startswith("cache"):
+            ref, _ = kvcache_reference(q, k, v, **options)
+        else:
+            ref, _ = attention_reference(q, k, v, **options)
+        assert result is out and rel_l2(out, ref) <= bound_for(backend, "float32").rel_l2
     assert cutlassfa.supports(backend, "float32", 32, **_mode_of(name)) == cutlassfa.supports(backend, "float32", 32)
 
 
+@needs_extension
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_gpu_backends_send_host_varlen_to_cpu(rng, backend):
+def test_gpu_backends_take_host_varlen(rng, backend):
     q = rng.standard_normal((9, 2, 32)).astype(np.float32)
     cu = np.array([0, 4, 9], np.int32)
-    with pytest.raises(NotImplementedError, match=rf"varlen_forward runs on backend '{backend}' for CUDA arrays"):
-        cutlassfa.varlen_forward(q, q, q, cu, cu, backend=backend)
+    if not cutlassfa.backends()[backend].available:
+        with pytest.raises(RuntimeError, match="not available"):
+            cutlassfa.varlen_forward(q, q, q, cu, cu, backend=backend)
+        return
+    out = cutlassfa.varlen_forward(q, q, q, cu, cu, backend=backend, causal=True)
+    ref, _ = varlen_reference(q, q, q, cu, cu, causal=True)
+    assert rel_l2(out, ref) <= bound_for(backend, "float32").rel_l2
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS + ["cpu", "auto"])
@@ -132,7 +147,7 @@ def test_bad_values_are_refused_before_the_backend_is_asked(rng, backend, kw, er
     (dict(out=np.zeros((1, 2, 8, 32), np.float16)), TypeError, "out must have dtype"),
     (dict(out=np.zeros((1, 2, 8, 16), np.float32)), ValueError, "out must have shape"),
     (dict(k=np.zeros((1, 2, 8, 32), np.float16)), TypeError, "same dtype"),
-    (dict(v=np.zeros((1, 2, 9, 32), np.float32)), ValueError, "shape"),
+    (dict(v=np.zeros((1, 2, 9, 32), np.float32)), ValueError, "same sequence length"),
     (dict(q=np.zeros((1, 3, 8, 32), np.float32)), ValueError, "multiple of the heads"),
     (dict(q=np.zeros((1, 2, 8, 12), np.float32), k=np.zeros((1, 2, 8, 12), np.float32),
           v=np.zeros((1, 2, 8, 12), np.float32)), ValueError, "head dim"),
@@ -292,7 +307,7 @@ def test_torch_cpu_tensors(rng):
     assert bool((cache_k[0, :, 10:13] == 1).all()) and bool((cache_k[0, :, 13:] == 0).all())
 
     with pytest.raises(TypeError, match="framework"):
-        cutlassfa.forward(tq, k.astype(np.float32), tv, softcap=1.0)
+        cutlassfa.forward(tq.float(), k, tv.float(), softcap=1.0)
 
 
 def test_torch_autograd_goes_through_the_operator(rng):
@@ -325,8 +340,9 @@ def test_jax_arrays(rng):
     with pytest.raises(TypeError, match="immutable"):
         cutlassfa.forward(*(host(x) for x in (q, k, v)), cache_seqlens=[4], k_new=host(k[:, :, :1]),
                           v_new=host(v[:, :, :1]))
-    with pytest.raises(NotImplementedError, match="softcap=.*'naive'.*CUDA arrays"):
-        cutlassfa.forward(*(host(x) for x in (q, k, v)), softcap=2.0, backend="naive")
+    if not cutlassfa.backends()["naive"].available:  # host arrays run where plain ones do
+        with pytest.raises(RuntimeError, match="not available"):
+            cutlassfa.forward(*(host(x) for x in (q, k, v)), softcap=2.0, backend="naive")
     with pytest.raises(NotImplementedError, match="JAX"):
         cutlassfa.varlen_forward(host(q[0]), host(k[0]), host(v[0]), [0, 2], [0, 2])
 
@@ -414,7 +430,7 @@ def test_cuda_tensors_run_the_variants(rng):
     assert out.device == q.device
     ref, _ = attention_reference(*(x.cpu().numpy() for x in (q, k, v)), window=(2, 0))
     assert rel_l2(out.cpu().numpy(), ref) <= bound_for(cutlassfa.select_backend(q, k, v), "float32").rel_l2
-    with pytest.raises(ValueError, match="backend 'cpu' needs host arrays"):
+    with pytest.raises(ValueError, match="backend 'cpu' needs host"):
         cutlassfa.forward(q, k, v, window=(2, 0), backend="cpu")
     cu = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
     out = cutlassfa.varlen_forward(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu)

@@ -1,6 +1,6 @@
 // Python bindings (the extension module `cutlassfa._C`): the forward call, device queries, and what this
-// build contains. Argument types are checked in python/cutlassfa/_api.py; everything about the arrays is
-// checked here (bindings/problem.cpp).
+// build contains. Python (python/cutlassfa/_api.py) checks the types of the options; every argument's
+// values, and the arrays, are validated here (bindings/request.cpp), for every call.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -13,8 +13,7 @@
 #include <vector>
 
 #include "bindings/arrays.h"
-#include "bindings/problem.h"
-#include "bindings/variant.h"
+#include "bindings/request.h"
 #include "cutlassfa/backends.h"
 #include "cutlassfa/config.h"
 
@@ -46,25 +45,35 @@ double scale_or_default(nb::handle scale) {
   return scale.is_none() ? std::numeric_limits<double>::quiet_NaN() : nb::cast<double>(scale);
 }
 
-// The variant arguments of validate_variant / forward_variant, as Python passes them (keywords).
-cutlassfa::bindings::VariantArgs variant_args(int window_left, int window_right, double softcap, nb::handle cache_seqlens,
-                                              nb::handle cache_leftpad, nb::handle block_table, nb::handle k_new,
-                                              nb::handle v_new, int64_t num_splits, nb::handle cu_seqlens_q,
-                                              nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  cutlassfa::bindings::VariantArgs args;
-  args.window_left = window_left, args.window_right = window_right, args.softcap = softcap;
-  args.cache_seqlens = cache_seqlens, args.cache_leftpad = cache_leftpad, args.block_table = block_table;
-  args.k_new = k_new, args.v_new = v_new, args.num_splits = num_splits;
-  args.cu_seqlens_q = cu_seqlens_q, args.cu_seqlens_k = cu_seqlens_k;
-  args.max_seqlen_q = max_seqlen_q, args.max_seqlen_k = max_seqlen_k;
-  return args;
+// forward()'s arguments as Python passes them (the options after sync as keywords, or positional from
+// _api.py); bindings/request.cpp validates every one.
+cutlassfa::bindings::Request request(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal,
+                                     nb::handle scale, nb::handle window, nb::handle softcap, nb::handle cache_seqlens,
+                                     nb::handle cache_leftpad, nb::handle block_table, nb::handle k_new,
+                                     nb::handle v_new, nb::handle num_splits, nb::handle cu_seqlens_q,
+                                     nb::handle cu_seqlens_k, nb::handle max_seqlen_q, nb::handle max_seqlen_k) {
+  cutlassfa::bindings::Request r;
+  r.q = q, r.k = k, r.v = v, r.out = out, r.causal = causal, r.scale = scale_or_default(scale);
+  r.window = window, r.softcap = softcap;
+  r.cache_seqlens = cache_seqlens, r.cache_leftpad = cache_leftpad, r.block_table = block_table;
+  r.k_new = k_new, r.v_new = v_new, r.num_splits = num_splits;
+  r.cu_seqlens_q = cu_seqlens_q, r.cu_seqlens_k = cu_seqlens_k;
+  r.max_seqlen_q = max_seqlen_q, r.max_seqlen_k = max_seqlen_k;
+  return r;
 }
 
-#define CUTLASSFA_VARIANT_ARGS                                                                                   \
-  "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.0, "cache_seqlens"_a.none() = nb::none(),          \
-      "cache_leftpad"_a.none() = nb::none(), "block_table"_a.none() = nb::none(), "k_new"_a.none() = nb::none(), \
-      "v_new"_a.none() = nb::none(), "num_splits"_a = 0, "cu_seqlens_q"_a.none() = nb::none(),                  \
-      "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = -1, "max_seqlen_k"_a = -1
+#define CUTLASSFA_OPTION_ARGS                                                                                      \
+  "window"_a.none() = nb::none(), "softcap"_a.none() = nb::none(), "cache_seqlens"_a.none() = nb::none(),           \
+      "cache_leftpad"_a.none() = nb::none(), "block_table"_a.none() = nb::none(), "k_new"_a.none() = nb::none(),   \
+      "v_new"_a.none() = nb::none(), "num_splits"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(),     \
+      "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a.none() = nb::none(), "max_seqlen_k"_a.none() = nb::none()
+#define CUTLASSFA_OPTION_PARAMS                                                                                   \
+  nb::handle window, nb::handle softcap, nb::handle cache_seqlens, nb::handle cache_leftpad, nb::handle block_table, \
+      nb::handle k_new, nb::handle v_new, nb::handle num_splits, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,  \
+      nb::handle max_seqlen_q, nb::handle max_seqlen_k
+#define CUTLASSFA_REQUEST                                                                                          \
+  request(q, k, v, out, causal, scale, window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new,  \
+          num_splits, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 #if CUTLASSFA_HAS_CUDA
 nb::dict device_properties(int device) {
@@ -112,6 +121,17 @@ void synchronize(int device, uintptr_t stream) {
 
 NB_MODULE(_C, m) {
   m.doc() = "cutlassfa extension (internal; use the cutlassfa package)";
+  // Validation raises cutlassfa::ArgumentError (no Python state: it may be thrown without the GIL).
+  nb::register_exception_translator([](const std::exception_ptr& error, void*) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const cutlassfa::ArgumentError& e) {
+      PyObject* const type = e.kind() == cutlassfa::ArgumentError::Kind::kType ? PyExc_TypeError
+                             : e.kind() == cutlassfa::ArgumentError::Kind::kNotImplemented ? PyExc_NotImplementedError
+                                                                                            : PyExc_ValueError;
+      PyErr_SetString(type, e.what());
+    }
+  });
 
   m.attr("has_cuda") = bool(CUTLASSFA_HAS_CUDA);
   m.attr("compiled_architectures") = CUTLASSFA_ARCHITECTURES;
@@ -157,23 +177,11 @@ NB_MODULE(_C, m) {
     return std::string();
   }, "device"_a);
   m.def("validate", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
-                       int backend) {
-    return cutlassfa::bindings::resolve_backend(
-        cutlassfa::bindings::validate(q, k, v, out, causal, scale_or_default(scale)), backend);
-  }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a,
-        "Validates the arguments of forward and returns the backend it would run (BACKEND_CPU for cpu).");
-  m.def("validate_variant", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
-                               int backend, int window_left, int window_right, double softcap, nb::handle cache_seqlens,
-                               nb::handle cache_leftpad, nb::handle block_table, nb::handle k_new, nb::handle v_new,
-                               int64_t num_splits, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-                               int64_t max_seqlen_q, int64_t max_seqlen_k) {
-    auto const args = variant_args(window_left, window_right, softcap, cache_seqlens, cache_leftpad, block_table, k_new,
-                                   v_new, num_splits, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-    auto const vp = cutlassfa::bindings::validate_variant(q, k, v, out, causal, scale_or_default(scale), args);
-    return cutlassfa::bindings::resolve_backend(vp.problem, backend);
-  }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, CUTLASSFA_VARIANT_ARGS,
-        "validate for forward with variant arguments (window, softcap, KV caches, num_splits) and varlen_forward "
-        "(cu_seqlens_q / cu_seqlens_k given).");
+                       int backend, CUTLASSFA_OPTION_PARAMS) {
+    return cutlassfa::bindings::resolve_backend(cutlassfa::bindings::validate(CUTLASSFA_REQUEST), backend);
+  }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, CUTLASSFA_OPTION_ARGS,
+        "Validates the arguments of forward (varlen_forward: cu_seqlens_q / cu_seqlens_k given) and returns the "
+        "backend it would run (BACKEND_CPU for cpu).");
 
 #if CUTLASSFA_HAS_CUDA
   m.attr("stream_per_thread") = reinterpret_cast<uintptr_t>(cudaStreamPerThread);
@@ -188,23 +196,20 @@ NB_MODULE(_C, m) {
   m.def("synchronize", &synchronize, "device"_a, "stream"_a);
   m.def("empty_cache", [] { cutlassfa::bindings::check(cutlassfa::workspace_trim(), "cudaMemPoolTrimTo"); });
   m.def("forward", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
-                      int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync) {
-    return cutlassfa::bindings::forward(q, k, v, out, causal, scale_or_default(scale), backend, return_lse, alloc,
-                                        stream, sync);
+                      int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync, CUTLASSFA_OPTION_PARAMS) {
+    return cutlassfa::bindings::forward(CUTLASSFA_REQUEST, backend, return_lse, alloc, stream, sync);
   }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, "return_lse"_a,
-        "alloc"_a.none(), "stream"_a, "sync"_a);
-  m.def("forward_variant", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
-                              int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync, int window_left,
-                              int window_right, double softcap, nb::handle cache_seqlens, nb::handle cache_leftpad,
-                              nb::handle block_table, nb::handle k_new, nb::handle v_new, int64_t num_splits,
-                              nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
-                              int64_t max_seqlen_k) {
-    auto const args = variant_args(window_left, window_right, softcap, cache_seqlens, cache_leftpad, block_table, k_new,
-                                   v_new, num_splits, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-    return cutlassfa::bindings::forward_variant(q, k, v, out, causal, scale_or_default(scale), backend, return_lse,
-                                                alloc, stream, sync, args);
+        "alloc"_a.none(), "stream"_a, "sync"_a, CUTLASSFA_OPTION_ARGS,
+        "The whole call: validation, backend, outputs, launch. Returns (out, lse or None), or None when the "
+        "backend is cpu (the caller runs it: the arguments are valid).");
+#else
+  // Without CUDA: the same validation; every GPU backend is unavailable, so only cpu resolves.
+  m.def("forward", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,
+                      int backend, bool, nb::handle, int64_t, bool, CUTLASSFA_OPTION_PARAMS) -> nb::object {
+    cutlassfa::bindings::resolve_backend(cutlassfa::bindings::validate(CUTLASSFA_REQUEST), backend);
+    return nb::none();
   }, "q"_a, "k"_a, "v"_a, "out"_a.none(), "causal"_a, "scale"_a.none(), "backend"_a, "return_lse"_a,
-        "alloc"_a.none(), "stream"_a, "sync"_a, CUTLASSFA_VARIANT_ARGS);
+        "alloc"_a.none(), "stream"_a, "sync"_a, CUTLASSFA_OPTION_ARGS);
 #endif
 #if CUTLASSFA_HAS_JAX_FFI
   cutlassfa::register_jax_ffi(m);

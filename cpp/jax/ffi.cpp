@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cutlassfa/dispatch.h"
+#include "cutlassfa/problem.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -42,10 +43,8 @@ bool to_dtype(ffi::DataType type, DType* dtype) {
 }
 
 // XLA buffers are compact: strides in elements of a row-major (B, H, N, d) buffer.
-void set_strides(Shape4 const& s, long long* batch_stride, long long* head_stride, long long* row_stride) {
-  *row_stride = s.head_dim;
-  *head_stride = s.seqlen * s.head_dim;
-  *batch_stride = s.heads * s.seqlen * s.head_dim;
+TensorStrides compact_strides(Shape4 const& s) {
+  return {s.heads * s.seqlen * s.head_dim, s.seqlen * s.head_dim, s.head_dim};
 }
 
 ffi::Error invalid(std::string const& what) { return ffi::Error::InvalidArgument("cutlassfa_forward: " + what); }
@@ -90,30 +89,27 @@ ffi::Error forward(cudaStream_t stream, int32_t device, int32_t backend, double 
   }
   if (sq.batch * sq.heads * sq.seqlen == 0) return ffi::Error::Success();
 
-  FwdParams params{};
-  params.q = q.untyped_data();
-  params.k = k.untyped_data();
-  params.v = v.untyped_data();
-  params.o = o->untyped_data();
-  params.lse = lse->typed_data();
-  set_strides(sq, &params.q_batch_stride, &params.q_head_stride, &params.q_row_stride);
-  set_strides(sk, &params.k_batch_stride, &params.k_head_stride, &params.k_row_stride);
-  set_strides(sv, &params.v_batch_stride, &params.v_head_stride, &params.v_row_stride);
-  set_strides(sq, &params.o_batch_stride, &params.o_head_stride, &params.o_row_stride);
-  params.batch = static_cast<int>(sq.batch);
-  params.heads_q = static_cast<int>(sq.heads);
-  params.heads_kv = static_cast<int>(sk.heads);
-  params.heads_ratio = static_cast<int>(sq.heads / sk.heads);
-  params.seqlen_q = static_cast<int>(sq.seqlen);
-  params.seqlen_k = static_cast<int>(sk.seqlen);
-  params.head_dim = static_cast<int>(sq.head_dim);
-  // The scale comes as a double so that both are rounded from the same value as in the Python path.
-  params.softmax_scale = static_cast<float>(softmax_scale);
-  params.softmax_scale_log2 = static_cast<float>(softmax_scale * 1.4426950408889634);  // log2(e)
-  if (causal) params.window_right = 0;
-  params.lse_head_stride = params.seqlen_q;
-  params.lse_batch_stride = static_cast<long long>(params.heads_q) * params.seqlen_q;
-  params.dtype = dtype;
+  Problem problem;
+  problem.batch = static_cast<int>(sq.batch);
+  problem.heads_q = static_cast<int>(sq.heads);
+  problem.heads_kv = static_cast<int>(sk.heads);
+  problem.seqlen_q = static_cast<int>(sq.seqlen);
+  problem.seqlen_k = static_cast<int>(sk.seqlen);
+  problem.head_dim = static_cast<int>(sq.head_dim);
+  problem.dtype = dtype;
+  problem.causal = causal;
+  problem.window = fold_causal(causal, -1, -1);
+  // Python resolved the scale (a double, so that it is rounded to float here as in the Python path).
+  problem.scale = static_cast<float>(softmax_scale);
+  CallTensors tensors;
+  tensors.q = q.untyped_data(), tensors.k = k.untyped_data(), tensors.v = v.untyped_data();
+  tensors.o = o->untyped_data();
+  tensors.lse = lse->typed_data();
+  tensors.q_strides = compact_strides(sq), tensors.k_strides = compact_strides(sk);
+  tensors.v_strides = compact_strides(sv), tensors.o_strides = compact_strides(sq);
+  tensors.lse_head_stride = problem.seqlen_q;
+  tensors.lse_batch_stride = static_cast<long long>(problem.heads_q) * problem.seqlen_q;
+  FwdParams params = make_params(problem, tensors);
 
   // The launchers query the current device (shared-memory limits): make it XLA's for the launch.
   int previous = 0;

@@ -10,8 +10,7 @@ each backend takes.
 """
 
 from ._api import (BACKENDS, HEAD_DIMS, BackendStatus, Support, backends, device_info, empty_cache, forward,
-                   select_backend, supports)
-from ._variants import varlen_forward
+                   select_backend, supports, varlen_forward)
 from .merge import merge_attention, merge_attention_into
 
 __version__ = "0.1.0"

@@ -1,6 +1,8 @@
-"""`forward`, `backends`, `supports`, `select_backend`, `device_info`: the thin public layer over the
-extension. Python checks the types of the options; the extension (`_C`, cpp/bindings/) describes the
-arrays, validates them, picks the backend and launches, in one call."""
+"""`forward`, `varlen_forward`, `backends`, `supports`, `select_backend`, `device_info`: the thin public
+layer over the extension. Every call takes one path: Python routes calls that a framework must see
+(torch.compile, JAX tracing) to its integration, and otherwise makes one call into the extension
+(`_C.forward`, cpp/bindings/), which validates every argument, picks the backend and launches; when
+that backend is `cpu` the arguments come back validated and numpy computes (cutlassfa.cpu)."""
 
 from __future__ import annotations
 
@@ -28,12 +30,12 @@ except ImportError as error:  # running from a source tree, or a broken install
 # it is built for, mma.sync otherwise). tensorcore_sm80: always the mma.sync kernel (comparison, tests).
 GPU_BACKENDS = ("tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive")
 BACKENDS = GPU_BACKENDS + ("cpu",)
-# The extension's backend codes; `auto` takes the first of tensorcore, large_tile, small_tile, naive that runs
-# the call.
-_BACKEND_CODES = {name: index for index, name in enumerate(("naive", "small_tile", "large_tile", "tensorcore",
-                                                             "tensorcore_sm80"))}
-_BACKEND_CODES.update(auto=-1, cpu=5)
-_CPU = 5
+# The extension's backend codes (its Backend enum, BACKEND_AUTO, BACKEND_CPU); `auto` takes the first of
+# tensorcore, large_tile, small_tile, naive that runs the call.
+_BACKEND_CODES: dict[str, int] = (
+    {name: member.value for name, member in _C.Backend.__members__.items()} | {"auto": _C.BACKEND_AUTO, "cpu": _C.BACKEND_CPU}
+    if _C is not None else {})
+_CPU = _C.BACKEND_CPU if _C is not None else None
 
 # Support reasons that are a backend's documented limit (a size its design cannot take), not a gap; the
 # extension's refusals use the same prefix (`_C.LIMIT_PREFIX`).
@@ -102,8 +104,7 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache and paged (bool:
     forward with cache_seqlens / block_table ...), varlen (bool: varlen_forward), num_splits (int or
     None); values as forward takes them (a value that asks for nothing, such as window=(-1, -1) or
-    softcap=0, is the plain case). Other keys name features this version does not have. GPU backends
-    take the variant modes on CUDA arrays (PyTorch, CuPy); on host arrays they run on the cpu backend."""
+    softcap=0, is the plain case). Other keys name features this version does not have."""
     if backend not in BACKENDS:
         return Support(False, f"unknown backend {backend!r}")
     if dtype not in _arrays.DTYPES:
@@ -113,19 +114,15 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
             return Support(False, f"mode {key!r} is not implemented")
         if key == "causal" and not isinstance(value, (bool, np.bool_)):
             return Support(False, "causal must be a bool")
-    from . import _variants
-
-    try:
-        asked = _variants.requested(mode)
-    except (TypeError, ValueError) as error:
-        return Support(False, str(error))
-    if asked and backend == "cpu":
-        return _variants.support(head_dim)
-    # GPU backends take every variant mode (on CUDA arrays) for the head dims they have kernels for, so
-    # they answer as for the plain call. num_splits > 1 is a schedule of the tensor-core backends; the
-    # CUDA-core ones run the keys in one pass, with the same result up to rounding.
     if _C is None:
         return Support(False, _EXTENSION_ERROR)
+    try:
+        _check_modes(mode)
+    except (TypeError, ValueError) as error:
+        return Support(False, str(error))
+    # Every backend takes every mode (host arrays run where device arrays do) for the head dims it has
+    # kernels for. num_splits > 1 is a schedule of the tensor-core backends; the CUDA-core ones run the
+    # keys in one pass, with the same result up to rounding.
     if backend == "cpu":
         refusal = _head_dim_refusal(head_dim)
         return Support(not refusal, refusal)
@@ -136,6 +133,17 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
         return Support(False, reason)
     refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype)
     return Support(not refusal, refusal)
+
+
+def _check_modes(mode: dict[str, Any]) -> None:
+    """The values of a `supports` mode, checked as `forward` checks them (the extension's validator on
+    a one-element probe for window, softcap and num_splits)."""
+    for key in ("kv_cache", "paged", "varlen"):
+        if key in mode:
+            _flag(mode[key], key)
+    options = {key: mode[key] for key in ("window", "softcap", "num_splits") if key in mode}
+    probe = np.zeros((1, 1, 1, 8), np.float32)
+    _C.validate(probe, probe, probe, None, bool(mode.get("causal", False)), None, _CPU, **options)
 
 
 @functools.lru_cache(maxsize=None)
@@ -193,6 +201,8 @@ def _backend_code(backend: Any) -> int:
     if code is None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+        if backend in BACKENDS + ("auto",):
+            _require_extension()
         raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS + ('auto',))}")
     return code
 
@@ -227,10 +237,11 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str
 
 
 # --------------------------------------------------------------------------------------------------
-# forward
+# forward and varlen_forward
 # --------------------------------------------------------------------------------------------------
 
-_NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no variant argument"
+_NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no option given"
+_OPTION_NAMES = ("window", "softcap", "cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "num_splits")
 
 
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
@@ -245,15 +256,13 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     which); the last dim contiguous, other strides free.
     numpy arrays and PyTorch CPU tensors compute on the GPU when one is usable (host in, host out) or
     on the CPU; CUDA arrays of PyTorch, CuPy or JAX are read in place and the result is of the same
-    framework and device, computed on the framework's current stream.
+    framework and device, computed on the framework's current stream. Every option below takes the
+    same path on every kind of array.
 
     causal: bottom-right aligned as FlashAttention-2: query i sees key j iff j <= i + Nk - Nq; a row
     that sees no key gives 0 (and lse = -inf). softmax_scale defaults to 1/sqrt(d).
     Returns out, or (out, lse) when return_lse; lse is float32 (B, Hq, Nq) (or (B, Nq)), natural log.
 
-    Variants: every GPU backend on CUDA arrays (PyTorch, CuPy), through one call into the extension;
-    the `cpu` backend on host arrays (`auto` picks it for them, and d may be any multiple of 8 from 8
-    to 256):
     window=(left, right): query i sees key j iff i + Nk - Nq - left <= j <= i + Nk - Nq + right (-1:
     unbounded on that side); causal=True is (-1, 0) and combines with a left bound.
     softcap=c > 0: scores become c * tanh(s / c) before the softmax (lse of the capped scores).
@@ -267,24 +276,14 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     the capacity, leftpad to the length, skip page indices outside [0, num_pages), and drop appended
     keys past the capacity.
     num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
-    pass fills the GPU; a plain call of at most 64 fp16 / bf16 queries chooses the same way) or n >= 1
-    parts of the keys (at most one per 128 keys and 1024 in all), merged by lse. The split is a
-    schedule of the tensor-core backends; the CUDA-core backends (and varlen batches) run the keys in
-    one pass. It changes nothing beyond rounding. (Host arrays sent to a GPU backend take the schedule
-    num_splits=None would: they go through the plain call.)
+    pass fills the GPU; a call with none of the options above and at most 64 fp16 / bf16 queries chooses
+    the same way, other such calls run one pass) or n >= 1 parts of the keys (at most one per 128 keys
+    and 1024 in all), merged by lse. The split is a schedule of the tensor-core backends; the CUDA-core
+    backends (and varlen batches) run the keys in one pass. It changes nothing beyond rounding.
     """
-    if not (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
-            and block_table is None and k_new is None and v_new is None and num_splits is None):
-        from . import _variants
-
-        result = _variants.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window,
-                                   softcap=softcap, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
-                                   block_table=block_table, k_new=k_new, v_new=v_new, num_splits=num_splits,
-                                   backend=backend, return_lse=return_lse, out=out)
-        if result is not _variants.PLAIN:
-            return result
-    # Options are checked here, the arrays in one call into the extension (the per-call cost of a
-    # tiny problem is a few microseconds: keep this path free of anything per-call that can be cached).
+    # The types of the flags are checked here, every value in one call into the extension (the per-call
+    # cost of a tiny problem is a few microseconds: keep this path free of anything per-call that can be
+    # cached).
     code = _BACKEND_CODES.get(backend) if type(backend) is str else None
     if code is None:
         code = _backend_code(backend)  # raises the error that says what is wrong
@@ -294,8 +293,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
         return_lse = _flag(return_lse, "return_lse")
     if softmax_scale is not None:
         softmax_scale = _scale(softmax_scale)
-    if _C is None:
-        raise RuntimeError(_EXTENSION_ERROR)
+    plain = (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
+             and block_table is None and k_new is None and v_new is None and num_splits is None)
+    options = () if plain else (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits)
 
     module = type(q).__module__
     if module.startswith("torch"):
@@ -304,25 +304,68 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
         torch_integration = _TORCH_INTEGRATION or _torch_integration()
         if torch_integration.must_use_op(q, k, v):
             return torch_integration.op_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                                                return_lse=return_lse, out=out)
-    if module.startswith("jax") and _jax_integration_takes(q, k, v):
+                                                return_lse=return_lse, out=out, **_given(options))
+    elif module.startswith("jax") and _jax_integration_takes(q, k, v, options):
         from .integrations import jax as jax_integration
 
         return jax_integration.forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                                       return_lse=return_lse, out=out)
-    if not _C.has_cuda:  # built without the CUDA toolkit: validate, then the cpu backend
-        _C.validate(q, k, v, out, causal, softmax_scale, code)
-        result = None
-    elif module.startswith("jax"):
-        result = _forward_jax(q, k, v, out, causal, softmax_scale, code, return_lse)
+                                       return_lse=return_lse, out=out, **_given(options))
+    if _C is None:
+        raise RuntimeError(_EXTENSION_ERROR)
+    if module.startswith("jax"):
+        result = _forward_jax(q, k, v, out, causal, softmax_scale, code, return_lse, options)
     elif module.startswith("cupy"):
         result = _C.forward(q, k, v, out, causal, softmax_scale, code, return_lse, _arrays.cupy_empty,
-                            _arrays.cupy_stream(q), False)
+                            _arrays.cupy_stream(q), False, *options)
     else:  # PyTorch (host or CUDA) and numpy: allocation and stream come from the extension
-        result = _C.forward(q, k, v, out, causal, softmax_scale, code, return_lse, None, -1, False)
-    if result is None:  # the resolved backend is `cpu`; the arguments have been validated
-        result = _forward_cpu(q, k, v, out, causal, softmax_scale, return_lse)
+        result = _C.forward(q, k, v, out, causal, softmax_scale, code, return_lse, None, -1, False, *options)
+    if result is None:  # the resolved backend is `cpu`; every argument has been validated
+        result = _forward_cpu(q, k, v, out, causal, softmax_scale, return_lse, options)
     return result if return_lse else result[0]
+
+
+def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, max_seqlen_q: int | None = None,
+                   max_seqlen_k: int | None = None, causal: bool = False, softmax_scale: float | None = None,
+                   window: tuple[int, int] | None = None, softcap: float = 0.0, backend: str = "auto",
+                   return_lse: bool = False, out: Any = None) -> Any:
+    """Attention over a batch of sequences of different lengths, packed without padding (FlashAttention's
+    varlen layout), on the same path as `forward`: CUDA arrays of PyTorch or CuPy in place, host arrays
+    (numpy, PyTorch CPU tensors) on the GPU when one is usable, else on the `cpu` backend. JAX arrays
+    are not taken yet (NotImplementedError).
+
+    q (total_q, Hq, d); k, v (total_k, Hkv, d), Hq a multiple of Hkv; dtypes as `forward`, d a multiple
+    of 8 from 8 to 256, any strides. cu_seqlens_q / cu_seqlens_k: (B+1,) int prefix sums, 0 first,
+    non-decreasing, ending at total_q / total_k: sequence b is rows [cu[b], cu[b+1]); empty sequences
+    are allowed (int32 arrays on q's device, or host ints, copied). max_seqlen_q / max_seqlen_k: None
+    or at least each sequence's length; they size the GPU grid: with cu_seqlens on the device and
+    None, the grid covers the totals (correct, slower). Device values are not checked (that would
+    need a synchronization): the kernels clamp each sequence to [0, total) and to max_seqlen.
+    causal, window, softcap, softmax_scale: as `forward`, aligned bottom-right within each sequence.
+    Returns out (total_q, Hq, d), or (out, lse) when return_lse, lse float32 (Hq, total_q).
+    """
+    code = _backend_code(backend)
+    causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
+    scale = _scale(softmax_scale)
+    module = type(q).__module__
+    if module.startswith("jax"):
+        raise NotImplementedError("varlen_forward does not take JAX arrays yet")
+    if module.startswith("torch") and _torch_integration().must_use_op(q, k, v):
+        raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd, "
+                                  "tensor subclasses)")
+    _require_extension()
+    alloc, stream = (_arrays.cupy_empty, _arrays.cupy_stream(q)) if module.startswith("cupy") else (None, -1)
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    result = _C.forward(q, k, v, out, causal, scale, code, return_lse, alloc, stream, False, window, softcap,
+                        None, None, None, None, None, None, *varlen)
+    if result is None:
+        result = _forward_cpu(q, k, v, out, causal, scale, return_lse, (window, softcap) + (None,) * 6, varlen)
+    return result if return_lse else result[0]
+
+
+def _given(options: tuple) -> dict[str, Any]:
+    """The options of a call that ask for something, by name (for the framework integrations)."""
+    return {name: value for name, value in zip(_OPTION_NAMES, options)
+            if value is not None and not (name == "softcap" and value is _NO_SOFTCAP)}
 
 
 _TORCH_INTEGRATION = None
@@ -338,49 +381,75 @@ def _torch_integration() -> Any:
     return _TORCH_INTEGRATION
 
 
-def _jax_integration_takes(*arrays: Any) -> bool:
-    """JAX tracers (inside jax.jit / vmap) go to the XLA integration; so do concrete arrays when its FFI
-    handler is registered (a custom call on XLA's stream, no synchronization), and arrays on the CPU.
-    Otherwise concrete GPU arrays take the direct path below, which waits for them and synchronizes."""
+def _jax_integration_takes(q: Any, k: Any, v: Any, options: tuple) -> bool:
+    """JAX tracers (inside jax.jit / vmap) and arrays on the CPU go to the XLA integration; so do concrete
+    GPU arrays of a plain call when its FFI handler is registered (a custom call on XLA's stream, no
+    synchronization). Other concrete GPU arrays take the direct path, which waits for them and
+    synchronizes. JAX arrays are immutable: k_new / v_new are refused here."""
     import jax
 
     from .integrations import jax as jax_integration
 
-    if any(isinstance(a, jax.core.Tracer) for a in arrays) or jax_integration.ffi_registered():
+    if options and (options[5] is not None or options[6] is not None):
+        raise TypeError("k_new / v_new are appended into k and v in place; JAX arrays are immutable")
+    if any(isinstance(a, jax.core.Tracer) for a in (q, k, v)):
         return True
-    # JAX arrays on the CPU: the integration runs the cpu backend through a host callback.
-    return all(d.platform == "cpu" for a in arrays for d in a.devices())
+    if all(d.platform == "cpu" for a in (q, k, v) for d in a.devices()):
+        return True  # the integration runs the cpu backend through a host callback
+    return not options and jax_integration.ffi_registered()
 
 
-def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None,
-                 return_lse: bool) -> tuple[Any, Any]:
-    """The numpy backend on host arrays (numpy, or PyTorch CPU tensors seen through numpy)."""
-    from .cpu import forward_cpu
+def _host_index(value: Any) -> Any:
+    """An index argument as the cpu backend reads it: numpy, a sequence of ints, or a PyTorch CPU tensor
+    seen through numpy (the extension has validated it)."""
+    return value if value is None or isinstance(value, (np.ndarray, list, tuple)) else _arrays.host_numpy(value)
+
+
+def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None, return_lse: bool,
+                 options: tuple = (), varlen: tuple | None = None) -> tuple[Any, Any]:
+    """The numpy backend on host arrays (numpy, or PyTorch CPU tensors seen through numpy), after the
+    extension has validated every argument."""
+    from . import cpu
 
     like = q
     q, k, v = (_arrays.host_numpy(x) for x in (q, k, v))
-    rank = q.ndim
     if out is None:
-        out = _arrays.empty_host_like(like, q.shape, str(q.dtype) if q.dtype.name != "bfloat16" else "bfloat16")
+        out = _arrays.empty_host_like(like, q.shape, q.dtype.name)
     out_np = _arrays.host_numpy(out)
-    view4 = (lambda a: a[:, None]) if rank == 3 else (lambda a: a)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    _, lse = forward_cpu(view4(q), view4(k), view4(v), causal=causal, softmax_scale=scale, return_lse=True,
-                         out=view4(out_np))
-    lse = lse.reshape(q.shape[:-1])
+    window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits = (
+        options or (None, _NO_SOFTCAP) + (None,) * 6)
+    common = dict(causal=causal, softmax_scale=scale, window=window, softcap=softcap or 0.0, return_lse=True,
+                  out=out_np)
+    if varlen is not None:
+        cu_q, cu_k, max_q, max_k = varlen
+        _, lse = cpu.varlen_forward_cpu(q, k, v, _host_index(cu_q), _host_index(cu_k), max_seqlen_q=max_q,
+                                        max_seqlen_k=max_k, **common)
+    elif any(x is not None for x in (cache_seqlens, cache_leftpad, block_table, k_new, v_new)):
+        _, lse = cpu.kvcache_forward_cpu(q, k, v, cache_seqlens=_host_index(cache_seqlens),
+                                         cache_leftpad=_host_index(cache_leftpad),
+                                         block_table=_host_index(block_table),
+                                         k_new=None if k_new is None else _arrays.host_numpy(k_new),
+                                         v_new=None if v_new is None else _arrays.host_numpy(v_new),
+                                         num_splits=num_splits, **common)
+    else:
+        view4 = (lambda a: a[:, None]) if q.ndim == 3 else (lambda a: a)
+        common["out"] = view4(out_np)
+        _, lse = cpu.forward_cpu(view4(q), view4(k), view4(v), num_splits=num_splits, **common)
+        lse = lse.reshape(q.shape[:-1])
     return out, (_arrays.host_like(like, lse) if return_lse else None)
 
 
 def _forward_jax(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None, code: int,
-                 return_lse: bool) -> tuple[Any, Any]:
+                 return_lse: bool, options: tuple) -> tuple[Any, Any]:
     """JAX computes asynchronously on streams of its own and its arrays are immutable: wait for the
     inputs, write into device buffers of ours on a per-thread stream, synchronize, hand the buffers over."""
-    for x in (q, k, v):
+    for x in (q, k, v, *options):
         if hasattr(x, "block_until_ready"):
             x.block_until_ready()
     if out is not None and type(out).__module__.startswith("jax"):
         raise TypeError("out is not supported for JAX arrays (they are immutable)")
-    result = _C.forward(q, k, v, out, causal, scale, code, return_lse, _arrays.device_buffer, _C.stream_per_thread, True)
+    result = _C.forward(q, k, v, out, causal, scale, code, return_lse, _arrays.device_buffer, _C.stream_per_thread,
+                        True, *options)
     if result is None:
         raise ValueError("backend 'cpu' needs host (numpy) arrays; q, k and v are on a CUDA device")
     o, lse = result

@@ -1,0 +1,626 @@
+#include "bindings/request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/alignment.h"
+#include "cutlassfa/config.h"
+
+namespace cutlassfa::bindings {
+
+// Python's repr of a tuple of ints: (2, 3) or (5,). No iostreams: inserting an integer into an
+// ostringstream crashed inside the CUDA build of the extension on the H200 machine's toolchain.
+std::string tuple_text(const int64_t* values, int n) {
+  std::string text = "(";
+  for (int i = 0; i < n; ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + (n == 1 ? ",)" : ")");
+}
+
+namespace {
+
+constexpr int64_t kInt32Max = (int64_t{1} << 31) - 1;
+
+std::string num(int64_t x) { return std::to_string(x); }
+int recorded(const ArrayRef& a) { return a.ndim < ArrayRef::kMaxDims ? a.ndim : ArrayRef::kMaxDims; }
+std::string strides_text(const ArrayRef& a) { return tuple_text(a.strides, recorded(a)); }
+std::string where(const ArrayRef& a) { return a.on_host() ? "host" : "cuda:" + std::to_string(a.device); }
+
+std::string dtype_text(const ArrayRef& a) {
+  if (a.dtype >= 0 || a.framework == Framework::kNumpy) return a.dtype_name;
+  switch (a.dl_code) {
+    case dlpack::kInt: return "int" + num(a.dl_bits);
+    case dlpack::kUInt: return "uint" + num(a.dl_bits);
+    case dlpack::kFloat: return "float" + num(a.dl_bits);
+  }
+  return a.dtype_name;
+}
+
+const std::set<int>& all_head_dims() {
+  static std::set<int> const dims{CUTLASSFA_SMALL_TILE_HEAD_DIMS, CUTLASSFA_LARGE_TILE_HEAD_DIMS,
+                                  CUTLASSFA_SM80_HEAD_DIMS};
+  return dims;
+}
+
+const char* backend_label(int backend) {
+  if (backend == kBackendCpu) return "cpu";
+  if (backend >= 0 && backend <= static_cast<int>(Backend::kTensorCoreSm80)) {
+    return backend_name(static_cast<Backend>(backend));
+  }
+  return "auto";
+}
+
+// ---- Arrays ----------------------------------------------------------------------------------------
+
+void check_row_contiguous(const ArrayRef& a, const char* name) {
+  if (a.empty()) return;  // nothing is read from an empty array; numpy gives it zero strides
+  if (a.strides[a.ndim - 1] != 1) {
+    value_error(std::string(name) + " must be contiguous in its last dim (stride 1), got strides " + strides_text(a));
+  }
+  if (!a.whole_strides) {
+    value_error(std::string(name) + " has strides that are not whole elements: " + strides_text(a));
+  }
+}
+
+// q, k, v described, of `rank` dims (0: 3 or 4; `layout` names the expected shape), one dtype, device
+// and framework, rows contiguous.
+void describe_qkv(Call& c, const Request& r, int rank, const char* layout) {
+  c.q = describe(r.q, "q");
+  c.k = describe(r.k, "k");
+  c.v = describe(r.v, "v");
+  const ArrayRef* arrays[3] = {&c.q, &c.k, &c.v};
+  const char* names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    const ArrayRef& a = *arrays[i];
+    if (rank == 0 ? (a.ndim != 3 && a.ndim != 4) : a.ndim != rank) {
+      value_error(std::string(names[i]) + " must be " + layout + ", got shape " + shape_text(a));
+    }
+    if (a.dtype < 0) {
+      type_error(std::string(names[i]) + " has dtype " + a.dtype_name + "; expected one of float32, float16, bfloat16");
+    }
+  }
+  if (!(c.q.ndim == c.k.ndim && c.k.ndim == c.v.ndim)) {
+    value_error("q, k and v must have the same rank, got shapes " + shape_text(c.q) + ", " + shape_text(c.k) + ", " +
+                shape_text(c.v));
+  }
+  if (!(c.q.dtype == c.k.dtype && c.k.dtype == c.v.dtype)) {
+    type_error("q, k and v must have the same dtype, got " + c.q.dtype_name + ", " + c.k.dtype_name + ", " +
+               c.v.dtype_name);
+  }
+  if (!(c.q.device == c.k.device && c.k.device == c.v.device)) {
+    value_error("q, k and v must be on the same device, got " + where(c.q) + ", " + where(c.k) + ", " + where(c.v));
+  }
+  if (c.q.framework != c.k.framework || c.k.framework != c.v.framework) {
+    type_error(std::string("q, k and v must be arrays of the same framework, got ") + framework_name(c.q.framework) +
+               ", " + framework_name(c.k.framework) + ", " + framework_name(c.v.framework));
+  }
+  for (int i = 0; i < 3; ++i) check_row_contiguous(*arrays[i], names[i]);
+  c.problem.rank = c.q.ndim;
+  c.problem.dtype = static_cast<DType>(c.q.dtype);
+  c.device = c.q.device;
+}
+
+void check_heads_and_head_dim(int64_t heads_q, int64_t heads_kv, int64_t head_dim, const char* kv_name) {
+  if ((heads_kv == 0 && heads_q != 0) || (heads_kv != 0 && heads_q % heads_kv != 0)) {
+    value_error("the heads of q (" + num(heads_q) + ") must be a multiple of the heads of " + kv_name + " (" +
+                num(heads_kv) + ")");
+  }
+  // Every multiple of 8 up to 256 is a valid problem (the cpu backend takes them all); which backends have
+  // kernels for it is resolve_backend's question.
+  if (head_dim < 8 || head_dim > kMaxHeadDim || head_dim % 8 != 0) {
+    value_error("head dim (last dim of q, k, v) must be a multiple of 8 from 8 to " + num(kMaxHeadDim) + ", got " +
+                num(head_dim));
+  }
+}
+
+// out of `expected` shape (n dims), q's dtype, framework and device, rows contiguous, writable.
+void validate_out(Call& c, nb::handle out, const int64_t* expected, int n) {
+  if (!out.is_valid() || out.is_none()) return;
+  ArrayRef o = describe(out, "out");
+  if (o.framework == Framework::kBuffer) {  // our own output buffer (JAX): compact by construction
+    c.out = o;
+    return;
+  }
+  if (o.framework != c.q.framework) {
+    type_error(std::string("out must be a ") + framework_name(c.q.framework) + " array like q, got " +
+               framework_name(o.framework));
+  }
+  if (o.framework == Framework::kJax) type_error("out is not supported for JAX arrays (they are immutable)");
+  bool same = o.ndim == n;
+  for (int i = 0; same && i < n; ++i) same = o.shape[i] == expected[i];
+  if (!same) value_error("out must have shape " + tuple_text(expected, n) + ", got " + shape_text(o));
+  if (o.dtype != c.q.dtype) type_error("out must have dtype " + c.q.dtype_name + " like q, got " + o.dtype_name);
+  if (o.device != c.device) value_error("out must be on the same device as q");
+  if (!o.empty() && (o.strides[o.ndim - 1] != 1 || !o.whole_strides)) {
+    value_error("out must be contiguous in its last dim (stride 1), got strides " + strides_text(o));
+  }
+  if (o.readonly) value_error("out is read-only");
+  c.out = o;
+}
+
+// Element i (row-major over the recorded shape) of a host integer array, as int64.
+int64_t host_int(const ArrayRef& a, int64_t i) {
+  int64_t offset = 0;
+  for (int d = a.ndim - 1; d >= 0; --d) {
+    offset += (i % a.shape[d]) * a.strides[d];
+    i /= a.shape[d];
+  }
+  const char* at = static_cast<const char*>(a.data) + offset * (a.dl_bits / 8);
+  bool const is_signed = a.dl_code == dlpack::kInt;
+  switch (a.dl_bits) {
+    case 8: return is_signed ? int64_t(*reinterpret_cast<const int8_t*>(at)) : int64_t(*reinterpret_cast<const uint8_t*>(at));
+    case 16: return is_signed ? int64_t(*reinterpret_cast<const int16_t*>(at)) : int64_t(*reinterpret_cast<const uint16_t*>(at));
+    case 32: return is_signed ? int64_t(*reinterpret_cast<const int32_t*>(at)) : int64_t(*reinterpret_cast<const uint32_t*>(at));
+    default: {
+      uint64_t const bits = *reinterpret_cast<const uint64_t*>(at);
+      return is_signed ? static_cast<int64_t>(bits) : (bits > uint64_t(kInt32Max) ? kInt32Max + 1 : int64_t(bits));
+    }
+  }
+}
+
+bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
+
+std::string type_label(nb::handle h) { return nb::cast<std::string>(nb::type_name(h.type())); }
+
+// An int option: a Python int or a numpy integer, not a bool.
+bool is_int(nb::handle h) {
+  if (!PyIndex_Check(h.ptr()) || PyBool_Check(h.ptr())) return false;
+  return !nb::hasattr(h, "dtype") || nb::cast<std::string>(h.attr("dtype").attr("kind")) != "b";
+}
+
+int64_t int_value(nb::handle h) {
+  int overflow = 0;
+  nb::object index = nb::steal(PyNumber_Index(h.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  long long const x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0) return overflow > 0 ? (int64_t{1} << 62) : -(int64_t{1} << 62);
+  return x;
+}
+
+// An optional int option: -1 when None.
+int64_t optional_int(nb::handle h, const char* name) {
+  if (!given(h)) return -1;
+  if (!is_int(h)) type_error(std::string(name) + " must be an int or None, got " + type_label(h));
+  return int_value(h);
+}
+
+// window: None, or a pair (left, right) of ints (a masks.Window's fields).
+void window_sides(nb::handle window, int64_t* left, int64_t* right) {
+  *left = -1, *right = -1;
+  if (!given(window)) return;
+  nb::object pair = nb::borrow(window);
+  if (nb::hasattr(window, "left") && nb::hasattr(window, "right")) pair = nb::make_tuple(window.attr("left"), window.attr("right"));
+  bool const sequence = PySequence_Check(pair.ptr()) && !PyUnicode_Check(pair.ptr()) && !PyBytes_Check(pair.ptr());
+  if (!sequence || PySequence_Size(pair.ptr()) != 2) {
+    PyErr_Clear();
+    type_error("window must be a pair (left, right) of ints or None, got " + nb::cast<std::string>(nb::repr(window)));
+  }
+  nb::object const l = nb::steal(PySequence_GetItem(pair.ptr(), 0)), r = nb::steal(PySequence_GetItem(pair.ptr(), 1));
+  if (!is_int(l) || !is_int(r)) {
+    type_error("window must be a pair (left, right) of ints, got " + nb::cast<std::string>(nb::repr(window)));
+  }
+  *left = int_value(l), *right = int_value(r);
+}
+
+// softcap: a float (or int), not a bool; None means 0.
+double softcap_value(nb::handle h) {
+  if (!given(h)) return 0.0;
+  bool const number = (PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr()) || nb::hasattr(h, "dtype")) &&
+                      !PyBool_Check(h.ptr()) && PyNumber_Check(h.ptr());
+  if (!number || (nb::hasattr(h, "dtype") && nb::cast<std::string>(h.attr("dtype").attr("kind")) == "b")) {
+    type_error("softcap must be a float, got " + type_label(h));
+  }
+  double const value = PyFloat_AsDouble(h.ptr());
+  if (value == -1.0 && PyErr_Occurred()) throw nb::python_error();
+  return value;
+}
+
+// An index argument of `ndim` dims, on q's device as int32, or host integer values (copied). expected:
+// the shape it must have, -1 for a free extent.
+IndexArray read_index(nb::handle value, const char* name, int device, int ndim, const int64_t* expected) {
+  IndexArray index;
+  if (!given(value)) return index;
+  index.given = true;
+  nb::object held;  // a numpy view of a Python sequence
+  if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value)) {
+    try {
+      held = nb::module_::import_("numpy").attr("asarray")(value);
+    } catch (const nb::python_error&) {
+      value_error(std::string(name) + " must be a rectangular array of ints");
+    }
+    if (nb::cast<std::string>(held.attr("dtype").attr("kind")) == "f" && nb::cast<int64_t>(held.attr("size")) == 0) {
+      held = held.attr("astype")("int32");  // [] is float64 to numpy
+    }
+    value = held;
+  }
+  ArrayRef const a = describe(value, name);
+  bool const integer = a.dl_code == dlpack::kInt || a.dl_code == dlpack::kUInt;
+  if (a.ndim != ndim) value_error(std::string(name) + " must be " + num(ndim) + "-D, got shape " + shape_text(a));
+  int64_t want[2] = {expected[0], ndim == 2 ? expected[1] : 1};
+  for (int d = 0; d < ndim; ++d) {
+    if (want[d] < 0) want[d] = a.shape[d];
+  }
+  bool same = true;
+  for (int d = 0; d < ndim; ++d) same = same && a.shape[d] == want[d];
+  if (!same) value_error(std::string(name) + " must have shape " + tuple_text(want, ndim) + ", got " + shape_text(a));
+  index.rows = a.shape[0];
+  index.cols = ndim == 2 ? a.shape[1] : 1;
+  if (a.on_host()) {
+    if (!integer || a.dl_bits > 64 || a.dl_bits < 8) {
+      type_error(std::string(name) + " must hold integers, got dtype " + dtype_text(a));
+    }
+    int64_t const count = index.rows * index.cols;
+    index.values.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t const x = host_int(a, i);
+      if (x < -kInt32Max - 1 || x > kInt32Max) value_error(std::string(name) + " holds values outside the int32 range");
+      index.values[static_cast<size_t>(i)] = static_cast<int32_t>(x);
+    }
+    index.row_stride = index.cols;
+    return index;
+  }
+  if (a.dl_code != dlpack::kInt || a.dl_bits != 32) {
+    type_error(std::string(name) + " must be an int32 array, got dtype " + dtype_text(a));
+  }
+  if (a.device != device) {
+    value_error(std::string(name) + " must be on q's device (" + (device < 0 ? std::string("host") : "cuda:" + num(device)) +
+                "), got " + where(a));
+  }
+  if (a.shape[ndim - 1] > 1 && a.strides[ndim - 1] != 1) {
+    value_error(std::string(name) + " must be contiguous in its last dim, got strides " + strides_text(a));
+  }
+  index.device_data = static_cast<const int*>(a.data);
+  index.row_stride = ndim == 2 ? a.strides[0] : 1;
+  return index;
+}
+
+// ---- The three shapes of a call ---------------------------------------------------------------------
+
+// (B, H, N, d) of a 3-D or 4-D array.
+void dims4(const ArrayRef& a, int64_t* dims) {
+  if (a.ndim == 3) {
+    dims[0] = a.shape[0], dims[1] = 1, dims[2] = a.shape[1], dims[3] = a.shape[2];
+  } else {
+    for (int i = 0; i < 4; ++i) dims[i] = a.shape[i];
+  }
+}
+
+// A dense call: q (B, Hq, Nq, d), k and v (B, Hkv, Nk, d), or all three (B, N, d).
+void validate_dense(Call& c, const Request& r) {
+  describe_qkv(c, r, 0, "4-D (B, H, N, d) or 3-D (B, N, d)");
+  Problem& p = c.problem;
+  int64_t dq[4], dk[4], dv[4];
+  dims4(c.q, dq), dims4(c.k, dk), dims4(c.v, dv);
+  if (!(dq[0] == dk[0] && dk[0] == dv[0])) {
+    value_error("q, k and v must have the same batch size, got " + num(dq[0]) + ", " + num(dk[0]) + ", " + num(dv[0]));
+  }
+  if (!(dq[3] == dk[3] && dk[3] == dv[3])) {
+    value_error("q, k and v must have the same head dim, got " + num(dq[3]) + ", " + num(dk[3]) + ", " + num(dv[3]));
+  }
+  if (dk[1] != dv[1]) value_error("k and v must have the same number of heads, got " + num(dk[1]) + " and " + num(dv[1]));
+  if (dk[2] != dv[2]) {
+    value_error("k and v must have the same sequence length, got " + num(dk[2]) + " and " + num(dv[2]));
+  }
+  check_heads_and_head_dim(dq[1], dk[1], dq[3], "k and v");
+  if (dq[2] > kInt32Max || dk[2] > kInt32Max || dq[0] * dq[1] > kInt32Max) {
+    value_error("sizes too large: N must be < 2^31 and B*H < 2^31, got B=" + num(dq[0]) + ", H=" + num(dq[1]) +
+                ", Nq=" + num(dq[2]) + ", Nk=" + num(dk[2]));
+  }
+  p.batch = static_cast<int>(dq[0]);
+  p.heads_q = static_cast<int>(dq[1]);
+  p.heads_kv = static_cast<int>(dk[1]);
+  p.seqlen_q = static_cast<int>(dq[2]);
+  p.seqlen_k = static_cast<int>(dk[2]);
+  p.head_dim = static_cast<int>(dq[3]);
+  int64_t expected[4];
+  int n = 0;
+  expected[n++] = p.batch;
+  if (p.rank == 4) expected[n++] = p.heads_q;
+  expected[n++] = p.seqlen_q;
+  expected[n++] = p.head_dim;
+  validate_out(c, r.out, expected, n);
+}
+
+// q (B, Hq, Nq, d) against caches (B, Hkv, Ncache, d), or paged (num_pages, Hkv, page_size, d).
+void validate_kvcache(Call& c, const Request& r) {
+  describe_qkv(c, r, 4, "4-D: q (B, Hq, Nq, d), caches (B, Hkv, Ncache, d) or, paged, (num_pages, Hkv, page_size, d)");
+  Problem& p = c.problem;
+  p.kv_cache = true;
+  p.paged = given(r.block_table);
+  int64_t const* qs = c.q.shape;
+  int64_t const* ks = c.k.shape;
+  int64_t const b = qs[0], hq = qs[1], d = qs[3];
+  for (int i = 0; i < 4; ++i) {
+    if (c.v.shape[i] != ks[i]) value_error("v must have k's shape " + shape_text(c.k) + ", got " + shape_text(c.v));
+  }
+  if (ks[3] != d) value_error("k's head dim " + num(ks[3]) + " differs from q's " + num(d));
+  check_heads_and_head_dim(hq, ks[1], d, "k and v");
+  if (!p.paged && ks[0] != b) {
+    value_error("k must have q's batch size " + num(b) + " (or pass block_table for a paged cache), got " + num(ks[0]));
+  }
+  if (p.paged && ks[2] < 1) value_error("k's page size (dim 2) must be >= 1, got " + num(ks[2]));
+  if (qs[2] > kInt32Max || b * hq > kInt32Max || ks[0] > kInt32Max) {
+    value_error("sizes too large: Nq, B*H and the pages must be < 2^31");
+  }
+  int64_t capacity = ks[2];
+  if (p.paged) {
+    int64_t const table_shape[2] = {b, -1};
+    c.block_table = read_index(r.block_table, "block_table", c.device, 2, table_shape);
+    capacity = c.block_table.cols * ks[2];
+    if (capacity > kInt32Max) value_error("block_table: max_pages * page_size must be < 2^31");
+    p.page_size = static_cast<int>(ks[2]);
+    p.num_pages = static_cast<int>(ks[0]);
+    if (!given(r.cache_seqlens)) value_error("cache_seqlens is required with block_table (a paged cache)");
+  }
+  // k_new, v_new (B, Hkv, Nnew, d) of the cache's dtype, on its device.
+  if (given(r.k_new) != given(r.v_new)) {
+    value_error(std::string(given(r.v_new) ? "k_new" : "v_new") + " is missing: k_new and v_new go together");
+  }
+  if (given(r.k_new)) {
+    if (!given(r.cache_seqlens)) value_error("cache_seqlens is required with k_new (it says where the new keys go)");
+    c.k_new = describe(r.k_new, "k_new");
+    c.v_new = describe(r.v_new, "v_new");
+    for (const ArrayRef* a : {&*c.k_new, &*c.v_new}) {
+      const char* name = a == &*c.k_new ? "k_new" : "v_new";
+      if (a->ndim != 4) value_error(std::string(name) + " must be 4-D (B, Hkv, Nnew, d), got shape " + shape_text(*a));
+      if (a->dtype != c.k.dtype) {
+        type_error(std::string(name) + " must have the cache's dtype " + c.k.dtype_name + ", got " + dtype_text(*a));
+      }
+      if (a->device != c.device) value_error(std::string(name) + " must be on the device of q, got " + where(*a));
+      check_row_contiguous(*a, name);
+    }
+    int64_t const want[4] = {b, ks[1], c.k_new->shape[2], d};
+    for (int i = 0; i < 4; ++i) {
+      if (c.k_new->shape[i] != want[i]) {
+        value_error("k_new must have shape (B, Hkv, Nnew, d) = " + tuple_text(want, 4) + ", got " + shape_text(*c.k_new));
+      }
+      if (c.v_new->shape[i] != want[i]) {
+        value_error("v_new must have k_new's shape " + tuple_text(want, 4) + ", got " + shape_text(*c.v_new));
+      }
+    }
+    if (want[2] > kInt32Max) value_error("k_new: Nnew must be < 2^31");
+    p.n_new = static_cast<int>(want[2]);
+    if (c.k.readonly || c.v.readonly) value_error("k and v are read-only, but k_new / v_new are appended into them");
+  }
+  int64_t const per_entry[1] = {b};
+  c.cache_seqlens = read_index(r.cache_seqlens, "cache_seqlens", c.device, 1, per_entry);
+  c.cache_leftpad = read_index(r.cache_leftpad, "cache_leftpad", c.device, 1, per_entry);
+  // Host values are checked in full: lengths within the capacity, leftpad within the length, the pages used.
+  if (c.cache_seqlens.on_host()) {
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t const n = c.cache_seqlens.values[i];
+      if (n < 0) value_error("cache_seqlens must be >= 0, got " + num(n));
+      if (n + p.n_new > capacity) {
+        value_error("cache_seqlens[" + num(i) + "] = " + num(n) + (p.n_new ? " + " + num(p.n_new) + " new keys" : "") +
+                    " exceeds the cache length " + num(capacity));
+      }
+    }
+  }
+  if (c.cache_leftpad.on_host()) {
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t const pad = c.cache_leftpad.values[i];
+      int64_t const limit = !c.cache_seqlens.given     ? capacity
+                            : c.cache_seqlens.on_host() ? c.cache_seqlens.values[i]
+                                                        : kInt32Max;
+      if (pad < 0 || pad > limit) {
+        value_error("cache_leftpad[" + num(i) + "] = " + num(pad) + " is outside [0, cache_seqlens[" + num(i) +
+                    "] = " + num(limit) + "]");
+      }
+    }
+  }
+  if (c.block_table.on_host() && c.cache_seqlens.on_host()) {
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t const used = (c.cache_seqlens.values[i] + p.n_new + p.page_size - 1) / p.page_size;
+      for (int64_t j = 0; j < used; ++j) {
+        int64_t const page = c.block_table.values[i * c.block_table.cols + j];
+        if (page < 0 || page >= p.num_pages) {
+          value_error("block_table[" + num(i) + "] holds page indices outside [0, " + num(p.num_pages) + ") (k has " +
+                      num(p.num_pages) + " pages)");
+        }
+      }
+    }
+  }
+  p.batch = static_cast<int>(b);
+  p.heads_q = static_cast<int>(hq);
+  p.heads_kv = static_cast<int>(ks[1]);
+  p.seqlen_q = static_cast<int>(qs[2]);
+  p.seqlen_k = static_cast<int>(capacity);
+  p.head_dim = static_cast<int>(d);
+  p.kv_extent = static_cast<int>(ks[0]);
+  p.kv_rows = static_cast<int>(ks[2]);
+  validate_out(c, r.out, qs, 4);
+}
+
+// A varlen batch: q (total_q, Hq, d), k and v (total_k, Hkv, d), cu_seqlens (B+1,).
+void validate_varlen(Call& c, const Request& r) {
+  describe_qkv(c, r, 3, "3-D (total, H, d)");
+  Problem& p = c.problem;
+  int64_t const* qs = c.q.shape;
+  int64_t const* ks = c.k.shape;
+  for (int i = 0; i < 3; ++i) {
+    if (c.v.shape[i] != ks[i]) value_error("v must have k's shape " + shape_text(c.k) + ", got " + shape_text(c.v));
+  }
+  if (ks[2] != qs[2]) value_error("k's head dim " + num(ks[2]) + " differs from q's " + num(qs[2]));
+  check_heads_and_head_dim(qs[1], ks[1], qs[2], "k and v");
+  if (qs[0] > kInt32Max || ks[0] > kInt32Max) value_error("sizes too large: total_q and total_k must be < 2^31");
+  int64_t const free_length[1] = {-1};
+  c.cu_seqlens_q = read_index(r.cu_seqlens_q, "cu_seqlens_q", c.device, 1, free_length);
+  c.cu_seqlens_k = read_index(r.cu_seqlens_k, "cu_seqlens_k", c.device, 1, free_length);
+  if (c.cu_seqlens_q.rows < 1) value_error("cu_seqlens_q must be 1-D (B+1,) with B >= 0, got shape (0,)");
+  if (c.cu_seqlens_k.rows < 1) value_error("cu_seqlens_k must be 1-D (B+1,) with B >= 0, got shape (0,)");
+  if (c.cu_seqlens_q.rows != c.cu_seqlens_k.rows) {
+    value_error("cu_seqlens_q and cu_seqlens_k must have the same length B+1, got " + num(c.cu_seqlens_q.rows) +
+                " and " + num(c.cu_seqlens_k.rows));
+  }
+  int64_t longest[2] = {qs[0], ks[0]};  // device values: the totals bound every entry
+  const IndexArray* cus[2] = {&c.cu_seqlens_q, &c.cu_seqlens_k};
+  const char* names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+  int64_t const totals[2] = {qs[0], ks[0]};
+  for (int s = 0; s < 2; ++s) {
+    const IndexArray& cu = *cus[s];
+    if (!cu.on_host()) continue;
+    std::string const name = names[s];
+    if (cu.values[0] != 0) value_error(name + " must start at 0, got " + num(cu.values[0]));
+    longest[s] = 0;
+    for (int64_t i = 1; i < cu.rows; ++i) {
+      if (cu.values[i] < cu.values[i - 1]) value_error(name + " must be non-decreasing");
+      longest[s] = std::max<int64_t>(longest[s], cu.values[i] - cu.values[i - 1]);
+    }
+    if (cu.values[cu.rows - 1] != totals[s]) {
+      value_error(name + " ends at " + num(cu.values[cu.rows - 1]) + " but the total length (dim 0) is " + num(totals[s]));
+    }
+  }
+  int64_t const asked[2] = {optional_int(r.max_seqlen_q, "max_seqlen_q"), optional_int(r.max_seqlen_k, "max_seqlen_k")};
+  const char* max_names[2] = {"max_seqlen_q", "max_seqlen_k"};
+  for (int s = 0; s < 2; ++s) {
+    if (!given(s == 0 ? r.max_seqlen_q : r.max_seqlen_k)) continue;  // the longest entry (host values) or the total
+    bool const known = cus[s]->on_host();
+    if (asked[s] < 0 || asked[s] > kInt32Max || (known && asked[s] < longest[s])) {
+      value_error(std::string(max_names[s]) + " = " + num(asked[s]) + " must be >= the longest sequence (" +
+                  num(known ? longest[s] : 0) + ") and < 2^31");
+    }
+    longest[s] = std::min(asked[s], totals[s]);  // no entry is longer than the total
+  }
+  p.varlen = true;
+  p.total_q = static_cast<int>(qs[0]);
+  p.total_k = static_cast<int>(ks[0]);
+  p.batch = static_cast<int>(c.cu_seqlens_q.rows - 1);
+  p.heads_q = static_cast<int>(qs[1]);
+  p.heads_kv = static_cast<int>(ks[1]);
+  p.seqlen_q = static_cast<int>(longest[0]);
+  p.seqlen_k = static_cast<int>(longest[1]);
+  p.head_dim = static_cast<int>(qs[2]);
+  p.kv_extent = p.batch;
+  p.kv_rows = p.seqlen_k;
+  validate_out(c, r.out, qs, 3);
+}
+
+// The tensor-core families take the row max of unscaled scores (softmax_scale > 0), and read device
+// arrays in 16-byte vectors (common/alignment.h). Host arrays are copied into compact device
+// buffers, which always qualify.
+bool tensorcore_accepts(const Call& c) {
+  const Problem& p = c.problem;
+  if (!(p.scale > 0.f)) return false;
+  if (c.device < 0) return true;
+  int const bytes = p.dtype == DType::kFloat32 ? 4 : 2;
+  auto aligned = [&](const ArrayRef& a, int extent, int heads, int seqlen) {
+    TensorStrides const s = c.strides(a);
+    return tensor_aligned16(a.data, s.batch, s.head, s.row, extent, heads, seqlen, bytes);
+  };
+  int const kv_extent = p.kv_extent_or_batch();
+  int const kv_rows = p.kv_rows_or_seqlen();
+  return aligned(c.q, p.batch, p.heads_q, p.seqlen_q) && aligned(c.k, kv_extent, p.heads_kv, kv_rows) &&
+         aligned(c.v, kv_extent, p.heads_kv, kv_rows) && (!c.out || aligned(*c.out, p.batch, p.heads_q, p.seqlen_q));
+}
+
+}  // namespace
+
+std::string shape_text(const ArrayRef& a) { return tuple_text(a.shape, recorded(a)); }
+
+TensorStrides Call::strides(const ArrayRef& a) const {
+  const Problem& p = problem;
+  if (a.framework == Framework::kBuffer) {  // compact (B, H, N, d)
+    long long const row = p.head_dim, head = static_cast<long long>(p.seqlen_q) * p.head_dim;
+    return {head * p.heads_q, head, row};
+  }
+  if (p.varlen) return {0, a.strides[1], a.strides[0]};  // (total, H, d): entries located by cu_seqlens
+  if (a.ndim == 3) return {a.strides[0], 0, a.strides[1]};
+  return {a.strides[0], a.strides[1], a.strides[2]};
+}
+
+std::string head_dims_text() {
+  std::set<int> const& dims = all_head_dims();
+  std::vector<int64_t> values(dims.begin(), dims.end());
+  return tuple_text(values.data(), static_cast<int>(values.size()));
+}
+
+Call validate(const Request& r) {
+  bool const varlen = given(r.cu_seqlens_q) || given(r.cu_seqlens_k);
+  bool const kv_cache = given(r.cache_seqlens) || given(r.cache_leftpad) || given(r.block_table) || given(r.k_new) ||
+                        given(r.v_new);
+  Call c;
+  if (varlen) {
+    if (!given(r.cu_seqlens_q) || !given(r.cu_seqlens_k)) {
+      value_error(std::string(given(r.cu_seqlens_q) ? "cu_seqlens_k" : "cu_seqlens_q") + " is missing");
+    }
+    if (kv_cache) value_error("varlen_forward takes no KV-cache arguments");
+    validate_varlen(c, r);
+  } else if (kv_cache) {
+    validate_kvcache(c, r);
+  } else {
+    validate_dense(c, r);
+  }
+  Problem& p = c.problem;
+  p.causal = r.causal;
+  int64_t left, right;
+  window_sides(r.window, &left, &right);
+  p.window = fold_causal(r.causal, left, right);
+  double const softcap = softcap_value(r.softcap);
+  if (!std::isfinite(softcap) || softcap < 0) {
+    value_error("softcap must be a finite float >= 0 (0 disables it), got " + nb::cast<std::string>(nb::repr(r.softcap)));
+  }
+  p.softcap = static_cast<float>(softcap);
+  if (given(r.num_splits)) {
+    if (!is_int(r.num_splits)) type_error("num_splits must be an int or None, got " + type_label(r.num_splits));
+    int64_t const splits = int_value(r.num_splits);
+    if (splits < 1 || splits > kInt32Max) {
+      value_error("num_splits must be an int >= 1 (or None: the backend chooses), got " + num(splits));
+    }
+    p.num_splits = static_cast<int>(splits);
+  }
+  if (varlen) p.num_splits = 1;  // one pass per entry: varlen batches are not split
+  Window const plain = fold_causal(r.causal, -1, -1);
+  p.variant = varlen || kv_cache || p.window.left != plain.left || p.window.right != plain.right || p.softcap > 0.f ||
+              given(r.num_splits);
+  p.scale = resolve_scale(r.scale, p.head_dim);
+  return c;
+}
+
+int resolve_backend(const Call& c, int backend) {
+  const Problem& p = c.problem;
+  int const device = c.device < 0 ? 0 : c.device;
+  if (backend == kBackendCpu) {
+    if (c.device >= 0) value_error("backend 'cpu' needs host (numpy) arrays; q, k and v are on a CUDA device");
+    return kBackendCpu;
+  }
+  auto runs = [&](int b) {
+    Backend const which = static_cast<Backend>(b);
+    return backend_unavailable_reason(which, device).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
+           (which != Backend::kTensorCore || tensorcore_accepts(c));
+  };
+  if (backend == kBackendAuto) {
+    // naive last: it takes what the tiled kernels' limits refuse (small_tile's d > 192 on sm_61).
+    for (Backend b : {Backend::kTensorCore, Backend::kLargeTile, Backend::kSmallTile, Backend::kNaive}) {
+      if (runs(static_cast<int>(b))) return static_cast<int>(b);
+    }
+    if (c.device < 0) return kBackendCpu;
+    std::string const refusal = head_dim_refusal(Backend::kNaive, p.head_dim, p.dtype);
+    if (!refusal.empty() && backend_unavailable_reason(Backend::kNaive, device).empty()) {
+      value_error("no GPU backend runs head dim " + num(p.head_dim) + ": " + refusal + " (compiled head dims: " +
+                  head_dims_text() + "); host arrays run it on the cpu backend");
+    }
+    throw std::runtime_error("no GPU backend can run on cuda:" + num(device) + ": " +
+                             backend_unavailable_reason(Backend::kSmallTile, device));
+  }
+  Backend const which = static_cast<Backend>(backend);
+  std::string const reason = backend_unavailable_reason(which, device);
+  if (!reason.empty()) {
+    throw std::runtime_error(std::string("backend '") + backend_label(backend) + "' is not available: " + reason);
+  }
+  std::string const refusal = head_dim_refusal(which, p.head_dim, p.dtype);
+  if (!refusal.empty()) {
+    value_error(std::string("backend '") + backend_label(backend) + "' does not run head dim " + num(p.head_dim) +
+                " with " + c.q.dtype_name + ": " + refusal);
+  }
+  bool const tensorcore = which == Backend::kTensorCore || which == Backend::kTensorCoreSm80;
+  if (tensorcore && !tensorcore_accepts(c)) {
+    value_error(std::string("backend '") + backend_label(backend) +
+                "' needs softmax_scale > 0 and 16-byte aligned q, k, v and out with strides that are multiples of "
+                "16 bytes; pass contiguous arrays or use backend='auto'");
+  }
+  return backend;
+}
+
+}  // namespace cutlassfa::bindings

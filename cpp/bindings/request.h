@@ -1,0 +1,77 @@
+// A call as Python passes it (Request), its validation into a Call (the arrays described, a Problem,
+// the index arrays read), and the choice of backend: one pass over the DLPack descriptions for every
+// call (plain, windows, softcap, KV caches, paged caches, appended keys, split keys, varlen), raising
+// the ValueError / TypeError that names the argument.
+//
+// Index values given on the host are read and checked in full (and copied to the device at launch);
+// index arrays on the device are read in place and their values are not checked here (that would need
+// a synchronization): the kernels clamp them (cutlassfa/params.h says how).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings/arrays.h"
+#include "cutlassfa/backends.h"
+#include "cutlassfa/problem.h"
+
+namespace cutlassfa::bindings {
+
+// What the Python layer passes as `backend`: a Backend, or one of these (Python reads them from _C).
+constexpr int kBackendAuto = -1;
+constexpr int kBackendCpu = 5;
+
+// forward()'s arguments as Python passes them: None (an invalid handle) for an array not given.
+struct Request {
+  nb::handle q, k, v, out;
+  bool causal = false;
+  double scale = 0.0;  // NaN: 1/sqrt(d)
+  nb::handle window;   // None, or a pair (left, right) of ints (a masks.Window too)
+  nb::handle softcap;  // a float >= 0; None or 0: no cap
+  nb::handle cache_seqlens, cache_leftpad, block_table, k_new, v_new;
+  nb::handle num_splits;                    // None (the backend chooses) or an int >= 1
+  nb::handle cu_seqlens_q, cu_seqlens_k;    // varlen_forward: both given
+  nb::handle max_seqlen_q, max_seqlen_k;    // None or ints
+};
+
+// An int32 index argument: an array on q's device read in place, or host values (numpy, a sequence of
+// ints, a PyTorch CPU tensor) copied to the device at launch.
+struct IndexArray {
+  bool given = false;
+  const int* device_data = nullptr;  // the array on q's device (nullptr for host values)
+  std::vector<int32_t> values;       // host values, row-major
+  int64_t rows = 0, cols = 1;        // (rows,) or (rows, cols)
+  long long row_stride = 0;          // elements between rows where the kernels read them
+  bool on_host() const { return given && device_data == nullptr; }
+};
+
+// A validated call.
+struct Call {
+  Problem problem;
+  ArrayRef q, k, v;
+  std::optional<ArrayRef> out;
+  std::optional<ArrayRef> k_new, v_new;
+  IndexArray cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table;
+  int device = -1;  // -1: host arrays
+
+  // (B, H, N) strides in elements of one of q, k, v, out (rank 3: head stride 0; varlen: batch stride 0).
+  TensorStrides strides(const ArrayRef& a) const;
+};
+
+// Python exceptions for what is not an ArgumentError (bindings/module.cpp translates those).
+std::string tuple_text(const int64_t* values, int n);
+std::string shape_text(const ArrayRef& a);
+
+// Validates every argument of the call.
+Call validate(const Request& request);
+
+// Resolves `backend` (kBackendAuto, kBackendCpu or a Backend) for the call; raises when the asked
+// backend cannot run it.
+int resolve_backend(const Call& call, int backend);
+
+// Head dims some backend of this build has kernels for, as "(32, 64, 128)".
+std::string head_dims_text();
+
+}  // namespace cutlassfa::bindings
