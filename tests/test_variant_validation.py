@@ -32,7 +32,7 @@ def _validate(q, k, v, out=None, causal=False, backend=AUTO, **kw):
 
 def test_good_calls_resolve_to_a_backend(rng):
     q, k, v = _kv(rng)
-    assert _validate(q, k, v, window_left=5, causal=True, softcap=3.0, num_splits=4) in (0, 1, 2, 3, 4, _api._CPU)
+    assert _validate(q, k, v, window=(5, -1), causal=True, softcap=3.0, num_splits=4) in (0, 1, 2, 3, 4, _api._CPU)
     assert _validate(q, k, v, cache_seqlens=[3, 40], cache_leftpad=np.array([1, 0], np.int64)) >= 0
     kp, vp = _paged(rng)
     table = rng.permutation(9)[:6].reshape(2, 3).astype(np.int32)
@@ -44,8 +44,8 @@ def test_good_calls_resolve_to_a_backend(rng):
 
 
 @pytest.mark.parametrize("kw,error,name", [
-    (dict(window_left=-2), ValueError, "window"),
-    (dict(window_right=3, causal=True), ValueError, "window"),
+    (dict(window=(-2, -1)), ValueError, "window"),
+    (dict(window=(-1, 3), causal=True), ValueError, "window"),
     (dict(softcap=-1.0), ValueError, "softcap"),
     (dict(softcap=float("inf")), ValueError, "softcap"),
     (dict(num_splits=-1), ValueError, "num_splits"),

@@ -26,15 +26,12 @@ def advertises_everything(case: Case) -> Advertised:
 class Backend:
     """A backend under test. `fn(q, k, v, *, causal, softmax_scale, **variant)` returns (out, lse) or
     out; `framework` is the array type it is fed ("numpy", "torch", "cupy"); `advertises(case)` says
-    whether it claims to take the case (only those are run, and each must pass). `variants_on_host`:
-    whether `fn` computes variant cases on numpy arrays itself (the GPU backends do not: `forward`
-    runs those on the cpu backend, so they are checked on CUDA arrays only)."""
+    whether it claims to take the case (only those are run, and each must pass)."""
 
     name: str
     fn: ForwardFn
     framework: str = "numpy"
     advertises: Callable[[Case], Advertised] = field(default=advertises_everything)
-    variants_on_host: bool = True
 
 
 def public_backend(name: str, framework: str) -> Backend:
@@ -56,7 +53,7 @@ def public_backend(name: str, framework: str) -> Backend:
     def advertises(case: Case) -> Advertised:
         return supports(name, case.dtype, case.d, **case.mode)
 
-    return Backend(name, fn, framework, advertises, variants_on_host=name == "cpu")
+    return Backend(name, fn, framework, advertises)
 
 
 @dataclass
