@@ -214,25 +214,27 @@ def _flag(value: Any, name: str) -> bool:
 
 
 def _scale(softmax_scale: Any) -> float | None:
+    """softmax_scale as a float (its value is the extension's to check)."""
     if softmax_scale is None:
         return None
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, (int, float, np.floating, np.integer)):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    scale = float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
-    return scale
+    return float(softmax_scale)
 
 
-def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, backend: str = "auto") -> str:
-    """The backend `forward(q, k, v, causal=causal, backend=backend)` runs: `auto` resolves to the first
-    of tensorcore (sm_80+), large_tile (sm_80+), small_tile (sm_61+) and naive (sm_61+) that is available
-    and runs the head dim, then cpu for host arrays when no GPU can be used. Raises as `forward` would for
-    invalid arguments."""
+def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
+                   backend: str = "auto", **options: Any) -> str:
+    """The backend `forward(q, k, v, causal=causal, backend=backend, **options)` runs: `auto` resolves to
+    the first of tensorcore (sm_80+), large_tile (sm_80+), small_tile (sm_61+) and naive (sm_61+) that is
+    available and runs the call, then cpu for host arrays when no GPU can be used. `options` are
+    forward's (window, softcap, cache_seqlens, ...). Raises as `forward` would for invalid arguments."""
     code = _backend_code(backend)
     causal = _flag(causal, "causal")
     _require_extension()
-    resolved = _C.validate(q, k, v, None, causal, None, code)
+    unknown = sorted(options.keys() - set(_OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"select_backend() got an unexpected keyword argument {unknown[0]!r}")
+    resolved = _C.validate(q, k, v, None, causal, _scale(softmax_scale), code, **options)
     return "cpu" if resolved == _CPU else _C.Backend(resolved).name
 
 

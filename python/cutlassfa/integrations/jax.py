@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cutlassfa
+from cutlassfa._arrays import stand_in
 
 __all__ = ["forward", "FFI_TARGET", "NO_BACKWARD"]
 
@@ -67,23 +68,17 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
 # Trace time: validation and the backend
 # --------------------------------------------------------------------------------------------------
 
-def _stand_in(array: Any) -> np.ndarray:
-    """A host array of `array`'s shape and dtype that occupies no memory (zero strides), so that
-    cutlassfa's own validation judges the call, with its own messages."""
-    dtype = np.dtype(array.dtype)
-    if array.ndim == 0:
-        return np.zeros((), dtype)
-    return np.broadcast_to(np.zeros(array.shape[-1:], dtype), array.shape)
-
-
 def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any, modes: dict) -> _Call:
-    name = cutlassfa.select_backend(_stand_in(q), _stand_in(k), _stand_in(v), causal=causal, backend=backend)
-    scale = _scale(softmax_scale, q.shape[-1])
     for key, value in modes.items():
         if key not in _forward_keywords():
             raise TypeError(f"forward() got an unexpected keyword argument {key!r}")
         if isinstance(value, (jax.Array, np.ndarray)):
             raise NotImplementedError(f"{key}: array arguments are not supported for JAX arrays yet")
+    # The extension's validator judges the traced call on stand-ins of its arrays (the same checks and
+    # messages as an eager call).
+    name = cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
+                                   backend=backend, **modes)
+    scale = _scale(softmax_scale, q.shape[-1])
     frozen_modes = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
                                 for key, value in modes.items()))
     if name == "cpu":

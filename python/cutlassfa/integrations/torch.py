@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import cutlassfa
-from cutlassfa._arrays import host_numpy, torch_from_numpy
+from cutlassfa._arrays import host_numpy, stand_in, torch_from_numpy
 
 __all__ = ["forward", "maybe_route", "must_use_op", "op_forward", "eager_forward", "eager_call", "NO_BACKWARD"]
 
@@ -186,16 +186,14 @@ def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
                   cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                   num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes of the results (out like q, compact; lse float32 q.shape[:-1]). The checks that
-    need only shapes run here too, so that a traced call fails where it is written."""
-    if not q.dim() == k.dim() == v.dim() or q.dim() not in (3, 4):
-        raise ValueError(f"q, k and v must all be 4-D (B, H, N, d) or all 3-D (B, N, d), got shapes "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if not q.dtype == k.dtype == v.dtype or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"q, k and v must have one dtype among float32, float16, bfloat16, got "
-                        f"{q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.shape[-1] == k.shape[-1] == v.shape[-1]:
-        raise ValueError(f"q, k and v must have the same head dim, got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
+    """Shapes and dtypes of the results (out like q, compact; lse float32 q.shape[:-1]). The extension's
+    validator judges the call on stand-ins of the fake tensors' shapes and dtypes (index values read as
+    zeros), so that a traced call fails where it is written, with the eager call's messages."""
+    given = {"window": window, "softcap": softcap, "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad,
+             "block_table": block_table, "num_splits": num_splits}
+    options = {name: stand_in(value) for name, value in given.items() if not _is_default(name, value)}
+    cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
+                             backend=backend, **options)
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
