@@ -640,6 +640,8 @@ def test_overhead_on_gpu(tmp_path):
     paths = {r["what"]: r for r in doc["tiny"]}
     assert any(r["path"] == "torch" and r["status"] == "ok" and r["us_per_call"] > 0 for r in doc["tiny"])
     assert paths["torch sdpa_flash"]["status"] in ("ok", "unavailable")
+    options = [r for what, r in paths.items() if what.endswith("window+softcap+cache_seqlens")]
+    assert len(options) == 1 and options[0]["status"] == "ok" and options[0]["us_per_call"] > 0
     assert all(r["status"] == "ok" and r["ms_synchronized"] > 0 for r in doc["synchronized"]), doc["synchronized"]
     if shutil.which("nvidia-smi"):
         assert all(r["sm_clock_mhz"] > 0 for r in doc["synchronized"]), doc["synchronized"]

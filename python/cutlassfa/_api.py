@@ -7,7 +7,6 @@ that backend is `cpu` the arguments come back validated and numpy computes (cutl
 from __future__ import annotations
 
 import functools
-import math
 import pathlib
 from dataclasses import dataclass
 from typing import Any

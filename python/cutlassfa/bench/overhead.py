@@ -23,6 +23,7 @@ from .. import hw4
 from .._inputs import Case
 from .._provenance import sm_clock_mhz
 from .._text import first_line, format_table
+from ..check.variant_inputs import index_to_framework
 from .frames import Frame
 from .timing import median
 
@@ -98,6 +99,11 @@ def tiny_call_rows(frame: Frame, calls: int) -> list[OverheadRow]:
                      lambda: cutlassfa.forward(*dev)))
         runs.append((OverheadRow(f"{frame.name} {backend} causal+lse", frame.name, backend, (b, h, n, d),
                                  TINY.dtype), lambda: cutlassfa.forward(*dev, causal=True, return_lse=True)))
+        # The options of a serving call: a window, softcap and the cache lengths on the device.
+        lengths = index_to_framework(np.array([n], np.int32), frame.name)
+        runs.append((OverheadRow(f"{frame.name} {backend} window+softcap+cache_seqlens", frame.name, backend,
+                                 (b, h, n, d), TINY.dtype),
+                     lambda: cutlassfa.forward(*dev, causal=True, window=(8, 0), softcap=30.0, cache_seqlens=lengths)))
         sdpa = _sdpa_flash(frame, dev)
         if isinstance(sdpa, str):
             rows.append(OverheadRow("torch sdpa_flash", "torch", "sdpa_flash", (b, h, n, d), TINY.dtype,
