@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# An earlier build against this tree's, on one GPU machine in one device call: each is built for 90a into
+# its own directory, then every bench grid named runs with the earlier build, the later one, and the
+# earlier one again (so that drift in the GPU's clock shows as a before/before difference), and
+# scripts/compare_bench.py reports the later / earlier speed per grid.
+#   bash scripts/bench_before_after.sh OLD_TREE 'GRID ARGS' ['GRID ARGS' ...]
+# OLD_TREE: a source tree of the earlier commit (e.g. `git archive` of it, carried in an ignored folder).
+# Example: bash scripts/bench_before_after.sh .old '--quick' '--decode --quick --graph'
+# $OUT gets compare.log and bench.tgz (every grid's before-N / after-N / again-N JSON and log, and the
+# build logs: the device tool brings back few files). Needs .whl/ (the CUTLASS wheel).
+set -uo pipefail
+old=$1; shift
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+build() {  # build SOURCE TARGET
+  local start=$(date +%s)
+  PYTHONPATH=/tmp/site python3 -m pip install -q --no-build-isolation --no-deps --target "$2" \
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a -C build-dir="/tmp/build-$(basename "$2")" "$1" \
+    >"$OUT/build-$(basename "$2").log" 2>&1 || { tail -30 "$OUT/build-$(basename "$2").log"; return 1; }
+  echo "built $1 in $(( $(date +%s) - start )) s"
+}
+build "$old" /tmp/site_before & b1=$!
+build . /tmp/site_after & b2=$!
+wait $b1 || exit 1
+wait $b2 || exit 1
+n=0
+for grid in "$@"; do
+  n=$((n + 1))
+  for run in before after again; do
+    site=/tmp/site_$([ "$run" = after ] && echo after || echo before)
+    # shellcheck disable=SC2086
+    (cd /tmp && PYTHONPATH="$site:/tmp/site" python3 -m cutlassfa.cli bench $grid --no-progress \
+      --json "$OUT/$run-$n.json" >"$OUT/$run-$n.log" 2>&1) || echo "grid $n ($run) failed: $(tail -3 "$OUT/$run-$n.log")"
+  done
+  echo "grid $n: $grid" | tee -a "$OUT/compare.log"
+  python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/after-$n.json" | tee -a "$OUT/compare.log"
+  python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/again-$n.json" | sed 's/^/  (before again) /' |
+    tee -a "$OUT/compare.log"
+done
+(cd "$OUT" && tar czf bench.tgz ./*.json ./*.log && rm -f ./*.json before-*.log after-*.log again-*.log build-*.log)
