@@ -15,7 +15,7 @@
 #include "cutlassfa/config.h"
 #include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
-#include "sm80/decode_kernel.h"
+#include "sm90decode/decode_kernel.h"
 
 namespace cutlassfa {
 
