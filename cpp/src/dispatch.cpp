@@ -73,10 +73,10 @@ namespace {
 
 // The tensor-core kernel for `params` (num_splits included: the warp-specialized kernel runs one pass).
 // The order is the preference; each step past the decode kernel is a family that covers the call.
-Kernel tensorcore_kernel(Backend backend, int device, const FwdParams& params) {
+Kernel tensorcore_kernel(Backend backend, int device, int capability, const FwdParams& params) {
   // A few query rows per K/V head against a cache: the decode kernel (both backends: it is an mma.sync
   // kernel, and decode is bound by memory, not by the MMA).
-  if (sm90_decode_covers(params, device_capability(device))) return Kernel::kSm90Decode;
+  if (sm90_decode_covers(params, capability)) return Kernel::kSm90Decode;
   if (backend == Backend::kTensorCoreSm80) return Kernel::kSm80;
   // The narrower head dims (d <= 32) run on mma.sync even on sm_90 (wgmma_head_dim).
   if (tensorcore_family(device) != Family::kWgmma || !wgmma_head_dim(params.head_dim)) return Kernel::kSm80;
@@ -169,6 +169,7 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     case Backend::kTensorCore:
     case Backend::kTensorCoreSm80: break;
   }
+  int const capability = device_capability(device);
   plan.pack_gqa = packs_gqa(params);
   FwdParams p = plan.pack_gqa ? packed_gqa(params) : params;
   bool const decode_step = params.seqlen_q <= 64 && params.dtype != DType::kFloat32;
@@ -178,7 +179,7 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     // The kernel and tile that run the call split: the warp-specialized kernel runs one pass, so a split
     // is sized for (and runs on) the kernel the planner takes when it does not cover the call.
     p.num_splits = 2;
-    Kernel const split_kernel = tensorcore_kernel(backend, device, p);
+    Kernel const split_kernel = tensorcore_kernel(backend, device, capability, p);
     KernelTile const tile = kernel_tile(split_kernel, p);
     if (splits == 0) {
       int const sms = device_multiprocessors(device);
@@ -194,7 +195,7 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     }
   }
   p.num_splits = 1;
-  plan.kernel = tensorcore_kernel(backend, device, p);
+  plan.kernel = tensorcore_kernel(backend, device, capability, p);
   plan.tile = kernel_tile(plan.kernel, p);
   return plan;
 }
