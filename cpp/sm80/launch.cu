@@ -1,5 +1,6 @@
 // launch_sm80: the mma.sync tensor-core family's entry point. The dtype / head-dim switch onto the
-// kernels instantiated from the head-dim list (cpp/sm80/instantiate.cu.in), and the fp32 path.
+// kernels instantiated from the head-dim list (cpp/sm80/instantiate.cu.in), the fp32 path, and the tile
+// of a call for the planner (sm80_tile).
 //
 // fp32 inputs are read by the kernel itself (run_fwd_fp32): it splits q and k into fp16 hi + lo on
 // the way to shared memory and computes S = QK^T with three fp16 MMAs (hi hi, hi lo, lo hi), V and P
@@ -15,8 +16,20 @@
 #include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
 #include "sm80/launch_fwd.h"
+#include "sm80/tile_config.h"
 
 namespace cutlassfa {
+
+KernelTile sm80_tile(const FwdParams& params) {
+  bool const fp32 = params.dtype == DType::kFloat32;
+  return tile_switch<true, CUTLASSFA_SM80_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+    constexpr int kHeadDim = decltype(head_dim)::value;
+    using Tile = sm80::TileConfig<kHeadDim>;       // DefaultFwdTraits
+    using Fp32 = sm80::TileConfigFp32<kHeadDim>;  // Fp32FwdTraits
+    return fp32 ? KernelTile{kHeadDim, Fp32::kBlockM, Fp32::kBlockN}
+                : KernelTile{kHeadDim, Tile::kBlockM, Tile::kBlockN};
+  });
+}
 
 cudaError_t launch_sm80(const FwdParams& params, cudaStream_t stream) {
   if (!tensorcore_aligned(params)) { return cudaErrorInvalidValue; }

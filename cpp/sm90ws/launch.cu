@@ -1,5 +1,5 @@
-// launch_sm90ws: what the warp-specialized Hopper kernel covers (cpp/sm90ws/launch.h), and the switch to
-// the instantiation of a (dtype, head dim).
+// launch_sm90ws: what the warp-specialized Hopper kernel covers (cpp/sm90ws/launch.h), the tile of a call
+// (for the planner), and the switch to the instantiation of a (dtype, head dim).
 #include <cuda_runtime.h>
 
 #include <cutlass/numeric_types.h>
@@ -12,6 +12,7 @@
 #include "sm90ws/head_dims.h"
 #include "sm90ws/launch.h"
 #include "sm90ws/launch_fwd.h"
+#include "sm90ws/tile_config.h"
 #include "sm90ws/tma_extents.h"
 
 namespace cutlassfa {
@@ -26,30 +27,6 @@ bool tma_strides(long long batch_stride, long long head_stride, long long row_st
     return extent <= 1 || (stride > 0 && stride * elem_bytes < (1ll << 40));
   };
   return ok(batch_stride, batch) && ok(head_stride, heads) && ok(row_stride, rows);
-}
-
-bool in_scope(const FwdParams& p) {
-  // Dense tensors, or a varlen batch (both cu_seqlens: packed q and k / v); no KV cache, no split.
-  bool const packed = p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr;
-  bool const layout = packed || (p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr);
-  bool const no_cache = p.seqlens_k == nullptr && p.leftpad_k == nullptr && p.block_table == nullptr &&
-                        p.num_splits <= 1;
-  sm90ws::TmaExtents const e = sm90ws::tma_extents(p, packed);
-  bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
-  // fp32: dense only; the TMA reads q itself, and k, v as the split pre-pass's contiguous fp16 rows.
-  bool const fp32 = p.dtype == DType::kFloat32 && !packed;
-  int const eb = halves ? 2 : 4;
-  bool const inputs_tma =
-      tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
-      (fp32 || (tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
-                tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb)));
-  bool const listed = fp32     ? head_dim_listed<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(p.head_dim)
-                      : packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
-                               : head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim);
-  // Any window: the mask, the trip counts and the masked steps at either edge are common/mask.h's.
-  return layout && no_cache && (halves || fp32) && p.softcap_pre == 0.f && e.rows_q > 0 && e.rows_k > 0 && listed &&
-         tensorcore_aligned(p) && inputs_tma &&
-         tma_strides(p.o_batch_stride, p.o_head_stride, p.o_row_stride, e.batch, p.heads_q, e.rows_q, eb);
 }
 
 // fp32: the split pre-pass of K and V into a stream-ordered workspace (the kernel splits Q itself,
@@ -68,9 +45,49 @@ cudaError_t run_fp32(const FwdParams& params, cudaStream_t stream) {
 
 }  // namespace
 
+bool sm90ws_covers(const FwdParams& p) {
+  // Dense tensors, or a varlen batch (both cu_seqlens: packed q and k / v); no KV cache, no split.
+  bool const packed = p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr;
+  bool const layout = packed || (p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr);
+  bool const no_cache = p.seqlens_k == nullptr && p.leftpad_k == nullptr && p.block_table == nullptr &&
+                        p.num_splits <= 1;
+  sm90ws::TmaExtents const e = sm90ws::tma_extents(p, packed);
+  bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
+  // fp32: dense only; the TMA reads q itself, and k, v as the split pre-pass's contiguous fp16 rows.
+  bool const fp32 = p.dtype == DType::kFloat32 && !packed;
+  int const eb = halves ? 2 : 4;
+  bool const inputs_tma =
+      tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
+      (fp32 || (tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
+                tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb)));
+  bool const listed = fp32     ? head_dim_listed<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(p.head_dim)
+                      : packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
+                               : head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim);
+  // Any window: the mask, the trip counts and the masked steps at either edge are common/mask.h's.
+  return p.seqlen_k > 0 && layout && no_cache && (halves || fp32) && p.softcap_pre == 0.f && e.rows_q > 0 &&
+         e.rows_k > 0 && listed && tensorcore_aligned(p) && inputs_tma &&
+         tma_strides(p.o_batch_stride, p.o_head_stride, p.o_row_stride, e.batch, p.heads_q, e.rows_q, eb);
+}
+
+KernelTile sm90ws_tile(const FwdParams& params) {
+  auto tile = [](auto head_dim, auto config) {
+    using Tile = decltype(config);  // Traits::Tile
+    return KernelTile{decltype(head_dim)::value, Tile::kBlockM, Tile::kBlockN};
+  };
+  if (params.dtype == DType::kFloat32) {
+    return tile_switch<false, CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+      return tile(head_dim, sm90ws::TileConfigFp32<decltype(head_dim)::value>{});
+    });
+  }
+  // The varlen instantiation (Traits::kVarlen) has the dense one's tile.
+  return tile_switch<false, CUTLASSFA_SM90WS_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+    return tile(head_dim, sm90ws::TileConfig<decltype(head_dim)::value>{});
+  });
+}
+
 cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream) {
   if (params.batch == 0 || params.heads_q == 0 || params.seqlen_q == 0) { return cudaSuccess; }
-  if (params.seqlen_k <= 0 || !in_scope(params)) { return cudaErrorNotSupported; }
+  if (!sm90ws_covers(params)) { return cudaErrorNotSupported; }
   if (params.dtype == DType::kFloat32) { return run_fp32(params, stream); }
   return fp16_switch(params.dtype, [&](auto element) {
     using Element = decltype(element);

@@ -8,16 +8,19 @@
 
 namespace cutlassfa {
 
-// (Declared in cutlassfa/launch.h, for the dispatch.) Enqueues the kernel on `stream` and returns the
-// first CUDA error (never synchronizes). Covers fp16 / bf16, head dims of CUTLASSFA_SM90WS_HEAD_DIMS
-// (exactly), dense (batch, heads, seqlen, d) tensors or a varlen batch (packed (total, heads, d) with
-// both cu_seqlens; head dims of CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS), base and batch / head / row strides
-// 16-byte aligned (the TMA descriptors), any seqlen_q and seqlen_k, any window (causal = (-1, 0);
-// common/mask.h), GQA / MQA, lse; and fp32 dense tensors at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, K and V
-// through the split pre-pass (cutlassfa/split_fp32.h), Q split in the kernel (q and o aligned as above).
-// Anything else (softcap, KV caches, paged caches, left padding, split keys, fp32 varlen, other head
-// dims, unaligned tensors) returns cudaErrorNotSupported before any launch, so that the caller can fall
-// back to another kernel. The caller has checked that the device is sm_90.
+// (Declared in cutlassfa/launch.h, for the planner.) sm90ws_covers: whether the kernel runs a call, pure
+// (no launch). It covers fp16 / bf16, head dims of CUTLASSFA_SM90WS_HEAD_DIMS (exactly), dense (batch,
+// heads, seqlen, d) tensors or a varlen batch (packed (total, heads, d) with both cu_seqlens; head dims of
+// CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS), base and batch / head / row strides 16-byte aligned and below 2^40
+// bytes (the TMA descriptors), any seqlen_q, seqlen_k >= 1, any window (causal = (-1, 0); common/mask.h),
+// GQA / MQA, lse; and fp32 dense tensors at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, K and V through the split
+// pre-pass (cutlassfa/split_fp32.h), Q split in the kernel (q and o aligned as above). Not: softcap, KV
+// caches, paged caches, left padding, split keys, fp32 varlen, other head dims, unaligned tensors.
+// launch_sm90ws enqueues the kernel on `stream` and returns the first CUDA error (never synchronizes); a
+// call outside sm90ws_covers returns cudaErrorNotSupported before any launch (the planner never makes
+// one; the self-test checks the refusal). The caller has checked that the device is sm_90.
+bool sm90ws_covers(const FwdParams& params);
+KernelTile sm90ws_tile(const FwdParams& params);
 cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 
 }  // namespace cutlassfa

@@ -8,7 +8,7 @@
 # where listed) those of the varlen instantiation; JOBS (default: all at once) how many
 # objects compile together; NVCC_FLAGS extra flags (-DNDEBUG, -Xptxas=-v); TILES tile overrides for
 # measurements, "d=kBlockM,kBlockN,kStages,pingpong ..." (e.g. TILES="64=128,128,2,1 256=128,80,2,1";
-# sm90ws/kernel_traits.h, TileConfig). BENCH_SHAPES="B,H,N ..." sets the timed shapes (default 4,16,8192).
+# sm90ws/tile_config.h, TileConfig). BENCH_SHAPES="B,H,N ..." sets the timed shapes (default 4,16,8192).
 set -uo pipefail
 build=${BUILD_DIR:-/tmp/sm90ws_selftest}
 mkdir -p "$build"
@@ -34,7 +34,7 @@ sed -e "s/@CUTLASSFA_SM90WS_HEAD_DIMS_CSV@/$(csv "$head_dims")/" \
     -e "s/@CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS_CSV@/$(csv "$varlen_head_dims")/" \
     -e "s/@CUTLASSFA_SM90WS_FP32_HEAD_DIMS_CSV@//" cpp/sm90ws/head_dims.h.in \
     > "$build/generated/sm90ws/head_dims.h"
-: > "$build/generated/sm90ws/tile_overrides.h"  # included by sm90ws/kernel_traits.h
+: > "$build/generated/sm90ws/tile_overrides.h"  # included by sm90ws/tile_config.h
 for t in ${TILES:-}; do
   echo "#define CUTLASSFA_SM90WS_TILE_D${t%%=*} ${t#*=}" >> "$build/generated/sm90ws/tile_overrides.h"
 done

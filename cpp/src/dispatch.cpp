@@ -1,5 +1,6 @@
-// The one run-time dispatch from a backend to its kernel family. The tensor-core family was chosen
-// once per device (backends.cpp).
+// The planner (which kernel, which instantiation, how many key splits, GQA packing) and the execution of
+// a plan. The tensor-core family of a device was chosen once (backends.cpp); what each kernel covers and
+// the tile it runs with come from the families themselves (cutlassfa/launch.h).
 #include "cutlassfa/dispatch.h"
 
 #include <algorithm>
@@ -10,69 +11,41 @@
 #include "cutlassfa/workspace.h"
 
 namespace cutlassfa {
+
+// ---- Families absent from this build: they cover nothing ----------------------------------------------
 #if !CUTLASSFA_HAS_SM80
-// Built without any sm_80+ architecture: the tensor-core families are absent.
+// Built without any sm_80+ architecture: the tensor-core backends are unavailable (backends.cpp).
+KernelTile sm80_tile(const FwdParams&) { return {}; }
 cudaError_t launch_sm80(const FwdParams&, cudaStream_t) { return cudaErrorNoKernelImageForDevice; }
 #endif
-#if !CUTLASSFA_HAS_SM80
-bool sm80_decode_covers(const FwdParams&) { return false; }
-cudaError_t launch_sm80_decode(const FwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
+#if !CUTLASSFA_HAS_SM90DECODE
+bool sm90_decode_covers(const FwdParams&, int) { return false; }
+KernelTile sm90_decode_tile(const FwdParams&) { return {}; }
+cudaError_t launch_sm90_decode(const FwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
 #endif
 #if !CUTLASSFA_HAS_SM90
-cudaError_t launch_sm90(const FwdParams&, cudaStream_t) { return cudaErrorNoKernelImageForDevice; }
+bool sm90_covers(const FwdParams&) { return false; }
+KernelTile sm90_tile(const FwdParams&) { return {}; }
+cudaError_t launch_sm90(const FwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
+#endif
+#if !CUTLASSFA_HAS_SM90WS
+bool sm90ws_covers(const FwdParams&) { return false; }
+KernelTile sm90ws_tile(const FwdParams&) { return {}; }
+cudaError_t launch_sm90ws(const FwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
 #endif
 
-namespace {
-
-// The tensor-core kernel of `backend` for these params.
-cudaError_t launch_tensorcore(Backend backend, const FwdParams& params, cudaStream_t stream) {
-  // A few query rows per K/V head against a cache: the decode kernel (both families: it is an mma.sync
-  // kernel, and decode is bound by memory, not by the MMA).
-  cudaError_t const decode = launch_sm80_decode(params, stream);
-  if (decode != cudaErrorNotSupported) return decode;
-  if (backend == Backend::kTensorCoreSm80) return launch_sm80(params, stream);
-  int device = 0;
-  cudaError_t const err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  // (fp32 calls the wgmma family's pre-pass cannot lay out go on to mma.sync inside launch_sm90.)
-  bool const wgmma = tensorcore_family(device) == Family::kWgmma && wgmma_head_dim(params.head_dim);
-  if (!wgmma) return launch_sm80(params, stream);
-#if CUTLASSFA_HAS_SM90WS
-  // A problem of a tile or two runs sooner on mma.sync: the warp-specialized kernel's set-up (barriers,
-  // descriptor prefetch, role split) costs about 1 us of GPU time that so little work cannot hide
-  // (H200, fp16, CUDA graph: (1, 1, 16, 64) 4.3 vs 4.9 us, (1, 8, 128, 64) 5.1 vs 6.3 us;
-  // (1, 32, 128, 128) 7.7 vs 7.5 us, bench/NOTES-callpath.md).
-  bool const tiny = params.dtype != DType::kFloat32 && params.seqlen_q <= 128 && params.seqlen_k <= 128 &&
-                    static_cast<long long>(params.batch) * params.heads_q <= 8;
-  if (tiny) return launch_sm80(params, stream);
-  // The warp-specialized kernel where it covers the call (dense fp16 / bf16 of its head dims, varlen at
-  // some, any window, no softcap); the wgmma kernel for everything else.
-  cudaError_t const ws = launch_sm90ws(params, stream);
-  if (ws != cudaErrorNotSupported) return ws;
-#endif
-  return launch_sm90(params, stream);
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kNaive: return "naive";
+    case Kernel::kSmallTile: return "small_tile";
+    case Kernel::kLargeTile: return "large_tile";
+    case Kernel::kSm80: return "sm80";
+    case Kernel::kSm90: return "sm90";
+    case Kernel::kSm90ws: return "sm90ws";
+    case Kernel::kSm90Decode: return "sm90decode";
+  }
+  return "unknown";
 }
-
-// Split keys: fp32 partials (num_splits, B, Hq, Nq, d) and their lse (num_splits, B, Hq, Nq) from the
-// workspace pool, the kernel, then the combine into o and lse; the partials are released in stream order.
-cudaError_t run_split(Backend backend, const FwdParams& params, cudaStream_t stream) {
-  size_t const rows = static_cast<size_t>(params.num_splits) * params.batch * params.heads_q * params.seqlen_q;
-  size_t const o_bytes = rows * params.head_dim * sizeof(float);
-  void* buffer = nullptr;
-  cudaError_t err = workspace_alloc(&buffer, o_bytes + rows * sizeof(float), stream);
-  if (err != cudaSuccess) return err;
-  FwdParams split = params;
-  split.o_accum = static_cast<float*>(buffer);
-  split.lse_accum = reinterpret_cast<float*>(static_cast<char*>(buffer) + o_bytes);  // o_bytes is a multiple of 16
-  err = launch_tensorcore(backend, split, stream);
-  if (err == cudaSuccess) err = launch_split_combine(split, stream);
-  cudaError_t const free_err = workspace_free(buffer, stream);
-  return err != cudaSuccess ? err : free_err;
-}
-
-}  // namespace
-
-bool splits_keys(Backend backend) { return backend == Backend::kTensorCore || backend == Backend::kTensorCoreSm80; }
 
 bool packs_gqa(const FwdParams& params) {
   return params.seqlen_q == 1 && params.heads_ratio > 1 && params.cu_seqlens_q == nullptr &&
@@ -94,29 +67,48 @@ FwdParams packed_gqa(const FwdParams& params) {
   return p;
 }
 
-cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream) {
-  if (splits_keys(backend) && packs_gqa(params)) { return run_forward(backend, packed_gqa(params), stream); }
-  if (params.num_splits > 1 && !splits_keys(backend)) {
-    FwdParams one_pass = params;
-    one_pass.num_splits = 1;
-    return run_forward(backend, one_pass, stream);
+namespace {
+
+// ---- Which kernel ---------------------------------------------------------------------------------------
+
+// The tensor-core kernel for `params` (num_splits included: the warp-specialized kernel runs one pass).
+// The order is the preference; each step past the decode kernel is a family that covers the call.
+Kernel tensorcore_kernel(Backend backend, int device, int capability, const FwdParams& params) {
+  // A few query rows per K/V head against a cache: the decode kernel (both backends: it is an mma.sync
+  // kernel, and decode is bound by memory, not by the MMA).
+  if (sm90_decode_covers(params, capability)) return Kernel::kSm90Decode;
+  if (backend == Backend::kTensorCoreSm80) return Kernel::kSm80;
+  // The narrower head dims (d <= 32) run on mma.sync even on sm_90 (wgmma_head_dim).
+  if (tensorcore_family(device) != Family::kWgmma || !wgmma_head_dim(params.head_dim)) return Kernel::kSm80;
+  if (CUTLASSFA_HAS_SM90WS) {
+    // A problem of a tile or two runs sooner on mma.sync: the warp-specialized kernel's set-up (barriers,
+    // descriptor prefetch, role split) costs about 1 us of GPU time that so little work cannot hide
+    // (H200, fp16, CUDA graph: (1, 1, 16, 64) 4.3 vs 4.9 us, (1, 8, 128, 64) 5.1 vs 6.3 us;
+    // (1, 32, 128, 128) 7.7 vs 7.5 us, bench/NOTES-callpath.md).
+    bool const tiny = params.dtype != DType::kFloat32 && params.seqlen_q <= 128 && params.seqlen_k <= 128 &&
+                      static_cast<long long>(params.batch) * params.heads_q <= 8;
+    if (tiny) return Kernel::kSm80;
+    if (sm90ws_covers(params)) return Kernel::kSm90ws;
   }
-  switch (backend) {
-    case Backend::kNaive: return launch_naive(params, stream);
-    case Backend::kSmallTile: return launch_small_tile(params, stream);
-    case Backend::kLargeTile: return launch_large_tile(params, stream);
-    case Backend::kTensorCoreSm80:
-    case Backend::kTensorCore:
-      return params.num_splits > 1 ? run_split(backend, params, stream) : launch_tensorcore(backend, params, stream);
-  }
-  return cudaErrorInvalidValue;
+  // fp32 calls the wgmma pre-pass cannot lay out (paged, varlen, zero-padded head dims) run on mma.sync.
+  return sm90_covers(params) ? Kernel::kSm90 : Kernel::kSm80;
 }
 
-namespace {
+KernelTile kernel_tile(Kernel kernel, const FwdParams& params) {
+  switch (kernel) {
+    case Kernel::kSm80: return sm80_tile(params);
+    case Kernel::kSm90: return sm90_tile(params);
+    case Kernel::kSm90ws: return sm90ws_tile(params);
+    case Kernel::kSm90Decode: return sm90_decode_tile(params);
+    default: return {};  // the CUDA-core kernels do not split keys
+  }
+}
+
+// ---- How many splits --------------------------------------------------------------------------------------
 
 // The decode kernel (one CTA per batch entry, K/V head and split) streams memory. Its splits fill the
 // multiprocessors once, one CTA each (a second, partial wave would run on a few multiprocessors alone):
-// two a multiprocessor (kSm80DecodeCtasPerSm resident) were 3-15 % slower for the same bytes, except
+// two a multiprocessor (kSm90DecodeCtasPerSm resident) were 3-15 % slower for the same bytes, except
 // with 32 query rows (two MMA slabs: twice the math a byte) on long splits, where the second CTA
 // hides the first one's math (B 8, 32:4 heads, 4 causal queries, 128k keys: 507 against 572 us).
 // A split holds at least kMinKeysPerSplit keys (a step or two of every warp): a small cache split
@@ -125,7 +117,7 @@ namespace {
 int decode_num_splits(int sms, const FwdParams& params) {
   constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;
   long long const ctas = static_cast<long long>(params.batch) * params.heads_kv;
-  long long const slots = static_cast<long long>(sms) * kSm80DecodeCtasPerSm;
+  long long const slots = static_cast<long long>(sms) * kSm90DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
   bool const two_slabs = static_cast<long long>(params.seqlen_q) * params.heads_ratio > 16;
   bool const two_per_sm = two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm;
@@ -134,22 +126,24 @@ int decode_num_splits(int sms, const FwdParams& params) {
   return static_cast<int>(std::max(1ll, std::min(splits, most)));
 }
 
-}  // namespace
-
-int choose_num_splits(int device, const FwdParams& unpacked) {
-  constexpr int kBlockM = 64, kBlockN = 128, kMaxSplits = 128;
+// The tile kernels: from the CTAs of one pass (batch * heads * query tiles of the kernel's kBlockM),
+// its key tiles (kBlockN keys) and the multiprocessors: 1 when the unsplit grid already fills the
+// device, else the fewest splits that give at least 1.5 waves of CTAs with a full last wave (or the
+// fullest), each split at least 8 key tiles long.
+int tile_num_splits(int sms, const FwdParams& params, KernelTile tile) {
+  constexpr int kMaxSplits = 128;
   // Decode is memory-bound: at least 1.5 waves of CTAs keep the memory system busy while one CTA's
   // pipeline fills or drains, a split of fewer than 8 key tiles costs more in partials than it saves,
   // and the last wave should be full (H200, bf16, Hq 32 / Hkv 8, d 128, B 1 x 128k keys: 256 CTAs
-  // 140 us, 128 CTAs 153 us; B 8 x 16k: 512 CTAs 137 us, 320 CTAs (2.4 waves) 172 us).
+  // 140 us, 128 CTAs 153 us; B 8 x 16k: 512 CTAs 137 us, 320 CTAs (2.4 waves) 172 us; measured with
+  // the wgmma kernel's 64 x 128 tile).
   constexpr float kMinWaves = 1.5f, kFullWave = 0.95f;
   constexpr int kMinTilesPerSplit = 8;
-  FwdParams const params = packs_gqa(unpacked) ? packed_gqa(unpacked) : unpacked;
-  int const sms = device_multiprocessors(device);
-  if (sm80_decode_covers(params)) return decode_num_splits(sms, params);
-  long long const ctas = static_cast<long long>(params.batch) * params.heads_q * ((params.seqlen_q + kBlockM - 1) / kBlockM);
-  int const key_tiles = (params.seqlen_k + kBlockN - 1) / kBlockN;
-  if (sms <= 0 || ctas >= 0.8 * sms) return 1;  // the unsplit grid fills the device
+  if (sms <= 0 || tile.block_m <= 0 || tile.block_n <= 0) return 1;
+  long long const ctas =
+      static_cast<long long>(params.batch) * params.heads_q * ((params.seqlen_q + tile.block_m - 1) / tile.block_m);
+  int const key_tiles = (params.seqlen_k + tile.block_n - 1) / tile.block_n;
+  if (ctas >= 0.8 * sms) return 1;  // the unsplit grid fills the device
   int const most = std::min(kMaxSplits, std::max(1, key_tiles / kMinTilesPerSplit));
   auto waves = [&](int s) { return static_cast<float>(ctas * s) / sms; };
   auto fullness = [&](int s) { return waves(s) / std::ceil(waves(s)); };  // of the last wave
@@ -163,20 +157,106 @@ int choose_num_splits(int device, const FwdParams& unpacked) {
   return best;
 }
 
+}  // namespace
+
+Plan make_plan(Backend backend, int device, const FwdParams& params, int requested_splits) {
+  Plan plan;
+  plan.backend = backend;
+  switch (backend) {
+    case Backend::kNaive: plan.kernel = Kernel::kNaive; return plan;
+    case Backend::kSmallTile: plan.kernel = Kernel::kSmallTile; return plan;
+    case Backend::kLargeTile: plan.kernel = Kernel::kLargeTile; return plan;
+    case Backend::kTensorCore:
+    case Backend::kTensorCoreSm80: break;
+  }
+  int const capability = device_capability(device);
+  plan.pack_gqa = packs_gqa(params);
+  FwdParams p = plan.pack_gqa ? packed_gqa(params) : params;
+  bool const decode_step = params.seqlen_q <= 64 && params.dtype != DType::kFloat32;
+  int splits = requested_splits > 0 ? requested_splits : 1;
+  if (requested_splits == kChooseSplits || (requested_splits == kDefaultSplits && decode_step)) splits = 0;
+  if (splits != 1) {
+    // The kernel and tile that run the call split: the warp-specialized kernel runs one pass, so a split
+    // is sized for (and runs on) the kernel the planner takes when it does not cover the call.
+    p.num_splits = 2;
+    Kernel const split_kernel = tensorcore_kernel(backend, device, capability, p);
+    KernelTile const tile = kernel_tile(split_kernel, p);
+    if (splits == 0) {
+      int const sms = device_multiprocessors(device);
+      splits = split_kernel == Kernel::kSm90Decode ? decode_num_splits(sms, p) : tile_num_splits(sms, p, tile);
+    }
+    // More than one split per key tile would only add empty partials; past kMaxCombinedSplits, the
+    // combine's lse_s would not fit its shared memory (and the schedule changes nothing but rounding).
+    int const key_tiles = tile.block_n > 0 ? (p.seqlen_k + tile.block_n - 1) / tile.block_n : 1;
+    splits = std::max(1, std::min({splits, key_tiles, kMaxCombinedSplits}));
+    if (splits > 1) {
+      plan.kernel = split_kernel, plan.tile = tile, plan.num_splits = splits;
+      return plan;
+    }
+  }
+  p.num_splits = 1;
+  plan.kernel = tensorcore_kernel(backend, device, capability, p);
+  plan.tile = kernel_tile(plan.kernel, p);
+  return plan;
+}
+
+namespace {
+
+// The plan's kernel on params already packed and split as the plan says.
+cudaError_t launch_kernel(Kernel kernel, const FwdParams& params, cudaStream_t stream) {
+  cudaError_t err = cudaErrorInvalidValue;
+  switch (kernel) {
+    case Kernel::kNaive: return launch_naive(params, stream);
+    case Kernel::kSmallTile: return launch_small_tile(params, stream);
+    case Kernel::kLargeTile: return launch_large_tile(params, stream);
+    case Kernel::kSm80: err = launch_sm80(params, stream); break;
+    case Kernel::kSm90: err = launch_sm90(params, stream); break;
+    case Kernel::kSm90ws: err = launch_sm90ws(params, stream); break;
+    case Kernel::kSm90Decode: err = launch_sm90_decode(params, stream); break;
+  }
+  // The plan chose this kernel because its family covers the call: a refusal means the covers()
+  // and the launcher disagree, an internal error, not a reason to try another kernel.
+  return err == cudaErrorNotSupported ? cudaErrorInvalidValue : err;
+}
+
+// Split keys: fp32 partials (num_splits, B, Hq, Nq, d) and their lse (num_splits, B, Hq, Nq) from the
+// workspace pool, the kernel, then the combine into o and lse; the partials are released in stream order.
+cudaError_t run_split(Kernel kernel, const FwdParams& params, cudaStream_t stream) {
+  size_t const rows = static_cast<size_t>(params.num_splits) * params.batch * params.heads_q * params.seqlen_q;
+  size_t const o_bytes = rows * params.head_dim * sizeof(float);
+  void* buffer = nullptr;
+  cudaError_t err = workspace_alloc(&buffer, o_bytes + rows * sizeof(float), stream);
+  if (err != cudaSuccess) return err;
+  FwdParams split = params;
+  split.o_accum = static_cast<float*>(buffer);
+  split.lse_accum = reinterpret_cast<float*>(static_cast<char*>(buffer) + o_bytes);  // o_bytes is a multiple of 16
+  err = launch_kernel(kernel, split, stream);
+  if (err == cudaSuccess) err = launch_split_combine(split, stream);
+  cudaError_t const free_err = workspace_free(buffer, stream);
+  return err != cudaSuccess ? err : free_err;
+}
+
+}  // namespace
+
+cudaError_t run_plan(const Plan& plan, const FwdParams& params, cudaStream_t stream) {
+  FwdParams p = plan.pack_gqa ? packed_gqa(params) : params;
+  p.num_splits = plan.num_splits;
+  return plan.num_splits > 1 ? run_split(plan.kernel, p, stream) : launch_kernel(plan.kernel, p, stream);
+}
+
+cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t const err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  return run_plan(make_plan(backend, device, params, std::max(1, params.num_splits)), params, stream);
+}
+
 int resolve_num_splits(Backend backend, int device, const FwdParams& params, int requested) {
-  if (!splits_keys(backend)) return 1;
-  int const splits = requested > 0 ? requested : choose_num_splits(device, params);
-  // More than one split per 128 keys would only add empty partials; past kMaxCombinedSplits, the
-  // combine's lse_s would not fit its shared memory (and the schedule changes nothing but rounding).
-  return std::max(1, std::min({splits, (params.seqlen_k + 127) / 128, kMaxCombinedSplits}));
+  return make_plan(backend, device, params, requested).num_splits;
 }
 
 int dense_num_splits(Backend backend, int device, const FwdParams& params) {
-  // A call of one query tile is a decode step written as a dense call: one pass would leave most
-  // multiprocessors idle (H200, bf16, B 1, 32:8 heads, 128k keys, d 128: 1.37 ms unsplit, 0.16 ms split).
-  // fp32 keeps one pass: its split-S path has no partials.
-  bool const decode = params.seqlen_q <= 64 && params.dtype != DType::kFloat32;
-  return decode ? resolve_num_splits(backend, device, params, 0) : 1;
+  return make_plan(backend, device, params, kDefaultSplits).num_splits;
 }
 
 }  // namespace cutlassfa

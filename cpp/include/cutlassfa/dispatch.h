@@ -1,22 +1,60 @@
-// The one run-time dispatch from a backend to its kernel family (cpp/src/dispatch.cpp).
+// The plan of one forward call and its execution (cpp/src/dispatch.cpp).
+//
+//   Plan plan = make_plan(backend, device, params, requested_splits);  // pure: chooses, launches nothing
+//   cudaError_t err = run_plan(plan, params, stream);                  // the same params
+//
+// make_plan picks the kernel (the first family in the planner's order whose *_covers accepts the call,
+// cutlassfa/launch.h), its instantiation (head dim, tile), the key splits (sized from that tile) and the
+// GQA packing. run_plan calls only the chosen launcher; a launcher refusing a call its family covers is
+// an internal error (cudaErrorInvalidValue), never a fallback to another kernel. The device is the one
+// the call runs on (current when run_plan is called).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "cutlassfa/backends.h"
+#include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
 
 namespace cutlassfa {
 
-// Enqueues the backend's kernels on `stream` (on the current device); returns the first CUDA error.
-// params.num_splits > 1 on a tensor-core backend: the kernel writes every split into fp32 partials taken
-// from the workspace pool, and a combine kernel merges them into o and lse. The split is a schedule of
-// the tensor-core kernels only: the CUDA-core backends run the same call in one pass, and the result is
-// the same up to rounding either way.
-cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream);
+// The kernels a plan can choose, one per family entry point of cutlassfa/launch.h.
+enum class Kernel : int {
+  kNaive = 0,       // simt/, launch_naive
+  kSmallTile = 1,   // simt/, launch_small_tile
+  kLargeTile = 2,   // simt/, launch_large_tile
+  kSm80 = 3,        // sm80/, mma.sync tiles: every tensor-core call no other family covers
+  kSm90 = 4,        // sm90/, wgmma tiles: the sm_90 calls neither of the next two covers
+  kSm90ws = 5,      // sm90ws/, warp-specialized: dense and varlen one-pass calls
+  kSm90Decode = 6,  // sm90decode/, a few query rows per K/V head against a cache
+};
 
-// Whether `backend` runs params.num_splits > 1 as a split (the tensor-core families).
-bool splits_keys(Backend backend);
+// The kernel's name as the planner's tests and logs spell it ("sm90ws", ...).
+const char* kernel_name(Kernel kernel);
+
+// requested_splits of make_plan: > 0 the caller's num_splits; kChooseSplits (num_splits=None) the
+// planner's count; kDefaultSplits a plain call (no num_splits argument): at most 64 fp16 / bf16 queries
+// (one query tile, a decode step written as a dense call) split as kChooseSplits would, anything else
+// runs in one pass (fp32 included: its split-S path gains nothing from partials).
+constexpr int kChooseSplits = 0;
+constexpr int kDefaultSplits = -1;
+
+struct Plan {
+  Backend backend = Backend::kNaive;
+  Kernel kernel = Kernel::kNaive;
+  KernelTile tile;     // the kernel's instantiation for the call (empty for the CUDA-core kernels)
+  int num_splits = 1;  // > 1: partials of num_splits key ranges in the workspace pool, then the combine
+  bool pack_gqa = false;  // the kernel runs packed_gqa(params)
+};
+
+// Chooses how `backend` runs `params` on `device`; launches nothing and reads only cached device queries.
+// The tensor-core backends split keys (num_splits > 1) and pack GQA decode; the CUDA-core backends run
+// every call in one pass, which gives the same result up to rounding.
+Plan make_plan(Backend backend, int device, const FwdParams& params, int requested_splits);
+
+// Enqueues the plan's kernels on `stream` (on the current device) for the params make_plan was given
+// (params.num_splits is ignored: the plan's count is used); returns the first CUDA error.
+cudaError_t run_plan(const Plan& plan, const FwdParams& params, cudaStream_t stream);
 
 // Decode with GQA (one query row, several query heads on each K/V head, no left window bound): the
 // tensor-core backends run the heads_ratio query heads that share a K/V head as the rows of one tile
@@ -25,19 +63,15 @@ bool splits_keys(Backend backend);
 bool packs_gqa(const FwdParams& params);
 FwdParams packed_gqa(const FwdParams& params);
 
-// The number of key splits for num_splits=None, from the CTAs of one pass (batch * heads * query tiles
-// of 64 rows, after packs_gqa), the key tiles (128 keys each) and the multiprocessors of `device`: 1 when
-// the unsplit grid already fills the device, else the fewest splits that give at least 1.5 waves of
-// CTAs with a full last wave (or the fullest), each split at least 8 key tiles long.
-int choose_num_splits(int device, const FwdParams& params);
+// ---- Wrappers of the calls before the plan (the bindings and cpp/jax/ffi.cpp), over make_plan ----
 
-// The splits a call runs with: 1 on a backend that does not split keys; else `requested` (the
-// num_splits argument; 0: choose_num_splits), at most one split per key tile of 128 and
-// kMaxCombinedSplits in all.
+// make_plan(backend, current device, params, max(1, params.num_splits)) then run_plan.
+cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream);
+
+// make_plan(backend, device, params, requested).num_splits (requested 0: kChooseSplits).
 int resolve_num_splits(Backend backend, int device, const FwdParams& params, int requested);
 
-// The splits of a plain call (no num_splits argument): a call of at most 64 queries (one query tile, a
-// decode step) in fp16 / bf16 splits as num_splits=None would; anything else runs in one pass.
+// make_plan(backend, device, params, kDefaultSplits).num_splits.
 int dense_num_splits(Backend backend, int device, const FwdParams& params);
 
 }  // namespace cutlassfa

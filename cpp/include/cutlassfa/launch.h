@@ -5,9 +5,38 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cutlassfa/params.h"
 
 namespace cutlassfa {
+
+// Each tensor-core family also registers, host-side and without launching anything, what it covers
+// (`*_covers`: the calls its launcher takes; outside them the launcher returns cudaErrorNotSupported
+// before any launch) and the tile it runs a call with (`*_tile`, read from the tile shapes its traits
+// are built from). The planner (cutlassfa/dispatch.h, make_plan) chooses among them; a launcher is only
+// ever called for a call its family covers.
+
+// The instantiation a tensor-core kernel runs a call on: its head dim (the call's, or the next compiled
+// width, zero-padded) and its tile, query rows (kBlockM) by keys a K/V step (kBlockN).
+struct KernelTile {
+  int head_dim = 0;
+  int block_m = 0;
+  int block_n = 0;
+};
+
+// f(std::integral_constant<int, d>) for the compiled head dim d of kHeadDims (ascending) that runs
+// head_dim: equal to it, or with kPadded the next larger one (as common/static_switch.h's switches); an
+// empty KernelTile when there is none.
+template <bool kPadded, int... kHeadDims, class F>
+KernelTile tile_switch(int head_dim, F&& f) {
+  KernelTile tile;
+  (((kPadded ? head_dim <= kHeadDims : head_dim == kHeadDims)
+        ? (tile = f(std::integral_constant<int, kHeadDims>{}), true)
+        : false) ||
+   ...);
+  return tile;
+}
 
 // Three steps through global memory (S = QK^T, softmax, PV): the O(N^2) baseline.
 cudaError_t launch_naive(const FwdParams& params, cudaStream_t stream);
@@ -19,29 +48,41 @@ cudaError_t launch_small_tile(const FwdParams& params, cudaStream_t stream);
 cudaError_t launch_large_tile(const FwdParams& params, cudaStream_t stream);
 
 // Tensor-core FlashAttention-2 through CuTe SM80 mma.sync atoms (sm_80 and up): fp16, bf16, and fp32
-// inputs as split-fp16 products. cpp/sm80/launch.cu.
+// inputs as split-fp16 products. Covers every call the tensor-core backends accept (validation,
+// head_dim_runs): the family the planner falls to when no other covers a call. cpp/sm80/launch.cu.
 cudaError_t launch_sm80(const FwdParams& params, cudaStream_t stream);
+KernelTile sm80_tile(const FwdParams& params);
 
-// Tensor-core FlashAttention with Hopper warpgroup MMA (sm_90a only): fp16, bf16, and fp32 inputs
-// pre-split into fp16 hi/lo. cpp/sm90/launch.cu.
+// Tensor-core FlashAttention with Hopper warpgroup MMA (sm_90a only), cpp/sm90/launch.cu: fp16 / bf16
+// at any head dim up to the widest of CUTLASSFA_SM90_HEAD_DIMS (zero-padded to the next listed one), and
+// fp32 inputs pre-split into fp16 hi / lo for dense (batch, heads, seqlen) tensors at a listed head dim
+// up to CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM (no paged cache, no varlen batch). Paged caches, varlen
+// batches, softcap, left padding and split keys run on it. The general sm_90 kernel: what neither the
+// decode kernel nor the warp-specialized one covers.
+bool sm90_covers(const FwdParams& params);
+KernelTile sm90_tile(const FwdParams& params);
 cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream);
 
-// The warp-specialized Hopper kernel (sm_90a only): TMA producer warpgroup, two consumer warpgroups.
-// Covers dense fp16 / bf16 calls of its head dims, any window (causal included); returns cudaErrorNotSupported before
-// any launch for anything else (the caller then runs launch_sm90). cpp/sm90ws/launch.h says exactly what.
+// The warp-specialized Hopper kernel (sm_90a only), cpp/sm90ws/launch.cu: TMA producer warpgroup, two
+// or three consumer warpgroups. Covers one-pass calls without softcap or a KV cache: dense fp16 / bf16
+// tensors at CUTLASSFA_SM90WS_HEAD_DIMS, varlen batches at CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS, dense fp32
+// at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, any window; cpp/sm90ws/launch.h says exactly what.
+bool sm90ws_covers(const FwdParams& params);
+KernelTile sm90ws_tile(const FwdParams& params);
 cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 
-// The decode kernel of the mma.sync family, run on sm_90 and up (two 100 KB CTAs a multiprocessor):
-// the few query rows of one K/V head (seqlen_q x heads_ratio <= kSm80DecodeRows) against a K/V cache,
-// one CTA per (batch, K/V head, key split), fp16 / bf16 at CUTLASSFA_SM80_DECODE_HEAD_DIMS; contiguous
-// or paged caches (power-of-two page sizes) with or without seqlens_k, causal or a right window bound,
-// lse, splits. Anything else (varlen, left padding or a left window bound, softcap, other page sizes):
-// cudaErrorNotSupported before any launch.
-// cpp/sm80/launch_decode.cu.
-constexpr int kSm80DecodeRows = 32;
-constexpr int kSm80DecodeCtasPerSm = 2;
-bool sm80_decode_covers(const FwdParams& params);
-cudaError_t launch_sm80_decode(const FwdParams& params, cudaStream_t stream);
+// The decode kernel (mma.sync, run on sm_90 and up: two 100 KB CTAs a multiprocessor),
+// cpp/sm90decode/launch_decode.cu: the few query rows of one K/V head (seqlen_q x heads_ratio <=
+// kSm90DecodeRows) against a K/V cache, one CTA per (batch, K/V head, key split), fp16 / bf16 at
+// CUTLASSFA_SM90_DECODE_HEAD_DIMS; contiguous or paged caches (power-of-two page sizes) with or without
+// seqlens_k, causal or a right window bound, lse, splits. Not: varlen, left padding or a left window
+// bound, softcap, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
+// kSm90DecodeCtasPerSm is its traits' kCtasPerSm (a static_assert in launch_decode.cu ties them).
+constexpr int kSm90DecodeRows = 32;
+constexpr int kSm90DecodeCtasPerSm = 2;
+bool sm90_decode_covers(const FwdParams& params, int capability);
+KernelTile sm90_decode_tile(const FwdParams& params);
+cudaError_t launch_sm90_decode(const FwdParams& params, cudaStream_t stream);
 
 // ---- Steps around the attention kernels (built for every architecture, beside fill.cu) ----
 
