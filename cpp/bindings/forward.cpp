@@ -337,9 +337,9 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
     if (err != cudaSuccess || lse == nullptr) return err;
     return fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream);
   }
-  params.num_splits = p.variant ? resolve_num_splits(backend, device, params, p.num_splits)
-                                : dense_num_splits(backend, device, params);
-  return run_forward(backend, params, stream);
+  // num_splits=None: a call with an option chooses as kChooseSplits, a plain one as kDefaultSplits.
+  int const requested = p.num_splits > 0 ? p.num_splits : p.variant ? kChooseSplits : kDefaultSplits;
+  return run_plan(make_plan(backend, device, params, requested), params, stream);
 }
 
 // The stream to launch on: `stream_arg` when given (>= 0), else the framework's current stream

@@ -116,8 +116,7 @@ ffi::Error forward(cudaStream_t stream, int32_t device, int32_t backend, double 
   cudaError_t status = cudaGetDevice(&previous);
   if (status == cudaSuccess && previous != device) status = cudaSetDevice(device);
   if (status == cudaSuccess) {
-    params.num_splits = dense_num_splits(static_cast<Backend>(backend), device, params);
-    status = run_forward(static_cast<Backend>(backend), params, stream);
+    status = run_plan(make_plan(static_cast<Backend>(backend), device, params, kDefaultSplits), params, stream);
   }
   if (previous != device) cudaSetDevice(previous);
   if (status != cudaSuccess) {

@@ -244,19 +244,4 @@ cudaError_t run_plan(const Plan& plan, const FwdParams& params, cudaStream_t str
   return plan.num_splits > 1 ? run_split(plan.kernel, p, stream) : launch_kernel(plan.kernel, p, stream);
 }
 
-cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream) {
-  int device = 0;
-  cudaError_t const err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  return run_plan(make_plan(backend, device, params, std::max(1, params.num_splits)), params, stream);
-}
-
-int resolve_num_splits(Backend backend, int device, const FwdParams& params, int requested) {
-  return make_plan(backend, device, params, requested).num_splits;
-}
-
-int dense_num_splits(Backend backend, int device, const FwdParams& params) {
-  return make_plan(backend, device, params, kDefaultSplits).num_splits;
-}
-
 }  // namespace cutlassfa

@@ -1,6 +1,6 @@
 // cpp/jax/ffi.cpp's handler run on XLA's CPU platform, for tests/test_jax.py on machines without a GPU:
 // the real handler (attribute decoding, buffer shapes, vmap folding into the batch, FwdParams) in front
-// of a float64 CPU attention standing in for run_forward, which also records the params it was given.
+// of a float64 CPU attention standing in for run_plan, which also records the params it was given.
 // Built by the test with g++ and nanobind; the CUDA runtime calls the handler makes are stubbed below.
 #include "jax/ffi.cpp"  // the handler under test, with its anonymous-namespace forward()
 
@@ -19,9 +19,16 @@ int g_calls = 0;
 namespace cutlassfa {
 
 // Exact attention of float32 params (other dtypes are only recorded), bottom-right causal, GQA.
-cudaError_t run_forward(Backend backend, const FwdParams& p, cudaStream_t) {
+// The plan asks the device (cpp/src/dispatch.cpp); the CPU stand-in records the backend and runs one pass.
+Plan make_plan(Backend backend, int, const FwdParams&, int) {
+  Plan plan;
+  plan.backend = backend;
+  return plan;
+}
+
+cudaError_t run_plan(const Plan& plan, const FwdParams& p, cudaStream_t) {
   g_last = p;
-  g_backend = static_cast<int>(backend);
+  g_backend = static_cast<int>(plan.backend);
   ++g_calls;
   if (p.dtype != DType::kFloat32) return cudaSuccess;
   auto const* q = static_cast<const float*>(p.q);
@@ -62,9 +69,6 @@ cudaError_t run_forward(Backend backend, const FwdParams& p, cudaStream_t) {
   }
   return cudaSuccess;
 }
-
-// The split count of the dispatch (cpp/src/dispatch.cpp) asks the device; the CPU stand-in runs one pass.
-int dense_num_splits(Backend, int, const FwdParams&) { return 1; }
 
 }  // namespace cutlassfa
 

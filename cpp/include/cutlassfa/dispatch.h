@@ -63,15 +63,4 @@ cudaError_t run_plan(const Plan& plan, const FwdParams& params, cudaStream_t str
 bool packs_gqa(const FwdParams& params);
 FwdParams packed_gqa(const FwdParams& params);
 
-// ---- Wrappers of the calls before the plan (the bindings and cpp/jax/ffi.cpp), over make_plan ----
-
-// make_plan(backend, current device, params, max(1, params.num_splits)) then run_plan.
-cudaError_t run_forward(Backend backend, const FwdParams& params, cudaStream_t stream);
-
-// make_plan(backend, device, params, requested).num_splits (requested 0: kChooseSplits).
-int resolve_num_splits(Backend backend, int device, const FwdParams& params, int requested);
-
-// make_plan(backend, device, params, kDefaultSplits).num_splits.
-int dense_num_splits(Backend backend, int device, const FwdParams& params);
-
 }  // namespace cutlassfa

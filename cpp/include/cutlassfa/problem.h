@@ -58,8 +58,7 @@ struct Problem {
   // num_splits as asked: 0 when the backend chooses (the planner's rule: cutlassfa/dispatch.h).
   int num_splits = 0;
   // Some option beyond a plain dense call was given (window, softcap, a cache, varlen, num_splits):
-  // num_splits=None then chooses as for a variant call (dispatch.h, resolve_num_splits), else as for a
-  // plain one (dense_num_splits).
+  // num_splits=None then asks the planner for kChooseSplits, else for kDefaultSplits (dispatch.h).
   bool variant = false;
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
