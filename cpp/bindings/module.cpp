@@ -7,6 +7,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -41,8 +42,12 @@ nb::tuple int_tuple(std::initializer_list<int> values) {
   return nb::steal<nb::tuple>(PySequence_Tuple(items.ptr()));
 }
 
+// softmax_scale: NaN stands for None (1/sqrt(d), bindings/request.cpp); a NaN given is refused here.
 double scale_or_default(nb::handle scale) {
-  return scale.is_none() ? std::numeric_limits<double>::quiet_NaN() : nb::cast<double>(scale);
+  if (scale.is_none()) return std::numeric_limits<double>::quiet_NaN();
+  double const value = nb::cast<double>(scale);
+  if (std::isnan(value)) cutlassfa::value_error("softmax_scale must be finite, got nan");
+  return value;
 }
 
 // forward()'s arguments as Python passes them (the options after sync as keywords, or positional from
