@@ -173,7 +173,8 @@ struct KvRows {
 
 // Keys on a page that does not exist count as masked (rules.h): their scores become -inf. acc_s and tScS
 // share the accumulator layout; tScS holds each element's (row, col) in the tile, whose keys start at
-// key0; keys [key_begin, key_end) are checked (the others are masked already or not there). One table
+// key0; its keys in [key_begin, key_end) are checked (key_end at most the tile's end; the others are
+// masked already). One table
 // read a lane and a vote a step when every page exists, which is what a correct table always gives.
 template <class TensorS, class TensorC, class Element>
 __forceinline__ __device__ void mask_missing_pages(TensorS& acc_s, TensorC const& tScS, KvRows<Element> const& rows,

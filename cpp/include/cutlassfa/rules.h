@@ -67,14 +67,15 @@ CUTLASSFA_RULE bool page_index_valid(int page, int num_pages) {
   return static_cast<unsigned>(page) < static_cast<unsigned>(num_pages);
 }
 
-// The table slot of key p; page_size_log2 >= 0 when page_size is a power of two (a shift, not a division).
+// The table slot of key p, and its row in that page. Page sizes that are powers of two take shifts, not
+// divisions (the _pow2 forms, for kernels that only run those); page_size_log2 < 0 otherwise.
+CUTLASSFA_RULE int page_slot_of_key_pow2(int p, int page_size_log2) { return p >> page_size_log2; }
+CUTLASSFA_RULE int row_in_page_pow2(int p, int page_size) { return p & (page_size - 1); }
 CUTLASSFA_RULE int page_slot_of_key(int p, int page_size, int page_size_log2) {
-  return page_size_log2 >= 0 ? p >> page_size_log2 : p / page_size;
+  return page_size_log2 >= 0 ? page_slot_of_key_pow2(p, page_size_log2) : p / page_size;
 }
-
-// Row of key p in its page, given its slot.
 CUTLASSFA_RULE int row_in_page(int p, int slot, int page_size, int page_size_log2) {
-  return page_size_log2 >= 0 ? p & (page_size - 1) : p - slot * page_size;
+  return page_size_log2 >= 0 ? row_in_page_pow2(p, page_size) : p - slot * page_size;
 }
 
 // ---- Softcap -------------------------------------------------------------------------------------------
