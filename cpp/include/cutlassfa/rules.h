@@ -45,16 +45,19 @@ CUTLASSFA_RULE int entry_leftpad(int leftpad, int keys) { return clamp_int(leftp
 // non-decreasing in the row. Exact for any window side below 2^31 without 64-bit arithmetic: each
 // side is compared with the distance it would cover before it is added.
 
+// The key aligned with query row `row` (bottom-right: the entry's last query with its last key).
+CUTLASSFA_RULE int mask_diagonal(int row, int seqlen_q, int seqlen_k) { return row + (seqlen_k - seqlen_q); }
+
 // First key row `row` sees: >= key_begin, and may exceed seqlen_k (the row then sees none).
 CUTLASSFA_RULE int mask_row_lo(int row, int seqlen_q, int seqlen_k, int window_left, int key_begin) {
-  int const diagonal = row + (seqlen_k - seqlen_q);  // the key aligned with the row
+  int const diagonal = mask_diagonal(row, seqlen_q, seqlen_k);
   bool const unbounded = window_left < 0 || diagonal <= key_begin || window_left >= diagonal - key_begin;
   return unbounded ? key_begin : diagonal - window_left;
 }
 
 // One past the last key row `row` sees: <= seqlen_k, and may be below lo (the row then sees none).
 CUTLASSFA_RULE int mask_row_hi(int row, int seqlen_q, int seqlen_k, int window_right) {
-  int const diagonal = row + (seqlen_k - seqlen_q);
+  int const diagonal = mask_diagonal(row, seqlen_q, seqlen_k);
   bool const unbounded = window_right < 0 || window_right >= seqlen_q - row;  // diagonal + right + 1 >= seqlen_k
   return unbounded ? seqlen_k : diagonal + window_right + 1;
 }
