@@ -99,7 +99,7 @@ struct Mask {
   }
 };
 
-// The K/V loop order every family uses: from the last visible tile down to n_block_min. The tiles
+// The K/V loop order of the tensor-core families (sm80/, sm90/, sm90ws/): from the last visible tile down to n_block_min. The tiles
 // that need element masking (the ragged last tile, the right window edge / causal diagonal, the left
 // window edge, the left padding) run step(n_block, std::true_type), the others
 // step(n_block, std::false_type). One loop with two call sites: a third call site made the compiler

@@ -81,7 +81,7 @@ __forceinline__ __device__ auto head_tensor(Element* base, long long batch_strid
 // (gQ, gK, gV, gO) of the tile: gQ (kBlockM, kHeadDimQK), gK (kBlockN, kHeadDimQK, n_blocks),
 // gV (kBlockN, kHeadDim, n_blocks), gO (kBlockM, kHeadDim). Q and K may be wider than V and O
 // (fp32 inputs pre-split into [hi | lo] columns). gK and gV are those of a contiguous cache; a paged
-// one is read through PagedRows.
+// one is read through KvRows.
 template <int kBlockM, int kBlockN, int kHeadDimQK, int kHeadDim, class ElementIn, class ElementOut>
 __forceinline__ __device__ auto global_tiles(FwdParams const& params, TileCoord const& t, SeqInfo const& seq) {
   auto const* q = static_cast<ElementIn const*>(params.q) + static_cast<int64_t>(seq.q_row_offset) * params.q_row_stride;
