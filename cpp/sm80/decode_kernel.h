@@ -150,9 +150,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
 
   // ---- Loads ---------------------------------------------------------------------------------------------
   // A paged cache (rules.h): key p is row p % page_size of page block_table[b][p / page_size]; a page
-  // index outside [0, num_pages) is no page (its keys are zero-filled, never read, and masked). Lane l < step_pages copies the entry of the l-th page that the warp's keys
-  // of `step` touch (if a key below L lies in it) into table slot step % kStages; the copies of step s
-  // read it from there. The entries of step s + kStages - 1 travel in the cp.async group of step s.
+  // index outside [0, num_pages) is no page (its keys are zero-filled, never read, and masked). Lane
+  // l < step_pages copies the entry of the l-th page that the warp's keys of `step` touch (if a key below
+  // L lies in it) into table slot step % kStages; the copies of step s read it from there. The entries of
+  // step s + kStages - 1 travel in the cp.async group of step s. That slot is refilled before step s
+  // computes, so the copies of step s also leave in missing_ring[s % kStages] which of its keys lie on a
+  // missing page, for its mask.
   bool const paged = params.block_table != nullptr;
   const int* const table = paged ? params.block_table + b * params.block_table_stride : nullptr;
   int* const table_ring = reinterpret_cast<int*>(smem + Traits::kSmemTableOffset) + warp * kStages * kWarpKeys;
@@ -255,8 +258,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     int const* const entries = table_ring + slot * kWarpKeys;
     if (paged) {  // which of the step's keys lie on a missing page, for the mask of step `step`
       int const key = key0 + lane;
-      bool const missing = lane < kWarpKeys && key < keys &&
-                           !rules::page_index_valid(entries[rules::page_slot_of_key_pow2(key, page_shift) - rules::page_slot_of_key_pow2(key0, page_shift)], params.num_pages);
+      int const entry = rules::page_slot_of_key_pow2(key, page_shift) - rules::page_slot_of_key_pow2(key0, page_shift);
+      bool const missing = lane < kWarpKeys && key < keys && !rules::page_index_valid(entries[entry], params.num_pages);
       unsigned const missing_keys = __ballot_sync(0xffffffffu, missing);
       if (lane == 0) { missing_ring[slot] = missing_keys; }
     }
