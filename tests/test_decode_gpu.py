@@ -140,8 +140,9 @@ def test_paged_caches_equal_the_contiguous_cache(torch, rng, backend, need_backe
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_page_indices_out_of_range_read_inside_the_cache(torch, rng, backend, need_backend):
-    """A device block table is not checked (a sync): entries past the pages, or negative, are clamped to
-    pages that exist, so the call reads only the cache (compute-sanitizer runs this file) and stays finite."""
+    """A device block table is not checked (a sync): keys behind entries past the pages, or negative, are
+    masked and never read, so the call reads only the cache (compute-sanitizer runs this file) and stays
+    finite (tests/test_bad_page_index.py checks the values)."""
     need_backend(backend)
     q = _cuda(torch, rng.standard_normal((2, 8, 1, 128)), "bfloat16")
     k, v = (_cuda(torch, rng.standard_normal((6, 2, 16, 128)), "bfloat16") for _ in range(2))

@@ -15,7 +15,7 @@ struct BlockTileWork {
   TileCoord tile;
   SeqInfo seq;
   int m_block;
-  Mask</*kHasMask=*/true, kBlockM, kBlockN> mask;
+  Mask<kBlockM, kBlockN> mask;
   int n_block_min, n_block_max;  // <= n_block_min: no row of this tile sees a key
   int n_block_unmasked_begin, n_block_unmasked_end;
   int rows_q;  // valid rows of this Q tile (may exceed kBlockM)

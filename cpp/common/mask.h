@@ -1,29 +1,24 @@
-// Which keys a query row sees, and which K/V tiles a Q tile visits: the port of
-// python/cutlassfa/masks.py (row_range, tile_trips), the one definition of the mask. With
-// offset = seqlen_k - seqlen_q (bottom-right alignment, per entry), query i sees key j iff
-//     i + offset - window_left <= j <= i + offset + window_right   and   key_begin <= j < seqlen_k,
-// -1 meaning unbounded on a side (causal is (-1, 0)); key_begin is the left padding of a KV cache.
-// Each row sees one contiguous range [lo, hi), both ends non-decreasing in the row: the trip counts
-// of a tile follow from its first and last rows. Trip counts (which K/V tiles a Q tile visits, which
-// of them need element masking) and the per-element mask live together, and every tensor-core family
-// uses this one struct.
+// Which keys a query row sees, and which K/V tiles a Q tile visits, for the tensor-core families: the
+// row range [lo, hi) is rules.h's (mask_row_lo / mask_row_hi; python/cutlassfa/masks.py states the same
+// rule for the reference and the cpu backend). Each row sees one contiguous range, both ends
+// non-decreasing in the row: the trip counts of a tile (which K/V tiles a Q tile visits, which of them
+// need element masking) follow from its first and last rows, and live here with the per-element mask.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "common/tensor_utils.h"
 #include "cutlassfa/params.h"
+#include "cutlassfa/rules.h"
 
 namespace cutlassfa {
 
 using namespace cute;
 
-// kHasMask = false: every row sees keys [0, seqlen_k) (the window is unbounded and there is no left
-// padding); only the ragged end of the keys is masked. The fields below the first two are then unused.
-// Both kernel families instantiate kHasMask = true only: the bounds are run-time values read by the
-// masked steps alone; the non-causal rows stayed within the ±3% run-to-run noise of the former mask-free
-// kernel (bench/NOTES-variants.md), which would double the build.
-template <bool kHasMask, int kBlockM, int kBlockN>
+// The bounds are run-time values read by the masked steps alone: a row that sees every key costs its
+// unmasked steps nothing; the non-causal rows stayed within the ±3% run-to-run noise of a former
+// mask-free instantiation (bench/NOTES-variants.md), which doubled the build.
+template <int kBlockM, int kBlockN>
 struct Mask {
   int seqlen_q;
   int seqlen_k;
@@ -34,21 +29,11 @@ struct Mask {
 
   // First key row `row` sees (before clamping to the keys that exist).
   __forceinline__ __device__ int row_lo(int row) const {
-    if constexpr (!kHasMask) {
-      return 0;
-    } else {
-      int const window_left = params->window_left;
-      return window_left < 0 ? key_begin : max(key_begin, row + seqlen_k - seqlen_q - window_left);
-    }
+    return rules::mask_row_lo(row, seqlen_q, seqlen_k, params->window_left, key_begin);
   }
   // One past the last key row `row` sees.
   __forceinline__ __device__ int row_hi(int row) const {
-    if constexpr (!kHasMask) {
-      return seqlen_k;
-    } else {
-      int const window_right = params->window_right;
-      return window_right < 0 ? seqlen_k : min(seqlen_k, row + seqlen_k - seqlen_q + window_right + 1);
-    }
+    return rules::mask_row_hi(row, seqlen_q, seqlen_k, params->window_right);
   }
 
   __forceinline__ __device__ int first_row(int m_block) const { return m_block * kBlockM; }
@@ -66,20 +51,12 @@ struct Mask {
   // tile: no element masking. The others (window edges, the causal diagonal, the left padding, the
   // ragged last tile) are masked. The range may be empty (begin >= end).
   __forceinline__ __device__ int n_block_unmasked_begin(int m_block) const {
-    if constexpr (!kHasMask) {
-      return 0;
-    } else {
-      return (max(0, row_lo(last_row(m_block))) + kBlockN - 1) / kBlockN;
-    }
+    return (max(0, row_lo(last_row(m_block))) + kBlockN - 1) / kBlockN;
   }
   __forceinline__ __device__ int n_block_unmasked_end(int m_block) const {
     int const full_tiles_k = seqlen_k / kBlockN;
-    if constexpr (!kHasMask) {
-      return full_tiles_k;
-    } else {
-      int const hi = row_hi(first_row(m_block));
-      return hi <= 0 ? 0 : min(full_tiles_k, hi / kBlockN);
-    }
+    int const hi = row_hi(first_row(m_block));
+    return hi <= 0 ? 0 : min(full_tiles_k, hi / kBlockN);
   }
 
   // Set the scores of invisible (row, key) pairs to -inf. acc_s and tScS share the accumulator
@@ -115,14 +92,14 @@ struct Mask {
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) {
         int const c = get<1>(coords(mi, ni)) - col0;
-        bool const hidden = kHasMask && kLeft ? (c >= col_end_rel || c < col_begin_rel) : c >= col_end_rel;
+        bool const hidden = kLeft ? (c >= col_end_rel || c < col_begin_rel) : c >= col_end_rel;
         if (hidden) { scores(mi, ni) = -INFINITY; }
       }
     }
   }
 };
 
-// The K/V loop order every family uses: from the last visible tile down to n_block_min. The tiles
+// The K/V loop order of the tensor-core families (sm80/, sm90/, sm90ws/): from the last visible tile down to n_block_min. The tiles
 // that need element masking (the ragged last tile, the right window edge / causal diagonal, the left
 // window edge, the left padding) run step(n_block, std::true_type), the others
 // step(n_block, std::false_type). One loop with two call sites: a third call site made the compiler

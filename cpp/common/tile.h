@@ -7,6 +7,7 @@
 #include "common/epilogue.h"
 #include "common/tensor_utils.h"
 #include "cutlassfa/params.h"
+#include "cutlassfa/rules.h"
 
 namespace cutlassfa {
 
@@ -47,15 +48,15 @@ __forceinline__ __device__ SeqInfo seq_info(FwdParams const& params, int batch) 
   SeqInfo s{params.seqlen_q, params.seqlen_k, 0, 0, 0};
   if (params.cu_seqlens_q != nullptr) {
     s.q_row_offset = params.cu_seqlens_q[batch];
-    s.seqlen_q = params.cu_seqlens_q[batch + 1] - s.q_row_offset;
+    s.seqlen_q = rules::varlen_entry_rows(s.q_row_offset, params.cu_seqlens_q[batch + 1], params.seqlen_q);
   }
   if (params.cu_seqlens_k != nullptr) {
     s.k_row_offset = params.cu_seqlens_k[batch];
-    s.seqlen_k = max(0, params.cu_seqlens_k[batch + 1] - s.k_row_offset);
+    s.seqlen_k = rules::varlen_entry_rows(s.k_row_offset, params.cu_seqlens_k[batch + 1], params.seqlen_k);
   } else if (params.seqlens_k != nullptr) {
-    s.seqlen_k = min(params.seqlen_k, max(0, params.seqlens_k[batch] + params.seqlens_k_added));
+    s.seqlen_k = rules::cache_entry_keys(params.seqlens_k[batch], params.seqlens_k_added, params.seqlen_k);
   }
-  if (params.leftpad_k != nullptr) { s.key_begin = min(max(0, params.leftpad_k[batch]), s.seqlen_k); }
+  if (params.leftpad_k != nullptr) { s.key_begin = rules::entry_leftpad(params.leftpad_k[batch], s.seqlen_k); }
   return s;
 }
 
@@ -80,7 +81,7 @@ __forceinline__ __device__ auto head_tensor(Element* base, long long batch_strid
 // (gQ, gK, gV, gO) of the tile: gQ (kBlockM, kHeadDimQK), gK (kBlockN, kHeadDimQK, n_blocks),
 // gV (kBlockN, kHeadDim, n_blocks), gO (kBlockM, kHeadDim). Q and K may be wider than V and O
 // (fp32 inputs pre-split into [hi | lo] columns). gK and gV are those of a contiguous cache; a paged
-// one is read through PagedRows.
+// one is read through KvRows.
 template <int kBlockM, int kBlockN, int kHeadDimQK, int kHeadDim, class ElementIn, class ElementOut>
 __forceinline__ __device__ auto global_tiles(FwdParams const& params, TileCoord const& t, SeqInfo const& seq) {
   auto const* q = static_cast<ElementIn const*>(params.q) + static_cast<int64_t>(seq.q_row_offset) * params.q_row_stride;
@@ -102,12 +103,15 @@ __forceinline__ __device__ auto global_tiles(FwdParams const& params, TileCoord 
                     local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, 0)));
 }
 
-// Rows of one K/V head, one address per key position: a paged cache (params.h: key position p of the
-// entry lives in page table[p / page_size], clamped to the pages that exist so that a bad table never
-// reads outside the cache, row p % page_size), or a contiguous one (table == nullptr) read this way by
-// the general kernel (zero-padded head dims, left padding, softcap; column-predicated copies).
+// Rows of one K/V head, one address per key position: a paged cache (rules.h: key position p of the
+// entry is row p % page_size of page table[p / page_size]; a page index outside [0, num_pages) is no
+// page, its rows are never read), or a contiguous one (table == nullptr) read this way by the general
+// kernel (zero-padded head dims, left padding, softcap; column-predicated copies).
 template <class Element>
 struct KvRows {
+  // row_offset of a key whose page does not exist (not a real offset, whatever the strides' signs).
+  static constexpr int64_t kNoRow = -0x7fffffffffffffffLL - 1;
+
   Element const* head_base;  // the K/V head's row 0 (of page 0 when paged)
   long long page_stride;
   long long row_stride;
@@ -117,10 +121,8 @@ struct KvRows {
   int num_pages;
   int table_first = 0;  // table[i] holds the entry of page table_first + i (a slice: see with_table_slice)
 
-  // Page index p of the entry: a shift where page_size is a power of two, not an integer division.
-  __forceinline__ __device__ int page_of(int p) const {
-    return page_size_log2 >= 0 ? p >> page_size_log2 : p / page_size;
-  }
+  // Table slot of key position p: a shift where page_size is a power of two, not an integer division.
+  __forceinline__ __device__ int page_of(int p) const { return rules::page_slot_of_key(p, page_size, page_size_log2); }
   // The same rows read through a copy of the table's entries from page `first` on (a tile's slice in
   // shared memory, fetched ahead so that no row address waits on a global read of the table).
   __forceinline__ __device__ KvRows with_table_slice(int const* slice, int first) const {
@@ -130,26 +132,60 @@ struct KvRows {
     return r;
   }
 
-  __forceinline__ __device__ Element const* row(int p) const { return head_base + row_offset(p); }
+  // Key position p's row, nullptr when its page does not exist.
+  __forceinline__ __device__ Element const* row(int p) const {
+    int64_t const offset = row_offset(p);
+    return offset == kNoRow ? nullptr : head_base + offset;
+  }
 
-  // Elements from head_base to key position p's row.
+  // Elements from head_base to key position p's row; kNoRow when its page does not exist.
   __forceinline__ __device__ int64_t row_offset(int p) const {
     if (table == nullptr) { return p * row_stride; }
-    int const page_index = page_of(p);
-    int const row_in_page = page_size_log2 >= 0 ? p & (page_size - 1) : p - page_index * page_size;
-    int const page = min(max(table[page_index - table_first], 0), num_pages - 1);
-    return page * page_stride + row_in_page * row_stride;
+    int const slot = page_of(p);
+    int const page = table[slot - table_first];
+    if (!rules::page_index_valid(page, num_pages)) { return kNoRow; }
+    return page * page_stride + rules::row_in_page(p, slot, page_size, page_size_log2) * row_stride;
   }
 
-  // Row key0 of a tile of `rows` keys when the whole tile lies in one page (always, when contiguous):
-  // its rows then follow at row_stride, one block-table read for the tile instead of one per row.
-  // nullptr when the tile crosses a page boundary (page sizes below the tile, or not a divisor of it).
-  __forceinline__ __device__ Element const* tile_base(int key0, int rows) const {
-    if (table == nullptr) { return head_base + key0 * row_stride; }
-    int const in_page = page_size_log2 >= 0 ? (key0 & (page_size - 1)) : key0 % page_size;
-    return in_page + rows <= page_size ? row(key0) : nullptr;
+  // Whether the tile of `rows` keys from key0 lies in one page (always, when contiguous): its rows then
+  // follow at row_stride, one block-table read for the tile instead of one per row.
+  __forceinline__ __device__ bool in_one_page(int key0, int rows) const {
+    if (table == nullptr) { return true; }
+    return rules::row_in_page(key0, page_of(key0), page_size, page_size_log2) + rows <= page_size;
+  }
+
+  // Whether some key of [key_begin, key_end) lies on a page that does not exist, for the whole warp (every
+  // lane must call): lane i reads the entry of the range's i-th page. Paged caches only.
+  __forceinline__ __device__ bool any_page_missing(int key_begin, int key_end) const {
+    bool missing = false;
+    if (key_begin < key_end) {
+      int const last = page_of(key_end - 1);
+      for (int slot = page_of(key_begin) + static_cast<int>(threadIdx.x % 32); slot <= last; slot += 32) {
+        missing |= !rules::page_index_valid(table[slot - table_first], num_pages);
+      }
+    }
+    return __any_sync(0xffffffffu, missing);
+  }
+  __forceinline__ __device__ bool page_missing(int p) const {
+    return !rules::page_index_valid(table[page_of(p) - table_first], num_pages);
   }
 };
+
+// Keys on a page that does not exist count as masked (rules.h): their scores become -inf. acc_s and tScS
+// share the accumulator layout; tScS holds each element's (row, col) in the tile, whose keys start at
+// key0; its keys in [key_begin, key_end) are checked (key_end at most the tile's end; the others are
+// masked already). One table
+// read a lane and a vote a step when every page exists, which is what a correct table always gives.
+template <class TensorS, class TensorC, class Element>
+__forceinline__ __device__ void mask_missing_pages(TensorS& acc_s, TensorC const& tScS, KvRows<Element> const& rows,
+                                                   int key0, int key_begin, int key_end) {
+  if (!rows.any_page_missing(max(key0, key_begin), key_end)) { return; }
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    int const key = key0 + get<1>(tScS(i));
+    if (key >= key_begin && key < key_end && rows.page_missing(key)) { acc_s(i) = -INFINITY; }
+  }
+}
 
 // The K or V rows of tile t: `cache` is params.k or params.v with its strides.
 template <class Element>
@@ -184,8 +220,9 @@ __forceinline__ __device__ void copy_kv_tile(TiledCopy const& tiled_copy, ThrCop
 
 // The same copy one row address at a time (KvRows: paged caches, narrow head dims): the tile's rows
 // start at key position key0. Rows outside [row_begin, row_end) and columns >= col_end (a head dim
-// narrower than the tile: zero padding) are zero-filled and never addressed. row_offsets, when given:
-// tile row r is at rows.head_base + row_offsets[r] (worked out ahead, in shared memory).
+// narrower than the tile: zero padding) are zero-filled and never addressed, and so are rows on a page
+// that does not exist (rules.h). row_offsets, when given: tile row r is at rows.head_base + row_offsets[r]
+// (worked out ahead, in shared memory; KvRows::kNoRow for a missing page).
 template <class TiledCopy, class ThrCopy, class Element, class TensorS, class TensorC>
 __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, ThrCopy const& thr_copy,
                                                   KvRows<Element> const& rows, int key0, TensorS& sX,
@@ -200,11 +237,18 @@ __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, T
   // tests (H200 decode, contiguous cache: these tests took the general kernel to 1.5x the plain kernel's
   // instructions and 1.09-1.15x its time, bench/NOTES-variants.md).
   bool const whole_tile = row_begin <= 0 && row_end >= kTileRows && col_end >= kTileCols;
-  auto copy_rows = [&](auto const& address_of_row) __attribute__((always_inline)) {
+  // address_of_row(row): the row's first element; may_be_missing: it may be nullptr (the row's page does
+  // not exist), and the row is then zero-filled, not read.
+  auto copy_rows = [&](auto const& address_of_row, auto may_be_missing) __attribute__((always_inline)) {
+    constexpr bool kMayBeMissing = decltype(may_be_missing)::value;
     if (whole_tile) {
       CUTE_UNROLL
       for (int m = 0; m < size<1>(tXsX); ++m) {
         Element const* src_row = address_of_row(get<0>(tXcX(0, m, 0)));
+        if (kMayBeMissing && src_row == nullptr) {
+          clear(tXsX(_, m, _));
+          continue;
+        }
         CUTE_UNROLL
         for (int kk = 0; kk < size<2>(tXsX); ++kk) {
           copy(tiled_copy, make_tensor(make_gmem_ptr(src_row + get<1>(tXcX(0, m, kk))), Layout<Shape<Int<kVec>>>{}),
@@ -218,6 +262,10 @@ __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, T
       int const row = get<0>(tXcX(0, m, 0));
       if (row >= row_begin && row < row_end) {
         Element const* src_row = address_of_row(row);
+        if (kMayBeMissing && src_row == nullptr) {
+          clear(tXsX(_, m, _));
+          continue;
+        }
         CUTE_UNROLL
         for (int kk = 0; kk < size<2>(tXsX); ++kk) {
           int const col = get<1>(tXcX(0, m, kk));
@@ -233,16 +281,25 @@ __forceinline__ __device__ void copy_kv_tile_rows(TiledCopy const& tiled_copy, T
     }
   };
   if (row_offsets != nullptr) {
-    copy_rows([&](int row) { return rows.head_base + row_offsets[row]; });
+    copy_rows(
+        [&](int row) {
+          int64_t const offset = row_offsets[row];
+          return offset == KvRows<Element>::kNoRow ? nullptr : rows.head_base + offset;
+        },
+        cute::true_type{});
     return;
   }
   // Two copies of the loop, not one with a select per row: a select computed both addresses (the
   // block-table read included) and made pages smaller than the tile 10% slower (H200, bench/NOTES-variants.md).
-  Element const* const tile_row0 = rows.tile_base(key0, kTileRows);  // nullptr: the tile crosses pages
-  if (tile_row0 != nullptr) {
-    copy_rows([&](int row) { return tile_row0 + row * rows.row_stride; });
+  if (rows.in_one_page(key0, kTileRows)) {
+    Element const* const tile_row0 = rows.table == nullptr ? rows.head_base + key0 * rows.row_stride : rows.row(key0);
+    if (tile_row0 == nullptr) {  // the tile's page does not exist: zeros, nothing read
+      clear(tXsX);
+      return;
+    }
+    copy_rows([&](int row) { return tile_row0 + row * rows.row_stride; }, cute::false_type{});
   } else {
-    copy_rows([&](int row) { return rows.row(key0 + row); });
+    copy_rows([&](int row) { return rows.row(key0 + row); }, cute::true_type{});
   }
 }
 

@@ -302,9 +302,12 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   const long long v_dense = paged ? 0 : b * params.v_batch_stride + (entry.k_row0 + kv_row) * params.v_row_stride;
   const Storage* gK = static_cast<const Storage*>(params.k) + h_kv * params.k_head_stride + k_dense;
   const Storage* gV = static_cast<const Storage*>(params.v) + h_kv * params.v_head_stride + v_dense;
-  // Keys outside [leftpad, L) load as zero: hidden cache rows may hold anything, and P = 0 times a
-  // NaN there would still be NaN.
-  auto kv_exists = [&](int n0) { return n0 + kv_row >= entry.leftpad && n0 + kv_row < entry.nk; };
+  // Keys outside [leftpad, L), and keys on a missing page (rules.h), load as zero: hidden cache rows may
+  // hold anything, and P = 0 times a NaN there would still be NaN.
+  auto kv_exists = [&](int n0) {
+    const int key = n0 + kv_row;
+    return key >= entry.leftpad && key < entry.nk && (!paged || key_page_exists(params, b, key));
+  };
   auto k_src = [&](int n0, bool exists) -> const Storage* {
     if (!paged) return gK + n0 * params.k_row_stride;
     return exists ? gK + key_offset(params, entry, b, n0 + kv_row, params.k_batch_stride, params.k_row_stride) : gK;
@@ -388,7 +391,20 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
 #pragma unroll
       for (int i = 0; i < kTM; ++i) {
 #pragma unroll
-        for (int j = 0; j < kTNS; ++j) tSrS[i][j] = tanh_accurate(tSrS[i][j]) * params.softmax_scale_log2;
+        for (int j = 0; j < kTNS; ++j) tSrS[i][j] = rules::softcap_tanh(tSrS[i][j]) * params.softmax_scale_log2;
+      }
+    }
+
+    // Keys on a missing page count as masked (rules.h): one table read a lane and a vote a step when
+    // every page exists.
+    if (paged && any_page_missing(params, b, max(n0, entry.leftpad), min(n0 + kBlockN, entry.nk))) {
+#pragma unroll
+      for (int j = 0; j < kTNS; ++j) {
+        const int key = n0 + tc * 4 + col_of(j);
+        if (key >= entry.leftpad && key < entry.nk && !key_page_exists(params, b, key)) {
+#pragma unroll
+          for (int i = 0; i < kTM; ++i) tSrS[i][j] = kNegInf;
+        }
       }
     }
 

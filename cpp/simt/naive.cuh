@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
   const int n_tiles = (params.seqlen_k + kNaiveTile - 1) / kNaiveTile;
   const long long tiles = static_cast<long long>(n_tiles) * m_tiles * params.batch * params.heads_q;
   const bool softcap = params.softcap_pre > 0.f;
+  const float kNegInf = __int_as_float(0xff800000);
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int n_tile = static_cast<int>(t % n_tiles);
     const int m_tile = static_cast<int>((t / n_tiles) % m_tiles);
@@ -56,9 +57,10 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
     if (n_tile < trips.first || n_tile >= trips.last) continue;
     const Storage* gQ = static_cast<const Storage*>(params.q) + b * params.q_batch_stride +
                         h * params.q_head_stride + entry.q_row0 * params.q_row_stride;  // (nq, D)
-    // Thread (ty, tx) loads key n0 + ty; keys outside [leftpad, L) read as zero.
+    // Thread (ty, tx) loads key n0 + ty; keys outside [leftpad, L) or on a missing page read as zero.
     const int load_key = n0 + ty;
-    const bool key_exists = load_key >= entry.leftpad && load_key < entry.nk;
+    const bool key_exists =
+        load_key >= entry.leftpad && load_key < entry.nk && key_page_exists(params, b, load_key);
     const Storage* gK_row = static_cast<const Storage*>(params.k) + h_kv * params.k_head_stride +
                             (key_exists ? key_offset(params, entry, b, load_key, params.k_batch_stride,
                                                      params.k_row_stride)
@@ -76,8 +78,10 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
       __syncthreads();
     }
     if (row < entry.nq && key < entry.nk) {
-      const float s = softcap ? tanh_accurate(acc * params.softcap_pre) : acc;
-      S[naive_s_offset(bh, row, params) + key] = s * params.softmax_scale_log2;
+      const float s = softcap ? rules::softcap_tanh(acc * params.softcap_pre) : acc;
+      // A key on a missing page counts as masked (rules.h): -inf, which the softmax maps to P = 0.
+      const bool key_there = key < entry.leftpad || key_page_exists(params, b, key);
+      S[naive_s_offset(bh, row, params) + key] = key_there ? s * params.softmax_scale_log2 : kNegInf;
     }
   }
 }
@@ -102,14 +106,17 @@ __global__ void __launch_bounds__(256) naive_softmax_kernel(const FwdParams para
     float m = kNegInf;
     for (int j = lo + lane; j < hi; j += 32) m = fmaxf(m, s[j]);
     m = group_max<32>(m);
+    // Every key of [lo, hi) masked (on missing pages): m = -inf; subtract 0 instead, so P = 0 and l = 0.
+    const float m_sub = m == kNegInf ? 0.f : m;
     float l = 0.f;
-    for (int j = lo + lane; j < hi; j += 32) l += exp2f(s[j] - m);
+    for (int j = lo + lane; j < hi; j += 32) l += exp2f(s[j] - m_sub);
     l = group_sum<32>(l);
     const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    for (int j = lo + lane; j < hi; j += 32) s[j] = exp2f(s[j] - m) * inv_l;
+    for (int j = lo + lane; j < hi; j += 32) s[j] = exp2f(s[j] - m_sub) * inv_l;
     if (params.lse != nullptr && lane == 0) {
-      // ln(sum_j exp(scale * q.k_j)) = (m + log2 l) * ln 2, with m and s in log2 units.
-      params.lse[lse_offset(params, entry, b, h, row)] = hi > lo ? (m + log2f(l)) * 0.693147180559945309f : kNegInf;
+      // ln(sum_j exp(scale * q.k_j)) = (m + log2 l) * ln 2, with m and s in log2 units (a NaN l stays NaN).
+      params.lse[lse_offset(params, entry, b, h, row)] =
+          hi > lo && l != 0.f ? (m + log2f(l)) * 0.693147180559945309f : kNegInf;
     }
   }
 }
@@ -150,7 +157,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_pv_kernel(const 
       // read as zero (0 * NaN would be NaN).
       const int p_key = n0 + tx, v_key = n0 + ty;
       sP[ty][tx] = p_key >= lo && p_key < hi ? s_row[p_key] : 0.f;
-      const bool v_exists = v_key >= entry.leftpad && v_key < entry.nk;
+      const bool v_exists = v_key >= entry.leftpad && v_key < entry.nk && key_page_exists(params, b, v_key);
       sV[ty][tx] = v_exists && col_exists
                        ? Tr::to_float(gV[key_offset(params, entry, b, v_key, params.v_batch_stride, params.v_row_stride)])
                        : 0.f;

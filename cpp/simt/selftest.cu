@@ -410,7 +410,7 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
     }
   }
   // Paged: the capacity is max_pages pages; a shuffled table over more pages than the entries use,
-  // an out-of-range slot reads the last page (the kernels clamp).
+  // an out-of-range slot is no page (rules.h): its keys are masked.
   const int max_pages = c.page_size > 0 ? (c.Nk + c.page_size - 1) / c.page_size : 0;
   const int num_pages = B * max_pages + 3;
   const int capacity = c.page_size > 0 ? max_pages * c.page_size : c.Nk;
@@ -435,9 +435,9 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
   auto q_at = [&](int b, int i) { return c.keys == Keys::kVarlen ? std::make_pair(0, cu_q[b] + i) : std::make_pair(b, i); };
   auto k_at = [&](int b, int j) {
     if (c.keys == Keys::kVarlen) return std::make_pair(0, cu_k[b] + j);
-    if (c.keys == Keys::kPaged) {
-      const int page = std::min(std::max(table[(size_t)b * max_pages + j / c.page_size], 0), num_pages - 1);
-      return std::make_pair(page, j % c.page_size);
+    if (c.keys == Keys::kPaged) {  // page -1: the key's page does not exist
+      const int page = table[(size_t)b * max_pages + j / c.page_size];
+      return std::make_pair(page >= 0 && page < num_pages ? page : -1, j % c.page_size);
     }
     return std::make_pair(b, j);
   };
@@ -458,7 +458,7 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
     for (int b = 0; b < B; ++b)
       for (int j = entries[b].leftpad; j < entries[b].nk; ++j) {
         const auto at = k_at(b, j);
-        keep[(size_t)at.first * kn + at.second] = 1;
+        if (at.first >= 0) keep[(size_t)at.first * kn + at.second] = 1;
       }
   }
   q.fill_random(rng, 1.5f);
@@ -522,7 +522,7 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
         // fp64 reference over the visible keys.
         std::vector<int> keys;
         for (int j = 0; j < e.nk; ++j)
-          if (visible(e, c.left, c.right, i, j)) keys.push_back(j);
+          if (visible(e, c.left, c.right, i, j) && k_at(b, j).first >= 0) keys.push_back(j);
         s.assign(keys.size(), 0.0);
         double m = -INFINITY;
         for (size_t n = 0; n < keys.size(); ++n) {

@@ -1,14 +1,15 @@
 // Device helpers shared by the CUDA-core kernels (naive, small_tile, large_tile): element types,
 // 16-byte global loads, warp reductions, per-entry extents and the mask.
 //
-// NVRTC-compilable for sm_61 (tests/test_nvrtc_sm61.py): includes only params.h and the fp16/bf16
-// headers, uses `long long` for 64-bit offsets and only conversion intrinsics that exist on sm_61.
+// NVRTC-compilable for sm_61 (tests/test_nvrtc_simt.py): includes only params.h, rules.h and the
+// fp16/bf16 headers, uses `long long` for 64-bit offsets and only conversion intrinsics that exist on sm_61.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cutlassfa/params.h"
+#include "cutlassfa/rules.h"
 
 namespace cutlassfa {
 namespace simt {
@@ -135,8 +136,8 @@ __device__ __forceinline__ float group_sum(float x) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Per-entry extents and the mask: a line-by-line port of python/cutlassfa/masks.py (row_range,
-// tile_trips) with the per-entry lengths of params.h (varlen, KV cache, leftpad). Everything here is
+// Per-entry extents and the mask: rules.h's lengths and row range, with the trip counts of
+// python/cutlassfa/masks.py (tile_trips). Everything here is
 // evaluated once per tile, never per element. Host-callable too: selftest.cu checks the tile trips
 // and the element mask against the pair-by-pair rule without a GPU.
 // ------------------------------------------------------------------------------------------------
@@ -156,17 +157,10 @@ struct EntryMask {
   long long q_row0;  // first row of the entry in q, o and lse (varlen), else 0
   long long k_row0;  // first row of the entry in k and v (varlen without pages), else 0
 
-  // Bottom-right alignment: the last query lines up with the last key.
-  __host__ __device__ __forceinline__ int offset() const { return nk - nq; }
-
-  // Keys [lo, hi) that query `row` sees, lo == hi when none. 64-bit: a window side may be near 2^31.
+  // Keys [lo, hi) that query `row` sees (rules.h), lo == hi when none.
   __host__ __device__ __forceinline__ void row_range(int row, int& lo, int& hi) const {
-    const long long aligned = static_cast<long long>(row) + offset();
-    long long l = window_left < 0 ? leftpad : max(static_cast<long long>(leftpad), aligned - window_left);
-    long long u = window_right < 0 ? nk : min(static_cast<long long>(nk), aligned + window_right + 1);
-    l = min(l, static_cast<long long>(nk));
-    lo = static_cast<int>(l);
-    hi = static_cast<int>(max(u, l));
+    lo = min(rules::mask_row_lo(row, nq, nk, window_left, leftpad), nk);
+    hi = max(rules::mask_row_hi(row, nq, nk, window_right), lo);
   }
 
   // Key tiles of block_n keys that rows [row_start, row_stop) visit; see masks.tile_trips for why the
@@ -186,8 +180,8 @@ struct EntryMask {
   }
 };
 
-// Entry b's extents. Bad device values are clamped so that nothing is read outside the tensors:
-// nq to [0, seqlen_q] (the grid), L to [0, seqlen_k] (the capacity), leftpad to [0, L].
+// Entry b's extents (rules.h): nq clamped to [0, seqlen_q] (the grid), L to [0, seqlen_k] (the
+// capacity, or the longest varlen entry), leftpad to [0, L], so that nothing is read outside the tensors.
 __device__ __forceinline__ EntryMask entry_mask(const FwdParams& p, int b) {
   EntryMask e;
   e.q_row0 = 0;
@@ -196,37 +190,52 @@ __device__ __forceinline__ EntryMask entry_mask(const FwdParams& p, int b) {
   e.nk = p.seqlen_k;
   if (p.cu_seqlens_q != nullptr) {
     e.q_row0 = p.cu_seqlens_q[b];
-    const long long nq = static_cast<long long>(p.cu_seqlens_q[b + 1]) - p.cu_seqlens_q[b];
-    e.nq = static_cast<int>(min(max(nq, 0ll), static_cast<long long>(p.seqlen_q)));
+    e.nq = rules::varlen_entry_rows(p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1], p.seqlen_q);
   }
-  long long nk = p.seqlen_k;  // 64-bit: a bad length plus seqlens_k_added may pass 2^31
   if (p.cu_seqlens_k != nullptr) {
     if (p.block_table == nullptr) e.k_row0 = p.cu_seqlens_k[b];
-    nk = static_cast<long long>(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
+    e.nk = rules::varlen_entry_rows(p.cu_seqlens_k[b], p.cu_seqlens_k[b + 1], p.seqlen_k);
+  } else if (p.seqlens_k != nullptr) {
+    e.nk = rules::cache_entry_keys(p.seqlens_k[b], p.seqlens_k_added, p.seqlen_k);
   }
-  if (p.seqlens_k != nullptr) nk = static_cast<long long>(p.seqlens_k[b]) + p.seqlens_k_added;
-  e.nk = static_cast<int>(min(max(nk, 0ll), static_cast<long long>(p.seqlen_k)));
-  e.leftpad = p.leftpad_k != nullptr ? min(max(p.leftpad_k[b], 0), e.nk) : 0;
+  e.leftpad = p.leftpad_k != nullptr ? rules::entry_leftpad(p.leftpad_k[b], e.nk) : 0;
   e.window_left = p.window_left;
   e.window_right = p.window_right;
   return e;
 }
 
+// Whether key `key` of entry b (below its L) has a row to read: always without pages; with pages,
+// when its page index is within [0, num_pages) (rules.h: a key on a missing page is masked, never read).
+__device__ __forceinline__ bool key_page_exists(const FwdParams& p, int b, int key) {
+  if (p.block_table == nullptr) return true;
+  const int slot = rules::page_slot_of_key(key, p.page_size, p.page_size_log2);
+  return rules::page_index_valid(p.block_table[b * p.block_table_stride + slot], p.num_pages);
+}
+
 // Where key `key` of entry b lives, in elements from the start of k (or v): row k_row0 + key of
-// batch b, or row key % page_size of page block_table[b][key / page_size] (clamped to the pages).
-// Call only for keys < the entry's L: the block table holds exactly the pages of [0, seqlen_k).
+// batch b, or row key % page_size of page block_table[b][key / page_size]. Call only for keys below
+// the entry's L whose page exists (key_page_exists).
 __device__ __forceinline__ long long key_offset(const FwdParams& p, const EntryMask& e, int b, int key,
                                                 long long batch_stride, long long row_stride) {
   if (p.block_table == nullptr) return b * batch_stride + (e.k_row0 + key) * row_stride;
-  const int page = p.block_table[b * p.block_table_stride + key / p.page_size];
-  const int page_clamped = max(min(page, p.num_pages - 1), 0);
-  return page_clamped * batch_stride + (key % p.page_size) * row_stride;
+  const int slot = rules::page_slot_of_key(key, p.page_size, p.page_size_log2);
+  const int page = p.block_table[b * p.block_table_stride + slot];
+  return page * batch_stride + rules::row_in_page(key, slot, p.page_size, p.page_size_log2) * row_stride;
 }
 
-// Softcap: tanh(x) = 1 - 2 / (e^2x + 1), absolute error ~1e-7 (tanh.approx is ~5e-4 off); +-1
-// where e^2x over- or underflows.
-__device__ __forceinline__ float tanh_accurate(float x) {
-  return 1.f - 2.f / (exp2f(x * 2.885390081777926815f) + 1.f);  // 2 * log2(e)
+// Whether some key of [key_begin, key_end) of entry b lies on a missing page, for the whole warp (every
+// lane must call): lane i reads the entry of the range's i-th page. Paged caches only.
+__device__ __forceinline__ bool any_page_missing(const FwdParams& p, int b, int key_begin, int key_end) {
+  bool missing = false;
+  if (key_begin < key_end) {
+    const int* table = p.block_table + b * p.block_table_stride;
+    const int last = rules::page_slot_of_key(key_end - 1, p.page_size, p.page_size_log2);
+    for (int slot = rules::page_slot_of_key(key_begin, p.page_size, p.page_size_log2) + static_cast<int>(threadIdx.x % 32);
+         slot <= last; slot += 32) {
+      missing |= !rules::page_index_valid(table[slot], p.num_pages);
+    }
+  }
+  return __any_sync(0xffffffffu, missing);
 }
 
 // x clamped to [-2^30, 2^30]: mask limits relative to a tile, where only the sign of limit + a small
@@ -249,7 +258,7 @@ struct ElementMask {
     key_rel = key - e.leftpad;
     key_count = static_cast<unsigned>(e.nk - e.leftpad);
     // Clamped to +-2^30, far beyond any dc - dr, so a side that is unbounded or far away never masks.
-    const long long diag = static_cast<long long>(key) - row - e.offset();
+    const long long diag = static_cast<long long>(key) - rules::mask_diagonal(row, e.nq, e.nk);
     past_right = e.window_right < 0 ? -(1 << 30) : clamp_2e30(diag - e.window_right);
     before_left = e.window_left < 0 ? (1 << 30) : clamp_2e30(diag + e.window_left);
   }

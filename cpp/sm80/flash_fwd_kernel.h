@@ -208,6 +208,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     }
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
+      if (params.block_table != nullptr) {  // keys on a page that does not exist count as masked (rules.h)
+        int const key0 = n_block * kBlockN;
+        mask_missing_pages(acc_s, tScS, rows_k(), key0, work.seq.key_begin, min(work.seq.seqlen_k, key0 + kBlockN));
+      }
     }
     if constexpr (kMasked) { work.mask.apply(acc_s, tScS, work.m_block, n_block, work.n_block_unmasked_begin); }
 

@@ -8,9 +8,9 @@
 
 namespace cutlassfa::sm80 {
 
-// Enqueue the forward kernel for one (head dim, input element, output element): the plain kernel, or the
-// general one for paged caches, zero-padded head dims, softcap and left padding (launch_template.h).
-// Element is cutlass::half_t or cutlass::bfloat16_t, ElementOut is Element or float.
+// Enqueue the forward kernel for one (head dim, input element, output element): the plain or the
+// general instantiation (sm80/launch_template.h says which calls take the general one). Element is
+// cutlass::half_t or cutlass::bfloat16_t, ElementOut is Element or float.
 // Defined in sm80/launch_template.h, instantiated from sm80/instantiate.cu.in.
 template <int kHeadDim, class Element, class ElementOut>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);

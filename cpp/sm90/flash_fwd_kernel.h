@@ -211,6 +211,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
+      if (paged) {  // keys on a page that does not exist count as masked (rules.h); tile n's entries are in slot n % 2
+        int const key0 = n_block * kBlockN;
+        KvRows<Element> const rows = rows_k().with_table_slice(page_slots + (n_block & 1) * Traits::kPageSlots,
+                                                                 rows_k().page_of(key0));
+        mask_missing_pages(acc_s, tScS, rows, key0, work.seq.key_begin, min(work.seq.seqlen_k, key0 + kBlockN));
+      }
     }
     if constexpr (kMasked) { work.mask.apply(acc_s80, tScS80, work.m_block, n_block, work.n_block_unmasked_begin); }
 

@@ -7,9 +7,9 @@
 
 namespace cutlassfa::sm90 {
 
-// Enqueue the wgmma forward kernel for one (head dim, element): the plain kernel, or the general one
-// for paged caches, zero-padded head dims, softcap and left padding (launch_template.h).
-// Element is cutlass::half_t or cutlass::bfloat16_t; O is written in Element. The caller has
+// Enqueue the wgmma forward kernel for one (head dim, element): the plain or the general
+// instantiation (sm90/launch_template.h says which calls take the general one). Element is
+// cutlass::half_t or cutlass::bfloat16_t; O is written in Element. The caller has
 // checked the alignment contract (common/alignment.h) and that the device is sm_90.
 // Defined in sm90/launch_template.h, instantiated from sm90/instantiate.cu.in.
 template <int kHeadDim, class Element>

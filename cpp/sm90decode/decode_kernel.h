@@ -25,6 +25,7 @@
 #include "common/online_softmax.h"
 #include "common/tensor_utils.h"
 #include "cutlassfa/params.h"
+#include "cutlassfa/rules.h"
 #include "sm80/gemm.h"
 
 namespace cutlassfa::sm80 {
@@ -79,7 +80,10 @@ struct DecodeTraits {
   // Paged caches: each warp's block-table entries of kStages steps (a step's keys touch at most kWarpKeys
   // pages).
   static constexpr int kSmemTableOffset = kSmemQ + (kSmemRing > kSmemMerge ? kSmemRing : kSmemMerge);
-  static constexpr int kSmemSize = kSmemTableOffset + kNWarps * kStages * kWarpKeys * int(sizeof(int));
+  // Then each warp's word a stage: bit r set when key r of the step lies on a page that does not exist.
+  static constexpr int kSmemMissingOffset = kSmemTableOffset + kNWarps * kStages * kWarpKeys * int(sizeof(int));
+  static constexpr int kSmemSize = kSmemMissingOffset + kNWarps * kStages * int(sizeof(unsigned));
+  static_assert(kWarpKeys <= 32, "a step's keys in one 32-bit word");
   static_assert(kSmemSize * kCtasPerSm <= 227 * 1024, "kCtasPerSm CTAs a multiprocessor on sm_90");
 };
 
@@ -128,15 +132,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   int const b = group / params.heads_kv;
   int const nq = params.seqlen_q, rows = nq * params.heads_ratio;  // row r: query head h_kv ratio + r / nq, query r % nq
   int keys = params.seqlen_k;  // L: this entry's keys
-  if (params.seqlens_k != nullptr) { keys = min(max(params.seqlens_k[b] + params.seqlens_k_added, 0), params.seqlen_k); }
+  if (params.seqlens_k != nullptr) { keys = rules::cache_entry_keys(params.seqlens_k[b], params.seqlens_k_added, params.seqlen_k); }
   int const tiles = (keys + kBlockN - 1) / kBlockN;
   int const per_split = (tiles + params.num_splits - 1) / params.num_splits;
   int const tile_begin = min(tiles, split * per_split), tile_end = min(tiles, tile_begin + per_split);
   int const steps = tile_end - tile_begin;
-  // Row i sees keys j <= i + L - Nq + window_right (window_right < 0: every key below L).
-  auto last_key = [&](int r) {
-    return params.window_right < 0 ? keys - 1 : min(keys - 1, r % nq + keys - nq + params.window_right);
-  };
+  // The last key row r (query r % nq) sees (rules.h; no left window, no left padding here).
+  auto last_key = [&](int r) { return rules::mask_row_hi(r % nq, nq, keys, params.window_right) - 1; };
   int const last_key_min = last_key(0);  // row 0 (query 0) sees the fewest
 
   // ---- Shared memory -------------------------------------------------------------------------------------
@@ -147,19 +149,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   auto slot_v = [&](int s) { return make_tensor(make_smem_ptr(ring + (2 * s + 1) * Traits::kSlotElems), typename Traits::SmemLayoutKV{}); };
 
   // ---- Loads ---------------------------------------------------------------------------------------------
-  // A paged cache (params.h): key p is row p % page_size of page block_table[b][p / page_size], clamped
-  // to the pages that exist. Lane l < step_pages copies the entry of the l-th page that the warp's keys
-  // of `step` touch (if a key below L lies in it) into table slot step % kStages; the copies of step s
-  // read it from there. The entries of step s + kStages - 1 travel in the cp.async group of step s.
+  // A paged cache (rules.h): key p is row p % page_size of page block_table[b][p / page_size]; a page
+  // index outside [0, num_pages) is no page (its keys are zero-filled, never read, and masked). Lane
+  // l < step_pages copies the entry of the l-th page that the warp's keys of `step` touch (if a key below
+  // L lies in it) into table slot step % kStages; the copies of step s read it from there. The entries of
+  // step s + kStages - 1 travel in the cp.async group of step s. That slot is refilled before step s
+  // computes, so the copies of step s also leave in missing_ring[s % kStages] which of its keys lie on a
+  // missing page, for its mask.
   bool const paged = params.block_table != nullptr;
   const int* const table = paged ? params.block_table + b * params.block_table_stride : nullptr;
   int* const table_ring = reinterpret_cast<int*>(smem + Traits::kSmemTableOffset) + warp * kStages * kWarpKeys;
+  unsigned* const missing_ring = reinterpret_cast<unsigned*>(smem + Traits::kSmemMissingOffset) + warp * kStages;
   // Page sizes are powers of two here (launch_decode.cu): a key's page is a shift.
   int const page_shift = params.page_size_log2;
   int const step_pages = max(1, kWarpKeys >> max(page_shift, 0));  // entries a step needs
   auto step_key0 = [&](int step) { return (tile_begin + step) * kBlockN + warp * kWarpKeys; };
   auto load_table = [&](int step) {
-    int const page = (step_key0(step) >> page_shift) + lane;
+    int const page = rules::page_slot_of_key_pow2(step_key0(step), page_shift) + lane;
     bool const read = step < steps && page << page_shift < keys;
     if (lane < step_pages) {
       cp_async_4_zfill(&table_ring[step % kStages * kWarpKeys + lane], table + (read ? page : 0), read);
@@ -240,49 +246,61 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   int const kv_batch = paged ? 0 : b;
   const Element* const k_head = static_cast<const Element*>(params.k) + kv_batch * params.k_batch_stride + h_kv * params.k_head_stride;
   const Element* const v_head = static_cast<const Element*>(params.v) + kv_batch * params.v_batch_stride + h_kv * params.v_head_stride;
-  auto clamp_page = [&](int entry) { return min(max(entry, 0), params.num_pages - 1); };  // reads stay in the cache
+  // A missing page's copies are zero-fills (their source is not read); they still get an address in the cache.
+  auto page_or_0 = [&](int entry) { return rules::page_index_valid(entry, params.num_pages) ? entry : 0; };
   auto page_rows = [&](int entry, long long row0, long long batch_stride, long long row_stride, const Element* head) {
-    return head + clamp_page(entry) * batch_stride + row0 * row_stride;
+    return head + page_or_0(entry) * batch_stride + row0 * row_stride;
   };
   auto load_step = [&](int step) __attribute__((always_inline)) {
     int const key0 = step_key0(step);
     int const slot = step % kStages;
     int const rows_left = keys - key0;
     int const* const entries = table_ring + slot * kWarpKeys;
+    if (paged) {  // which of the step's keys lie on a missing page, for the mask of step `step`
+      int const key = key0 + lane;
+      int const entry = rules::page_slot_of_key_pow2(key, page_shift) - rules::page_slot_of_key_pow2(key0, page_shift);
+      bool const missing = lane < kWarpKeys && key < keys && !rules::page_index_valid(entries[entry], params.num_pages);
+      unsigned const missing_keys = __ballot_sync(0xffffffffu, missing);
+      if (lane == 0) { missing_ring[slot] = missing_keys; }
+    }
     if (!paged) {
       copy_rows(slot, k_head + key0 * params.k_row_stride, v_head + key0 * params.v_row_stride, rows_left);
     } else if (step_pages == 1) {
       // The step's keys lie in one page (pages of kWarpKeys keys or more): one entry, and the copies of a
       // contiguous cache.
-      long long const row0 = key0 & (params.page_size - 1);
+      long long const row0 = rules::row_in_page_pow2(key0, params.page_size);
+      bool const missing = !rules::page_index_valid(entries[0], params.num_pages);
       copy_rows(slot, page_rows(entries[0], row0, params.k_batch_stride, params.k_row_stride, k_head),
-                page_rows(entries[0], row0, params.v_batch_stride, params.v_row_stride, v_head), rows_left);
+                page_rows(entries[0], row0, params.v_batch_stride, params.v_row_stride, v_head), missing ? 0 : rows_left);
     } else if (step_pages == 2) {
       // Two pages a step (16-key pages at d = 64, 8-key at d = 128): each half of the passes from its
       // page's first row.
       const char* const lane_k = reinterpret_cast<const char*>(k_head + lane_col) + lane_row * k_row_bytes;
       const char* const lane_v = reinterpret_cast<const char*>(v_head + lane_col) + lane_row * v_row_bytes;
       auto half = [&](int e, auto first) __attribute__((always_inline)) {
-        long long const page = clamp_page(entries[e]);
+        bool const missing = !rules::page_index_valid(entries[e], params.num_pages);
+        long long const page = page_or_0(entries[e]);
         long long const k_page = page * params.k_batch_stride * int(sizeof(Element));
         long long const v_page = page * params.v_batch_stride * int(sizeof(Element));
-        copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, rows_left);
+        copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, missing ? 0 : rows_left);
       };
       half(0, Int<0>{});
       half(1, Int<kPasses / 2>{});
     } else {  // smaller pages: a page per row
-      int const first_page = key0 >> page_shift;
+      int const first_page = rules::page_slot_of_key_pow2(key0, page_shift);
       Tensor sK = slot_k(slot);
       Tensor sV = slot_v(slot);
       CUTE_UNROLL
       for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
         int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-        bool const valid = r < rows_left;
+        bool valid = r < rows_left;
         long long page = 0, row = 0;
         if (valid) {
-          int const key_page = (key0 + r) >> page_shift;
-          page = clamp_page(entries[key_page - first_page]);
-          row = (key0 + r) & (params.page_size - 1);
+          int const key_slot = rules::page_slot_of_key_pow2(key0 + r, page_shift);
+          int const entry = entries[key_slot - first_page];
+          valid = rules::page_index_valid(entry, params.num_pages);
+          page = valid ? entry : 0;
+          row = rules::row_in_page_pow2(key0 + r, params.page_size);
         }
         cp_async_16_zfill(&sK(r, col), k_head + page * params.k_batch_stride + row * params.k_row_stride + col, valid);
         cp_async_16_zfill(&sV(r, col), v_head + page * params.v_batch_stride + row * params.v_row_stride + col, valid);
@@ -352,13 +370,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     }
 
     int const key0 = step_key0(step);
-    if (key0 + kWarpKeys - 1 > last_key_min) {  // some key of the step is hidden from some row
+    unsigned const missing_keys = paged ? missing_ring[slot] : 0u;  // keys on a missing page count as masked
+    if (key0 + kWarpKeys - 1 > last_key_min || missing_keys != 0) {  // some key of the step is hidden from some row
       Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
       CUTE_UNROLL
       for (int mi = 0; mi < kThreadRows; ++mi) {
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) {
-          if (key0 + get<1>(tScS_rc(mi, ni)) > last_key_row[mi]) { scores(mi, ni) = -INFINITY; }
+          int const col = get<1>(tScS_rc(mi, ni));
+          if (key0 + col > last_key_row[mi] || (missing_keys >> col & 1u)) { scores(mi, ni) = -INFINITY; }
         }
       }
     }

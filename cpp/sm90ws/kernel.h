@@ -33,7 +33,7 @@ template <class Traits>
 struct TileWork {
   TileCoord tile;
   SeqInfo seq;
-  Mask</*kHasMask=*/true, Traits::kBlockM, Traits::kBlockN> mask;
+  Mask<Traits::kBlockM, Traits::kBlockN> mask;
   int n_block_min, n_block_max;  // the K/V tiles some row sees
 
   __forceinline__ __device__ TileWork(FwdParams const& fwd, TileScheduler const& scheduler, int index)

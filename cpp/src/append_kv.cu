@@ -1,11 +1,13 @@
 // Appends k_new / v_new (B, Hkv, Nnew, d) into a KV cache at cache_seqlens[b] of each entry, before the
 // attention kernel and on its stream: contiguous caches (B, Hkv, capacity, d) or paged caches
 // (num_pages, Hkv, page_size, d) through block_table. Bounds-safe for any device values: a position
-// past the capacity, a negative length, or a page index outside [0, num_pages) drops the row.
+// past the capacity, a negative length, or a page index outside [0, num_pages) (rules.h: no page) drops
+// the row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cutlassfa/launch.h"
+#include "cutlassfa/rules.h"
 
 namespace cutlassfa {
 namespace {
@@ -22,9 +24,11 @@ __global__ void append_kv_kernel(const FwdParams params, const AppendKV append) 
     if (start < 0 || position >= params.seqlen_k) continue;  // past the capacity: dropped
     long long entry = b, row = position;
     if (params.block_table != nullptr) {
-      int const page = params.block_table[b * params.block_table_stride + position / params.page_size];
-      if (page < 0 || page >= params.num_pages) continue;
-      entry = page, row = position % params.page_size;
+      int const key = static_cast<int>(position);  // < seqlen_k
+      int const slot = rules::page_slot_of_key(key, params.page_size, params.page_size_log2);
+      int const page = params.block_table[b * params.block_table_stride + slot];
+      if (!rules::page_index_valid(page, params.num_pages)) continue;
+      entry = page, row = rules::row_in_page(key, slot, params.page_size, params.page_size_log2);
     }
     T* k = const_cast<T*>(static_cast<const T*>(params.k)) + entry * params.k_batch_stride + h * params.k_head_stride +
            row * params.k_row_stride;

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .masks import page_present
+
 __all__ = ["DenseKeys", "PagedKeys", "append_keys", "max_abs"]
 
 
@@ -26,11 +28,16 @@ class DenseKeys:
         """Largest magnitudes of the first `count` keys and values (all by default)."""
         return max_abs(self.k[:, :, :count]), max_abs(self.v[:, :, :count])
 
+    def absent(self, j0: int, j1: int) -> None:
+        """Dense keys are all there."""
+        return None
+
 
 class PagedKeys:
     """Keys [start, stop) of one entry of paged caches (num_pages, Hkv, page_size, d): key position p
     is row p % page_size of page pages[p // page_size]. Tiles are gathered row by row, so a page size
-    that does not divide the tile is as correct as one that does."""
+    that does not divide the tile is as correct as one that does. A key on a missing page
+    (masks.page_present) gathers as zeros, is never read, and is listed by :meth:`absent`."""
 
     def __init__(self, k_pages: np.ndarray, v_pages: np.ndarray, pages: np.ndarray, page_size: int,
                  start: int, stop: int) -> None:
@@ -48,15 +55,32 @@ class PagedKeys:
         count = self.stop - self.start if count is None else count
         return tuple(max_abs(x) for x in self._gather(0, count))
 
+    def absent(self, j0: int, j1: int) -> np.ndarray | None:
+        """Which keys of [j0, j1) (counted from start) lie on a missing page; None when none does."""
+        present = page_present(self._pages(j0, j1), self.k_pages.shape[0])
+        return None if present.all() else ~present
+
+    def _pages(self, j0: int, j1: int) -> np.ndarray:
+        return self.pages[(self.start + np.arange(j0, j1)) // self.page_size]
+
     def _gather(self, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
-        positions = self.start + np.arange(j0, j1)
-        pages, rows = self.pages[positions // self.page_size], positions % self.page_size
-        # Advanced indices around a slice put the gathered axis first: (j1 - j0, Hkv, d).
-        return tuple(x[pages, :, rows].transpose(1, 0, 2)[None] for x in (self.k_pages, self.v_pages))
+        pages, rows = self._pages(j0, j1), (self.start + np.arange(j0, j1)) % self.page_size
+        present = page_present(pages, self.k_pages.shape[0])
+        out = []
+        for x in (self.k_pages, self.v_pages):
+            if present.all():
+                # Advanced indices around a slice put the gathered axis first: (j1 - j0, Hkv, d).
+                rows_hd = x[pages, :, rows]
+            else:  # a missing page's keys are zeros, not read
+                rows_hd = np.zeros((len(pages), x.shape[1], x.shape[3]), dtype=x.dtype)
+                rows_hd[present] = x[pages[present], :, rows[present]]
+            out.append(rows_hd.transpose(1, 0, 2)[None])
+        return tuple(out)
 
 
 def append_keys(cache: np.ndarray, new: np.ndarray, args: Any) -> None:
-    """Write new (B, Hkv, Nnew, d) into the cache at positions [cache_seqlens[b], + Nnew) of entry b."""
+    """Write new (B, Hkv, Nnew, d) into the cache at positions [cache_seqlens[b], + Nnew) of entry b; rows
+    whose page is missing (masks.page_present: unchecked tables) are dropped."""
     for i in range(new.shape[0]):
         start = int(args.cache_seqlens[i])
         if not args.paged:
@@ -64,7 +88,9 @@ def append_keys(cache: np.ndarray, new: np.ndarray, args: Any) -> None:
             continue
         positions = start + np.arange(args.n_new)
         pages = args.block_table[i, positions // args.page_size]
-        cache[pages, :, positions % args.page_size] = new[i].transpose(1, 0, 2)  # (Nnew, Hkv, d)
+        kept = page_present(pages, cache.shape[0])
+        rows = new[i].transpose(1, 0, 2)  # (Nnew, Hkv, d)
+        cache[pages[kept], :, (positions % args.page_size)[kept]] = rows[kept]
 
 
 def max_abs(x: np.ndarray) -> float:

@@ -142,7 +142,8 @@ class KVCacheArgs:
 
 
 def check_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any = None, cache_leftpad: Any = None,
-                  block_table: Any = None, k_new: Any = None, v_new: Any = None) -> KVCacheArgs:
+                  block_table: Any = None, k_new: Any = None, v_new: Any = None,
+                  check_pages: bool = True) -> KVCacheArgs:
     """Validate attention of q (B, Hq, Nq, d) against a KV cache.
 
     k_cache, v_cache: (B, Hkv, Ncache, d), or with block_table (B, max_pages) paged caches
@@ -156,6 +157,8 @@ def check_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any = No
     read) within [0, num_pages). For device index arrays these checks would need a sync, so the
     kernels must stay bounds-safe on their own: clamp L_b to the cache length and leftpad to [0, L_b],
     and read nothing through a page index outside [0, num_pages) (its keys count as masked).
+    check_pages=False takes host block_table values unchecked, as a device table's are (the cpu backend
+    and the reference then give what the kernels give for them: see page_present).
     """
     b, hq, _, d = _shape(q, "q", 4, "(B, Hq, Nq, d)")
     paged = block_table is not None
@@ -194,7 +197,7 @@ def check_kvcache(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any = No
             i = int(bad[0])
             raise ValueError(f"cache_leftpad[{i}] = {leftpad[i]} is outside [0, cache_seqlens[{i}] = {limit[i]}]")
 
-    if table is not None and seqlens is not None:
+    if table is not None and seqlens is not None and check_pages:
         for i in range(b):
             used = table[i, : -(-(int(seqlens[i]) + n_new) // per_slot)]
             if used.size and (used.min() < 0 or used.max() >= slots):

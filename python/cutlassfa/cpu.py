@@ -125,6 +125,7 @@ def kvcache_forward_cpu(
     out: np.ndarray | None = None,
     block_n: int = 128,
     block_m: int = 128,
+    check_pages: bool = True,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Attention of q against a KV cache on the CPU, as FlashAttention's flash_attn_with_kvcache.
 
@@ -142,13 +143,16 @@ def kvcache_forward_cpu(
         causal, softmax_scale, window, softcap, num_splits, return_lse: as :func:`forward_cpu`, aligned
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         out: optional (B, Hq, Nq, d) array of q's dtype to write into.
+        check_pages: False takes the block_table values unchecked, as the kernels take a device table:
+            keys behind an entry outside [0, num_pages) count as masked (never read), appended keys
+            there are dropped (masks.page_present).
 
     Every argument is validated (and the caches checked writable) before anything is written.
     Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
     """
     _check_blocks(block_m, block_n)
     args = check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
-                         block_table=block_table, k_new=k_new, v_new=v_new)
+                         block_table=block_table, k_new=k_new, v_new=v_new, check_pages=check_pages)
     win, cap, splits = check_window(window, causal), check_softcap(softcap), check_num_splits(num_splits) or 1
     if k_new is not None:
         for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
@@ -296,6 +300,7 @@ def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window
     trips = masks.tile_trips(i0, i0 + rows, nq, nk, window, block_n)
     lo, hi = masks.row_ranges(np.arange(i0, i0 + rows), nq, nk, window)  # keys [lo, hi) of each row
     first, last = trips.first, trips.last
+    some_absent = False
     if tiles is not None:  # the part's keys are whole tiles, so the tiles' masked flags stay right
         first, last = max(first, tiles[0]), min(last, tiles[1])
         j_lo, j_hi = tiles[0] * block_n, min(nk, tiles[1] * block_n)
@@ -306,6 +311,10 @@ def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window
         tS = _log2_scores(tQ, tK, scale, softcap)  # (nb, Hkv, group*rows, j1 - j0)
         if trips.is_masked(n):  # boundary tiles only (window edges, diagonal, ragged end)
             _mask_tile(tS, lo - j0, hi - j0, group)
+        absent = keys.absent(j0, j1)  # keys on a missing page count as masked (masks.page_present)
+        if absent is not None:
+            tS[..., absent] = -np.inf
+            some_absent = True
         m_new = np.maximum(m_i, tS.max(axis=-1))
         # A row that has seen only masked keys keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
         m_safe = np.where(m_new == -np.inf, dtype.type(0), m_new)
@@ -319,8 +328,10 @@ def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window
     # Rows that see no key are decided by position, not by l_i, so a NaN input still shows up as NaN
     # in the rows that read it.
     row_sees_key = np.tile(hi > lo, group)
+    if some_absent:  # a row whose keys were all on missing pages saw none (a NaN max is no -inf)
+        row_sees_key = row_sees_key & ~(m_i == -np.inf)
     l_safe = np.where(row_sees_key, l_i, dtype.type(1))
-    o = np.where(row_sees_key[:, None], acc / l_safe[..., None], dtype.type(0))
+    o = np.where(row_sees_key[..., None], acc / l_safe[..., None], dtype.type(0))
     lse = np.where(row_sees_key, (m_i + np.log2(l_safe)) * dtype.type(_LN2), dtype.type(-np.inf))
     return o.reshape(nb, hq, rows, d), lse.reshape(nb, hq, rows)
 

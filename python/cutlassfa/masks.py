@@ -1,7 +1,8 @@
 """Which keys each query sees: the one mask definition of cutlassfa.
 
 The float64 reference, the cpu backend and every CUDA kernel family follow the rules below; the
-kernels port :func:`row_range` and :func:`tile_trips` line by line (integer arithmetic only).
+kernels' statement of them is cpp/include/cutlassfa/rules.h (the row range, the page rule) with the
+trip counts of :func:`tile_trips` (integer arithmetic only).
 
 Alignment is bottom-right, as in FlashAttention-2: with Nq queries and Nk keys, offset = Nk - Nq (per
 sequence where lengths vary: varlen batches, KV caches with per-entry lengths), so the last query
@@ -23,6 +24,10 @@ bound as (left, 0). Nq = Nk = 6, `x` visible::
 
 Each row sees one contiguous range of keys [lo, hi), possibly empty (lo == hi: the row's output is 0
 and its lse -inf). Both lo and hi are non-decreasing in the row index; the tile trip counts rely on it.
+
+Paged caches add one rule (:func:`page_present`): a key whose block-table entry is outside
+[0, num_pages) counts as masked for every row (device tables are not checked on the host); a row whose
+visible keys are all masked so gives 0 and lse -inf too.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Window", "FULL", "CAUSAL", "resolve_window", "row_range", "row_ranges", "dense_mask",
-           "TileTrips", "tile_trips", "visible_pairs", "tile_counts"]
+           "TileTrips", "tile_trips", "visible_pairs", "tile_counts", "page_present"]
 
 
 @dataclass(frozen=True)
@@ -186,3 +191,10 @@ def tile_counts(nq: int, nk: int, window: Window, block_m: int, block_n: int, le
         visited += trips.count
         masked += trips.masked_count
     return visited, masked
+
+
+def page_present(pages: np.ndarray, num_pages: int) -> np.ndarray:
+    """True where a block-table entry names a page of the cache, [0, num_pages): the keys behind any
+    other entry count as masked (never read), and keys appended there are dropped."""
+    pages = np.asarray(pages)
+    return (pages >= 0) & (pages < num_pages)

@@ -94,8 +94,9 @@ def attention_reference(
 
 
 def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window: Window,
-           softcap: float) -> tuple[np.ndarray, np.ndarray]:
-    """Exact attention of 4-D q (B, Hq, Nq, d) against k, v (B, Hkv, Nk, d): (out, lse) float64."""
+           softcap: float, present: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact attention of 4-D q (B, Hq, Nq, d) against k, v (B, Hkv, Nk, d): (out, lse) float64.
+    present: None, or (Nk,) bools, False for keys that count as masked for every row (missing pages)."""
     b, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
@@ -119,6 +120,9 @@ def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window:
             i1 = min(nq, i0 + rows)
             qb = q4[b0:b1, :, i0:i1].astype(np.float64).reshape(b1 - b0, hkv, group, i1 - i0, d)
             mask = None if window.is_full else masks.dense_mask(nq, nk, window, row_start=i0, row_stop=i1)
+            if present is not None and not present.all():
+                keep = np.broadcast_to(present, (i1 - i0, nk))
+                mask = keep if mask is None else mask & keep
             o, l_ = _exact_block(qb, kb, vb, scale, softcap, mask)
             out[b0:b1, :, i0:i1] = o.reshape(b1 - b0, hq, i1 - i0, d)
             lse[b0:b1, :, i0:i1] = l_.reshape(b1 - b0, hq, i1 - i0)
@@ -164,6 +168,7 @@ def kvcache_reference(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    check_pages: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of q against a KV cache, in float64. Never modifies k_cache / v_cache.
 
@@ -178,13 +183,16 @@ def kvcache_reference(
             cache_seqlens[b]; attended from a copy, the caches are left as they are.
         causal, softmax_scale, window, softcap: as :func:`attention_reference`; the alignment is
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
+        check_pages: False takes the block_table values unchecked, as the kernels take a device table:
+            keys (cached or new) behind an entry outside [0, num_pages) count as masked
+            (masks.page_present).
 
     Returns:
         (out float64 (B, Hq, Nq, d), lse float64 (B, Hq, Nq)).
     """
     q = np.asarray(q)
     args = check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
-                         block_table=block_table, k_new=k_new, v_new=v_new)
+                         block_table=block_table, k_new=k_new, v_new=v_new, check_pages=check_pages)
     win, cap = check_window(window, causal), check_softcap(softcap)
     b, hq, nq, d = q.shape
     scale = _default_scale(d, softmax_scale)
@@ -198,7 +206,11 @@ def kvcache_reference(
         # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the same
         # as dropping them, which leaves (L_b - leftpad) - Nq counted from the first kept key.
         lp = int(args.cache_leftpad[i])
-        o, l_ = _dense(q[i : i + 1], keys[None, :, lp:], values[None, :, lp:], scale, win, cap)
+        present = None
+        if args.paged:
+            positions = np.arange(keys.shape[1])
+            present = masks.page_present(args.block_table[i, positions // args.page_size], k_cache.shape[0])[lp:]
+        o, l_ = _dense(q[i : i + 1], keys[None, :, lp:], values[None, :, lp:], scale, win, cap, present)
         out[i], lse[i] = o[0], l_[0]
     return out, lse
 
@@ -210,8 +222,10 @@ def _cache_entry(cache: np.ndarray, i: int, args: Any) -> np.ndarray:
         return np.asarray(cache[i, :, :length], dtype=np.float64)
     positions = np.arange(length)
     pages = args.block_table[i, positions // args.page_size]
-    rows = cache[pages, :, positions % args.page_size]  # (L, Hkv, d)
-    return np.asarray(rows, dtype=np.float64).transpose(1, 0, 2)
+    present = masks.page_present(pages, cache.shape[0])  # a missing page's keys: zeros, masked by the caller
+    rows = np.zeros((length, cache.shape[1], cache.shape[3]), dtype=np.float64)
+    rows[present] = cache[pages[present], :, (positions % args.page_size)[present]]  # (L, Hkv, d)
+    return rows.transpose(1, 0, 2)
 
 
 def varlen_reference(

@@ -61,8 +61,8 @@ struct FwdParams {
   //    [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q, o (and of lse's row axis); its keys are rows
   //    [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k, v. The batch strides are then 0.
   //  - seqlens_k (batch): KV cache. Entry b has L = seqlens_k[b] + seqlens_k_added keys (the keys
-  //    appended this call), clamped to seqlen_k (the capacity) so that a bad length never reads
-  //    outside the cache.
+  //    appended this call), clamped to [0, seqlen_k] (the capacity) so that a bad length never reads
+  //    outside the cache. Every length rule is rules.h's.
   //  - leftpad_k (batch): keys before leftpad_k[b] are hidden (clamped to [0, L]); alignment unchanged.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
@@ -74,8 +74,9 @@ struct FwdParams {
 
   // Paged KV cache: k and v are (num_pages, heads_kv, page_size, d) with the batch strides above
   // taken as page strides; key position p of entry b is row p % page_size of page
-  // block_table[b * block_table_stride + p / page_size], clamped to [0, num_pages). seqlen_k is
-  // then the capacity of one entry, max_pages * page_size.
+  // block_table[b * block_table_stride + p / page_size]; a page index outside [0, num_pages) is no
+  // page (rules.h: its keys are masked, never read). seqlen_k is then the capacity of one entry,
+  // max_pages * page_size.
   const int* block_table = nullptr;
   long long block_table_stride = 0;
   int page_size = 0;
