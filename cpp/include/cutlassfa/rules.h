@@ -1,6 +1,6 @@
 // The scalar rules of attention, each written once: the lengths of a batch entry, the key range a
 // query row sees, where a key of a paged cache lives (and whether its page exists), softcap's tanh.
-// Every kernel family calls these (common/ for the tensor-core tiles, sm80/decode_kernel.h, simt/ and
+// Every kernel family calls these (common/ for the tensor-core tiles, sm90decode/decode_kernel.h, simt/ and
 // src/append_kv.cu); python/cutlassfa/reference.py and masks.py are the other statement of the same
 // rules. The kernels keep their fast structure around them (relative mask limits, shifts for pages
 // of a power-of-two size, one block-table read per tile): a rule here is a few integer operations,
