@@ -35,6 +35,11 @@ for grid in "$@"; do
       --json "$OUT/$run-$n.json" >"$OUT/$run-$n.log" 2>&1) || echo "grid $n ($run) failed: $(tail -3 "$OUT/$run-$n.log")"
   done
   echo "grid $n: $grid" | tee -a "$OUT/compare.log"
+  if [[ "$grid" == *--overhead* ]]; then  # no grid rows: the per-call table of each run
+    for run in before after again; do echo "  $run:"; grep -E "^(torch|numpy|cupy)" "$OUT/$run-$n.log"; done |
+      tee -a "$OUT/compare.log"
+    continue
+  fi
   python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/after-$n.json" | tee -a "$OUT/compare.log"
   python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/again-$n.json" | sed 's/^/  (before again) /' |
     tee -a "$OUT/compare.log"
