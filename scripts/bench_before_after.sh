@@ -6,6 +6,7 @@
 #   bash scripts/bench_before_after.sh OLD_TREE 'GRID ARGS' ['GRID ARGS' ...]
 # OLD_TREE: a source tree of the earlier commit (e.g. `git archive` of it, carried in an ignored folder).
 # Example: bash scripts/bench_before_after.sh .old '--quick' '--decode --quick --graph'
+# AGAIN=0 skips the second earlier run of the grids (not of --overhead, whose figures are the noisiest).
 # $OUT gets compare.log and bench.tgz (every grid's before-N / after-N / again-N JSON and log, and the
 # build logs: the device tool brings back few files). Needs .whl/ (the CUTLASS wheel).
 set -uo pipefail
@@ -28,7 +29,7 @@ wait $b2 || exit 1
 n=0
 for grid in "$@"; do
   n=$((n + 1))
-  for run in before after again; do
+  for run in before after $([ "${AGAIN:-1}" = 1 ] || [[ "$grid" == *--overhead* ]] && echo again); do
     site=/tmp/site_$([ "$run" = after ] && echo after || echo before)
     # shellcheck disable=SC2086
     (cd /tmp && PYTHONPATH="$site:/tmp/site" python3 -m cutlassfa.cli bench $grid --no-progress \
@@ -41,7 +42,7 @@ for grid in "$@"; do
     continue
   fi
   python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/after-$n.json" | tee -a "$OUT/compare.log"
-  python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/again-$n.json" | sed 's/^/  (before again) /' |
-    tee -a "$OUT/compare.log"
+  [ -f "$OUT/again-$n.json" ] && python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/again-$n.json" |
+    sed 's/^/  (before again) /' | tee -a "$OUT/compare.log"
 done
 (cd "$OUT" && tar czf bench.tgz ./*.json ./*.log && rm -f ./*.json before-*.log after-*.log again-*.log build-*.log)
