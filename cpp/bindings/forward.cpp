@@ -528,10 +528,13 @@ void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
     }
     if (err == cudaSuccess) {
       what = "cudaMemcpyAsync";
+      if (staged) {  // one copy from the first array that comes back to the end (O and lse are last)
+        size_t const first = std::find_if(copies.begin(), copies.end(), [](const HostCopy& h) { return h.to_host; })->offset;
+        err = cudaMemcpyAsync(pinned + first, device + first, total - first, cudaMemcpyDeviceToHost, stream);
+      }
       for (const HostCopy& h : copies) {
-        if (err != cudaSuccess || !h.to_host) continue;
-        if (staged) err = cudaMemcpyAsync(pinned + h.offset, device + h.offset, h.bytes, cudaMemcpyDeviceToHost, stream);
-        else err = copy_strided(h.host, h.view.strides, device + h.offset, h.compact.strides, h.view.shape, h.itemsize, stream);
+        if (err != cudaSuccess || staged || !h.to_host) continue;
+        err = copy_strided(h.host, h.view.strides, device + h.offset, h.compact.strides, h.view.shape, h.itemsize, stream);
       }
     }
     cudaError_t const sync_err = cudaStreamSynchronize(stream);  // nothing in flight may outlive the buffers

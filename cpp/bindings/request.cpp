@@ -164,8 +164,10 @@ bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
 
 std::string type_label(nb::handle h) { return nb::cast<std::string>(nb::type_name(h.type())); }
 
-// An int option: a Python int or a numpy integer, not a bool.
+// An int option: a Python int or a numpy integer, not a bool. (Exact types first: a failed attribute
+// lookup costs an exception, and this runs on every call that passes options.)
 bool is_int(nb::handle h) {
+  if (PyLong_CheckExact(h.ptr())) return true;
   if (!PyIndex_Check(h.ptr()) || PyBool_Check(h.ptr())) return false;
   return !nb::hasattr(h, "dtype") || nb::cast<std::string>(h.attr("dtype").attr("kind")) != "b";
 }
@@ -191,7 +193,10 @@ void window_sides(nb::handle window, int64_t* left, int64_t* right) {
   *left = -1, *right = -1;
   if (!given(window)) return;
   nb::object pair = nb::borrow(window);
-  if (nb::hasattr(window, "left") && nb::hasattr(window, "right")) pair = nb::make_tuple(window.attr("left"), window.attr("right"));
+  if (!PyTuple_CheckExact(window.ptr()) && !PyList_CheckExact(window.ptr()) && nb::hasattr(window, "left") &&
+      nb::hasattr(window, "right")) {  // a masks.Window
+    pair = nb::make_tuple(window.attr("left"), window.attr("right"));
+  }
   bool const sequence = PySequence_Check(pair.ptr()) && !PyUnicode_Check(pair.ptr()) && !PyBytes_Check(pair.ptr());
   if (!sequence || PySequence_Size(pair.ptr()) != 2) {
     PyErr_Clear();
@@ -207,6 +212,7 @@ void window_sides(nb::handle window, int64_t* left, int64_t* right) {
 // softcap: a float (or int), not a bool; None means 0.
 double softcap_value(nb::handle h) {
   if (!given(h)) return 0.0;
+  if (PyFloat_CheckExact(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
   bool const number = (PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr()) || nb::hasattr(h, "dtype")) &&
                       !PyBool_Check(h.ptr()) && PyNumber_Check(h.ptr());
   if (!number || (nb::hasattr(h, "dtype") && nb::cast<std::string>(h.attr("dtype").attr("kind")) == "b")) {
