@@ -26,6 +26,8 @@ VARIANTS = {
     "num_splits": dict(num_splits=2),
     "cache_seqlens": dict(cache_seqlens=np.array([5], np.int32)),
     "cache_leftpad": dict(cache_leftpad=np.array([3], np.int32)),
+    # k and v read as a pool of one page of 8 keys per K/V head
+    "block_table": dict(block_table=np.array([[0]], np.int32), cache_seqlens=np.array([6], np.int32)),
 }
 
 
@@ -103,7 +105,7 @@ def test_gpu_backends_take_host_arrays_with_every_option(rng, backend, name):
         options = dict(VARIANTS[name])
         result = cutlassfa.forward(q, k, v, backend=backend, out=out, **options)
         options.pop("num_splits", None)
-        if name.startswith("cache"):
+        if name.startswith("cache") or name == "block_table":
             ref, _ = kvcache_reference(q, k, v, **options)
         else:
             ref, _ = attention_reference(q, k, v, **options)
@@ -182,6 +184,8 @@ def _mode_of(name):
     kw = VARIANTS[name]
     if name.startswith("cache"):
         return {"kv_cache": True}
+    if name == "block_table":
+        return {"kv_cache": True, "paged": True}
     return {key: value for key, value in kw.items()}
 
 
