@@ -1,7 +1,8 @@
 """A block_table entry outside [0, num_pages) in a slot the keys use: its keys count as masked (excluded
 from the softmax, never read) and keys appended there are dropped, on every backend alike. A device table
 is not checked on the host, so this is what the kernels must do on their own; the cpu backend and the
-float64 reference give the same result for the same unchecked host values (check_pages=False).
+float64 reference give the same result for the same unchecked host values (they take a table as the
+kernels take a device one).
 
 The pages that a clamped index would land on (the first and the last) are unused and hold NaN, and every
 page not in the table holds NaN: a kernel that read a missing page's keys from any other page would not
@@ -77,8 +78,7 @@ def test_keys_on_a_missing_page_are_masked_on_the_gpu(torch, rng, backend, need_
     hq, hkv, nq, d, page_size, lengths = SHAPES[shape]
     q, k, v, table, lens, _ = _paged_problem(rng, batch_lengths=lengths, hq=hq, hkv=hkv, nq=nq, d=d,
                                              page_size=page_size)
-    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=causal,
-                                     check_pages=False)
+    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=causal)
     assert np.isneginf(ref_lse[2]).all() and np.isfinite(ref_lse[[0, 1, 3]]).all()
     dq, dk, dv = (_cuda(torch, x) for x in (q, k, v))
     for splits in (1, 3):
@@ -95,7 +95,7 @@ def test_keys_appended_into_a_missing_page_are_dropped_on_the_gpu(torch, rng, ba
     q, k, v, table, lens, (k_new, v_new) = _paged_problem(rng, batch_lengths=[30, 60, 10, 45], hq=4, hkv=2, nq=nq,
                                                           d=64, page_size=16, n_new=20)
     ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                                     causal=True, check_pages=False)
+                                     causal=True)
     dk, dv = _cuda(torch, k), _cuda(torch, v)
     out, lse = cutlassfa.forward(_cuda(torch, q), dk, dv, cache_seqlens=_cuda(torch, lens),
                                  block_table=_cuda(torch, table), k_new=_cuda(torch, k_new), v_new=_cuda(torch, v_new),
@@ -124,9 +124,9 @@ def test_keys_on_a_missing_page_are_masked_on_the_cpu(rng, shape, splits):
     hq, hkv, nq, d, page_size, lengths = SHAPES[shape]
     q, k, v, table, lens, _ = _paged_problem(rng, batch_lengths=lengths, hq=hq, hkv=hkv, nq=nq, d=d,
                                              page_size=page_size)
-    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=True, check_pages=False)
+    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=True)
     out, lse = kvcache_forward_cpu(q, k, v, cache_seqlens=lens, block_table=table, causal=True, num_splits=splits,
-                                   return_lse=True, check_pages=False)
+                                   return_lse=True)
     bound = bound_for("cpu", "float16")
     assert np.isfinite(out).all()
     assert rel_l2(out, ref) <= bound.rel_l2
@@ -140,10 +140,10 @@ def test_keys_appended_into_a_missing_page_are_dropped_on_the_cpu(rng):
     q, k, v, table, lens, (k_new, v_new) = _paged_problem(rng, batch_lengths=[30, 60, 10, 45], hq=4, hkv=2, nq=3,
                                                           d=64, page_size=16, n_new=20)
     ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                                     causal=True, check_pages=False)
+                                     causal=True)
     k_before, v_before = k.copy(), v.copy()
     out, lse = kvcache_forward_cpu(q, k, v, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                                   causal=True, return_lse=True, check_pages=False)
+                                   causal=True, return_lse=True)
     np.testing.assert_array_equal(k, _appended(k_before, k_new, lens, table))
     np.testing.assert_array_equal(v, _appended(v_before, v_new, lens, table))
     assert rel_l2(out, ref) <= bound_for("cpu", "float16").rel_l2
@@ -155,7 +155,7 @@ def test_the_reference_masks_exactly_the_keys_on_missing_pages(rng):
     mask written here pair by pair (query i sees key j iff j <= i + L - Nq and j's page exists)."""
     q, k, v, table, lens, _ = _paged_problem(rng, batch_lengths=[40, 33, 20, 50], hq=2, hkv=1, nq=5, d=16,
                                              page_size=8, dtype=np.float64)
-    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=True, check_pages=False)
+    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=True)
     for b, n in enumerate(lens):
         for h in range(2):
             for i in range(5):

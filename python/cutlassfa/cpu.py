@@ -28,9 +28,9 @@ import numpy as np
 
 from . import masks
 from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
-from ._options import check_kvcache, check_num_splits, check_softcap, check_varlen, check_window
+from ._options import kvcache_layout, varlen_layout
 from .merge import merge_attention
-from .masks import Window
+from .masks import Window, resolve_window
 
 __all__ = ["forward_cpu", "kvcache_forward_cpu", "varlen_forward_cpu"]
 
@@ -62,7 +62,7 @@ def forward_cpu(
 
     Args:
         q: (B, Hq, Nq, d); k, v: (B, Hkv, Nk, d); one dtype among float32, float16, bfloat16, any d
-            (validated by the caller; any strides).
+            (validated by the extension: `cutlassfa.forward(..., backend="cpu")`; any strides).
         causal: bottom-right aligned mask: query i sees key j iff j <= i + Nk - Nq (window (-1, 0)).
         softmax_scale: None means 1/sqrt(d).
         return_lse: also return the float32 (B, Hq, Nq) natural-log softmax denominator.
@@ -79,7 +79,7 @@ def forward_cpu(
         propagates to the rows that read it, as on the GPU.
     """
     _check_blocks(block_m, block_n)
-    win, cap, splits = check_window(window, causal), check_softcap(softcap), check_num_splits(num_splits) or 1
+    win, cap, splits = resolve_window(causal, window), float(softcap), num_splits or 1
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = _scale(d, softmax_scale)
@@ -125,7 +125,6 @@ def kvcache_forward_cpu(
     out: np.ndarray | None = None,
     block_n: int = 128,
     block_m: int = 128,
-    check_pages: bool = True,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Attention of q against a KV cache on the CPU, as FlashAttention's flash_attn_with_kvcache.
 
@@ -143,21 +142,16 @@ def kvcache_forward_cpu(
         causal, softmax_scale, window, softcap, num_splits, return_lse: as :func:`forward_cpu`, aligned
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         out: optional (B, Hq, Nq, d) array of q's dtype to write into.
-        check_pages: False takes the block_table values unchecked, as the kernels take a device table:
-            keys behind an entry outside [0, num_pages) count as masked (never read), appended keys
-            there are dropped (masks.page_present).
 
-    Every argument is validated (and the caches checked writable) before anything is written.
-    Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
+    The arguments are those the extension validated (`cutlassfa.forward(..., backend="cpu")` is the
+    checked entry). block_table values are taken as the kernels take a device table: keys behind an
+    entry outside [0, num_pages) count as masked (never read), appended keys there are dropped
+    (masks.page_present). Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
     """
     _check_blocks(block_m, block_n)
-    args = check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
-                         block_table=block_table, k_new=k_new, v_new=v_new, check_pages=check_pages)
-    win, cap, splits = check_window(window, causal), check_softcap(softcap), check_num_splits(num_splits) or 1
-    if k_new is not None:
-        for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-            if not cache.flags.writeable:
-                raise ValueError(f"{name} is read-only, but k_new / v_new are appended into it")
+    args = kvcache_layout(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
+                          block_table=block_table, k_new=k_new)
+    win, cap, splits = resolve_window(causal, window), float(softcap), num_splits or 1
     b, hq, nq, d = q.shape
     out = _output(out, q.shape, q.dtype)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
@@ -211,12 +205,13 @@ def varlen_forward_cpu(
 
     q (total_q, Hq, d), k and v (total_k, Hkv, d), any strides; cu_seqlens_q / cu_seqlens_k (B+1,)
     prefix sums: sequence b is rows [cu[b], cu[b+1]). Masks are aligned bottom-right within each
-    sequence; empty sequences are allowed. max_seqlen_q / max_seqlen_k are validated only (they size
-    the GPU grids). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
+    sequence; empty sequences are allowed. max_seqlen_q / max_seqlen_k size the GPU grids and are not
+    read here. The arguments are those the extension validated (`cutlassfa.varlen_forward(...,
+    backend="cpu")` is the checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
     """
     _check_blocks(block_m, block_n)
-    args = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    win, cap = check_window(window, causal), check_softcap(softcap)
+    args = varlen_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    win, cap = resolve_window(causal, window), float(softcap)
     total_q, hq, d = q.shape
     out = _output(out, q.shape, q.dtype)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float32)

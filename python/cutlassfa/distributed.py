@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from . import _ring_layout, _ring_plan
-from ._api import forward
-from ._options import check_head_dim
+from ._api import forward, select_backend
+from ._arrays import stand_in
 from ._ring_layout import LAYOUTS, shard, unshard
 from ._ring_plan import Mask, Piece
 from .merge import merge_attention_into
@@ -131,7 +131,9 @@ def _check_local(q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"the heads of q ({hq}) must be a multiple of the heads of k and v ({hkv})")
-    check_head_dim(d)  # which backend takes it is forward's question, asked on each block
+    # The head dim and dtype as forward's validator judges them (which backend runs a block is forward's
+    # question, asked on each block).
+    select_backend(stand_in(q), stand_in(k), stand_in(v))
 
 
 def _window_bounds(window: Any) -> tuple[int | None, int | None]:

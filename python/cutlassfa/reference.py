@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from . import masks
-from ._options import check_kvcache, check_softcap, check_varlen, check_window
-from .masks import Window
+from ._options import kvcache_layout, varlen_layout
+from .masks import Window, resolve_window
 
 __all__ = ["attention_reference", "kvcache_reference", "varlen_reference", "rel_l2", "naive_same_precision",
            "causal_mask"]
@@ -58,6 +58,14 @@ def _as_4d(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.
     return q, k, v, was_3d
 
 
+def _softcap(softcap: Any) -> float:
+    """The oracle's own guard: a cap below 0 (or not finite) means nothing it could compute."""
+    value = float(softcap)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap}")
+    return value
+
+
 def _default_scale(d: int, softmax_scale: float | None) -> float:
     return 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
 
@@ -88,8 +96,8 @@ def attention_reference(
         read it.
     """
     q4, k4, v4, was_3d = _as_4d(np.asarray(q), np.asarray(k), np.asarray(v))
-    out, lse = _dense(q4, k4, v4, _default_scale(q4.shape[3], softmax_scale), check_window(window, causal),
-                      check_softcap(softcap))
+    out, lse = _dense(q4, k4, v4, _default_scale(q4.shape[3], softmax_scale), resolve_window(causal, window),
+                      _softcap(softcap))
     return (out[:, 0], lse[:, 0]) if was_3d else (out, lse)
 
 
@@ -168,7 +176,6 @@ def kvcache_reference(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
-    check_pages: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of q against a KV cache, in float64. Never modifies k_cache / v_cache.
 
@@ -183,17 +190,16 @@ def kvcache_reference(
             cache_seqlens[b]; attended from a copy, the caches are left as they are.
         causal, softmax_scale, window, softcap: as :func:`attention_reference`; the alignment is
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
-        check_pages: False takes the block_table values unchecked, as the kernels take a device table:
-            keys (cached or new) behind an entry outside [0, num_pages) count as masked
-            (masks.page_present).
+        block_table values are taken as the kernels take a device table: keys (cached or new) behind
+            an entry outside [0, num_pages) count as masked (masks.page_present).
 
     Returns:
         (out float64 (B, Hq, Nq, d), lse float64 (B, Hq, Nq)).
     """
     q = np.asarray(q)
-    args = check_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
-                         block_table=block_table, k_new=k_new, v_new=v_new, check_pages=check_pages)
-    win, cap = check_window(window, causal), check_softcap(softcap)
+    args = kvcache_layout(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
+                          block_table=block_table, k_new=k_new)
+    win, cap = resolve_window(causal, window), _softcap(softcap)
     b, hq, nq, d = q.shape
     scale = _default_scale(d, softmax_scale)
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
@@ -250,8 +256,8 @@ def varlen_reference(
         (out float64 (total_q, Hq, d), lse float64 (Hq, total_q)).
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    args = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    win, cap = check_window(window, causal), check_softcap(softcap)
+    args = varlen_layout(cu_seqlens_q, cu_seqlens_k)
+    win, cap = resolve_window(causal, window), _softcap(softcap)
     total_q, hq, d = q.shape
     scale = _default_scale(d, softmax_scale)
     out = np.zeros((total_q, hq, d), dtype=np.float64)
@@ -318,7 +324,7 @@ def naive_same_precision(
     b, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
     scale = _default_scale(d, softmax_scale)
-    win, cap = check_window(window, causal), check_softcap(softcap)
+    win, cap = resolve_window(causal, window), _softcap(softcap)
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     if out.size and nk and hkv:
         group = hq // hkv
