@@ -21,7 +21,7 @@ namespace rules {
 
 CUTLASSFA_RULE int clamp_int(long long x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : static_cast<int>(x); }
 
-// ---- Entry lengths (params.h; _options.py check_kvcache / check_varlen) --------------------------------
+// ---- Entry lengths (params.h; host values are checked in cpp/bindings/request.cpp) --------------------
 // Device index values are not checked on the host, so each length is clamped to what the tensors hold.
 
 // Keys of a KV-cache entry: the keys already there plus the ones appended this call, within the
