@@ -12,9 +12,7 @@ counted as error.
 
 Statuses: `pass`; `fail` (a rule broken, or the backend refused a case it advertises); `error` (it
 raised); `unchecked` (it advertises the case but the harness cannot build its inputs here, e.g.
-bfloat16 numpy arrays without ml_dtypes, or CuPy inputs, which have no bfloat16, or a variant case for a
-GPU backend fed numpy arrays: `forward` runs variant calls on host arrays on the cpu backend, so the
-backend named would not be the one checked); `not advertised` (not run: the backend does not claim the
+bfloat16 numpy arrays without ml_dtypes, or CuPy inputs, which have no bfloat16); `not advertised` (not run: the backend does not claim the
 case).
 """
 
