@@ -141,22 +141,26 @@ def _check_modes(mode: dict[str, Any]) -> None:
         if key in mode:
             _flag(mode[key], key)
     options = {key: mode[key] for key in ("window", "softcap", "num_splits") if key in mode}
-    probe = np.zeros((1, 1, 1, 8), np.float32)
-    _C.validate(probe, probe, probe, None, bool(mode.get("causal", False)), None, _CPU, **options)
+    _validate_probe(8, bool(mode.get("causal", False)), **options)
 
 
 @functools.lru_cache(maxsize=None)
 def _head_dim_refusal(head_dim: Any) -> str:
-    """Why the plain path refuses a head dim on the cpu backend ("" when it takes it): the extension's
-    validator decides, asked with a one-element problem."""
+    """Why the cpu backend refuses a head dim ("" when it takes it)."""
     if not isinstance(head_dim, (int, np.integer)) or not 0 < head_dim <= 1024:
         return f"head dim must be a positive int, got {head_dim!r}"
-    probe = np.zeros((1, 1, 1, int(head_dim)), np.float32)
     try:
-        _C.validate(probe, probe, probe, None, False, None, _CPU)
+        _validate_probe(int(head_dim))
     except ValueError as error:
         return str(error)
     return ""
+
+
+def _validate_probe(head_dim: int, causal: bool = False, **options: Any) -> None:
+    """The extension's validator on a one-element call of `head_dim` with `options`: how `supports`
+    asks it."""
+    probe = np.zeros((1, 1, 1, head_dim), np.float32)
+    _C.validate(probe, probe, probe, None, causal, None, _CPU, **options)
 
 
 def device_info(device: int = 0) -> dict[str, Any]:
