@@ -173,6 +173,9 @@ NB_MODULE(_C, m) {
         },
         "backend"_a, "head_dim"_a, "dtype"_a);
   m.attr("LIMIT_PREFIX") = cutlassfa::kLimitPrefix;
+  m.def("set_check_device_values", &cutlassfa::bindings::set_check_device_values, "on"_a,
+        "The debug switch of bindings/request.h: device index values read back and checked (one synchronization).");
+  m.def("check_device_values", &cutlassfa::bindings::check_device_values);
   m.def("tensorcore_family", [](int device) {
     switch (cutlassfa::tensorcore_family(device)) {
       case cutlassfa::Family::kWgmma: return std::string("wgmma");

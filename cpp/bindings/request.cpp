@@ -1,6 +1,7 @@
 #include "bindings/request.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <set>
 #include <string>
@@ -8,6 +9,9 @@
 
 #include "common/alignment.h"
 #include "cutlassfa/config.h"
+#if CUTLASSFA_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace cutlassfa::bindings {
 
@@ -162,6 +166,35 @@ int64_t host_int(const ArrayRef& a, int64_t i) {
 
 bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
 
+std::atomic<bool> g_check_device_values{false};
+
+// Reads a device index array back into index.values (check_device_values). The first read of a call
+// waits for the device (`synchronized`), so that values written on any stream are there.
+void read_back(IndexArray& index, const ArrayRef& a, const char* name, bool* synchronized) {
+#if CUTLASSFA_HAS_CUDA
+  int previous = 0;
+  cudaError_t err = cudaGetDevice(&previous);
+  if (err == cudaSuccess && previous != a.device) err = cudaSetDevice(a.device);
+  if (err == cudaSuccess && !*synchronized) err = cudaDeviceSynchronize(), *synchronized = true;
+  index.values.resize(static_cast<size_t>(index.rows * index.cols));
+  size_t const width = static_cast<size_t>(index.cols) * sizeof(int32_t);
+  if (err == cudaSuccess && !index.values.empty()) {
+    err = cudaMemcpy2D(index.values.data(), width, a.data, static_cast<size_t>(index.row_stride) * sizeof(int32_t),
+                       width, static_cast<size_t>(index.rows), cudaMemcpyDeviceToHost);
+  }
+  if (previous != a.device) cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string("reading ") + name + " back (CUTLASSFA_CHECK_DEVICE_VALUES): " +
+                             cudaGetErrorString(err));
+  }
+  index.read_back = true;
+#else
+  (void)index, (void)a, (void)synchronized;
+  throw std::runtime_error(std::string("reading ") + name + " back needs the CUDA build of the extension");
+#endif
+}
+
 std::string type_label(nb::handle h) { return nb::cast<std::string>(nb::type_name(h.type())); }
 
 // An int option: a Python int or a numpy integer, not a bool. (Exact types first: a failed attribute
@@ -225,7 +258,8 @@ double softcap_value(nb::handle h) {
 
 // An index argument of `ndim` dims, on q's device as int32, or host integer values (copied). expected:
 // the shape it must have, -1 for a free extent.
-IndexArray read_index(nb::handle value, const char* name, int device, int ndim, const int64_t* expected) {
+IndexArray read_index(nb::handle value, const char* name, int device, int ndim, const int64_t* expected,
+                      bool* synchronized) {
   IndexArray index;
   if (!given(value)) return index;
   index.given = true;
@@ -279,6 +313,7 @@ IndexArray read_index(nb::handle value, const char* name, int device, int ndim, 
   }
   index.device_data = static_cast<const int*>(a.data);
   index.row_stride = ndim == 2 ? a.strides[0] : 1;
+  if (check_device_values()) read_back(index, a, name, synchronized);
   return index;
 }
 
@@ -333,6 +368,7 @@ void validate_dense(Call& c, const Request& r) {
 void validate_kvcache(Call& c, const Request& r) {
   describe_qkv(c, r, 4, "4-D: q (B, Hq, Nq, d), caches (B, Hkv, Ncache, d) or, paged, (num_pages, Hkv, page_size, d)");
   Problem& p = c.problem;
+  bool synchronized = false;  // check_device_values: the device waited for once
   p.kv_cache = true;
   p.paged = given(r.block_table);
   int64_t const* qs = c.q.shape;
@@ -353,7 +389,7 @@ void validate_kvcache(Call& c, const Request& r) {
   int64_t capacity = ks[2];
   if (p.paged) {
     int64_t const table_shape[2] = {b, -1};
-    c.block_table = read_index(r.block_table, "block_table", c.device, 2, table_shape);
+    c.block_table = read_index(r.block_table, "block_table", c.device, 2, table_shape, &synchronized);
     capacity = c.block_table.cols * ks[2];
     if (capacity > kInt32Max) value_error("block_table: max_pages * page_size must be < 2^31");
     p.page_size = static_cast<int>(ks[2]);
@@ -391,10 +427,10 @@ void validate_kvcache(Call& c, const Request& r) {
     if (c.k.readonly || c.v.readonly) value_error("k and v are read-only, but k_new / v_new are appended into them");
   }
   int64_t const per_entry[1] = {b};
-  c.cache_seqlens = read_index(r.cache_seqlens, "cache_seqlens", c.device, 1, per_entry);
-  c.cache_leftpad = read_index(r.cache_leftpad, "cache_leftpad", c.device, 1, per_entry);
+  c.cache_seqlens = read_index(r.cache_seqlens, "cache_seqlens", c.device, 1, per_entry, &synchronized);
+  c.cache_leftpad = read_index(r.cache_leftpad, "cache_leftpad", c.device, 1, per_entry, &synchronized);
   // Host values are checked in full: lengths within the capacity, leftpad within the length, the pages used.
-  if (c.cache_seqlens.on_host()) {
+  if (c.cache_seqlens.known()) {
     for (int64_t i = 0; i < b; ++i) {
       int64_t const n = c.cache_seqlens.values[i];
       if (n < 0) value_error("cache_seqlens must be >= 0, got " + num(n));
@@ -404,11 +440,11 @@ void validate_kvcache(Call& c, const Request& r) {
       }
     }
   }
-  if (c.cache_leftpad.on_host()) {
+  if (c.cache_leftpad.known()) {
     for (int64_t i = 0; i < b; ++i) {
       int64_t const pad = c.cache_leftpad.values[i];
       int64_t const limit = !c.cache_seqlens.given     ? capacity
-                            : c.cache_seqlens.on_host() ? c.cache_seqlens.values[i]
+                            : c.cache_seqlens.known() ? c.cache_seqlens.values[i]
                                                         : kInt32Max;
       if (pad < 0 || pad > limit) {
         value_error("cache_leftpad[" + num(i) + "] = " + num(pad) + " is outside [0, cache_seqlens[" + num(i) +
@@ -416,7 +452,7 @@ void validate_kvcache(Call& c, const Request& r) {
       }
     }
   }
-  if (c.block_table.on_host() && c.cache_seqlens.on_host()) {
+  if (c.block_table.known() && c.cache_seqlens.known()) {
     for (int64_t i = 0; i < b; ++i) {
       int64_t const used = (c.cache_seqlens.values[i] + p.n_new + p.page_size - 1) / p.page_size;
       for (int64_t j = 0; j < used; ++j) {
@@ -443,6 +479,7 @@ void validate_kvcache(Call& c, const Request& r) {
 void validate_varlen(Call& c, const Request& r) {
   describe_qkv(c, r, 3, "3-D (total, H, d)");
   Problem& p = c.problem;
+  bool synchronized = false;  // check_device_values: the device waited for once
   int64_t const* qs = c.q.shape;
   int64_t const* ks = c.k.shape;
   for (int i = 0; i < 3; ++i) {
@@ -452,8 +489,8 @@ void validate_varlen(Call& c, const Request& r) {
   check_heads_and_head_dim(qs[1], ks[1], qs[2], "k and v");
   if (qs[0] > kInt32Max || ks[0] > kInt32Max) value_error("sizes too large: total_q and total_k must be < 2^31");
   int64_t const free_length[1] = {-1};
-  c.cu_seqlens_q = read_index(r.cu_seqlens_q, "cu_seqlens_q", c.device, 1, free_length);
-  c.cu_seqlens_k = read_index(r.cu_seqlens_k, "cu_seqlens_k", c.device, 1, free_length);
+  c.cu_seqlens_q = read_index(r.cu_seqlens_q, "cu_seqlens_q", c.device, 1, free_length, &synchronized);
+  c.cu_seqlens_k = read_index(r.cu_seqlens_k, "cu_seqlens_k", c.device, 1, free_length, &synchronized);
   if (c.cu_seqlens_q.rows < 1) value_error("cu_seqlens_q must be 1-D (B+1,) with B >= 0, got shape (0,)");
   if (c.cu_seqlens_k.rows < 1) value_error("cu_seqlens_k must be 1-D (B+1,) with B >= 0, got shape (0,)");
   if (c.cu_seqlens_q.rows != c.cu_seqlens_k.rows) {
@@ -466,7 +503,7 @@ void validate_varlen(Call& c, const Request& r) {
   int64_t const totals[2] = {qs[0], ks[0]};
   for (int s = 0; s < 2; ++s) {
     const IndexArray& cu = *cus[s];
-    if (!cu.on_host()) continue;
+    if (!cu.known()) continue;
     std::string const name = names[s];
     if (cu.values[0] != 0) value_error(name + " must start at 0, got " + num(cu.values[0]));
     longest[s] = 0;
@@ -482,7 +519,7 @@ void validate_varlen(Call& c, const Request& r) {
   const char* max_names[2] = {"max_seqlen_q", "max_seqlen_k"};
   for (int s = 0; s < 2; ++s) {
     if (!given(s == 0 ? r.max_seqlen_q : r.max_seqlen_k)) continue;  // the longest entry (host values) or the total
-    bool const known = cus[s]->on_host();
+    bool const known = cus[s]->known();
     if (asked[s] < 0 || asked[s] > kInt32Max || (known && asked[s] < longest[s])) {
       value_error(std::string(max_names[s]) + " = " + num(asked[s]) + " must be >= the longest sequence (" +
                   num(known ? longest[s] : 0) + ") and < 2^31");
@@ -535,6 +572,9 @@ TensorStrides Call::strides(const ArrayRef& a) const {
   if (a.ndim == 3) return {a.strides[0], 0, a.strides[1]};
   return {a.strides[0], a.strides[1], a.strides[2]};
 }
+
+void set_check_device_values(bool on) { g_check_device_values.store(on, std::memory_order_relaxed); }
+bool check_device_values() { return g_check_device_values.load(std::memory_order_relaxed); }
 
 std::string head_dims_text() {
   std::set<int> const& dims = all_head_dims();

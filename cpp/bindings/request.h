@@ -44,8 +44,18 @@ struct IndexArray {
   std::vector<int32_t> values;       // host values, row-major
   int64_t rows = 0, cols = 1;        // (rows,) or (rows, cols)
   long long row_stride = 0;          // elements between rows where the kernels read them
+  bool read_back = false;            // `values` holds a device array's values (check_device_values)
   bool on_host() const { return given && device_data == nullptr; }
+  // Whether `values` holds the values: host values, or a device array's read back for checking.
+  bool known() const { return on_host() || read_back; }
 };
+
+// The debug switch: when on, device index arrays (cache_seqlens, cache_leftpad, block_table,
+// cu_seqlens_*) are read back to the host (one device synchronization) and checked as host values
+// are, raising the same ValueError. Off by default: a call then never waits for the device.
+// CUTLASSFA_CHECK_DEVICE_VALUES=1 turns it on at import (python/cutlassfa/_api.py).
+void set_check_device_values(bool on);
+bool check_device_values();
 
 // A validated call.
 struct Call {

@@ -9,10 +9,11 @@ See `forward` for the contract, `backends()` for what runs on this machine and `
 each backend takes.
 """
 
-from ._api import (BACKENDS, HEAD_DIMS, BackendStatus, Support, backends, device_info, empty_cache, forward,
-                   select_backend, supports, varlen_forward)
+from ._api import (BACKENDS, HEAD_DIMS, BackendStatus, Support, backends, check_device_values, device_info,
+                   empty_cache, forward, select_backend, supports, varlen_forward)
 from .merge import merge_attention, merge_attention_into
 
 __version__ = "0.1.0"
-__all__ = ["BACKENDS", "HEAD_DIMS", "BackendStatus", "Support", "backends", "device_info", "empty_cache", "forward",
-           "merge_attention", "merge_attention_into", "select_backend", "supports", "varlen_forward", "__version__"]
+__all__ = ["BACKENDS", "HEAD_DIMS", "BackendStatus", "Support", "backends", "check_device_values", "device_info",
+           "empty_cache", "forward", "merge_attention", "merge_attention_into", "select_backend", "supports",
+           "varlen_forward", "__version__"]

@@ -7,6 +7,7 @@ that backend is `cpu` the arguments come back validated and numpy computes (cutl
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,10 @@ _BACKEND_CODES: dict[str, int] = (
     {name: member.value for name, member in _C.Backend.__members__.items()} | {"auto": _C.BACKEND_AUTO, "cpu": _C.BACKEND_CPU}
     if _C is not None else {})
 _CPU = _C.BACKEND_CPU if _C is not None else None
+
+# CUTLASSFA_CHECK_DEVICE_VALUES=1: device index values are checked as host ones are (check_device_values).
+if _C is not None and os.environ.get("CUTLASSFA_CHECK_DEVICE_VALUES") == "1":
+    _C.set_check_device_values(True)
 
 # Support reasons that are a backend's documented limit (a size its design cannot take), not a gap; the
 # extension's refusals use the same prefix (`_C.LIMIT_PREFIX`).
@@ -187,6 +192,17 @@ def device_info(device: int = 0) -> dict[str, Any]:
     family = _C.tensorcore_family(device)
     info["tensorcore_kernel"] = {"wgmma": "wgmma (sm_90a)", "mma.sync": "mma.sync (sm_80)"}.get(family)
     return info
+
+
+def check_device_values(enabled: bool) -> bool:
+    """A debug switch: when enabled, index arrays on the device (cache_seqlens, cache_leftpad,
+    block_table, cu_seqlens_*) are read back with one synchronization and checked as host values are,
+    raising the same ValueError (by default their values are not read, and the kernels clamp them).
+    CUTLASSFA_CHECK_DEVICE_VALUES=1 enables it at import. Returns the previous setting."""
+    _require_extension()
+    previous = bool(_C.check_device_values())
+    _C.set_check_device_values(_flag(enabled, "enabled"))
+    return previous
 
 
 def empty_cache() -> None:
