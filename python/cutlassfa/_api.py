@@ -293,9 +293,10 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     [cache_leftpad[b], cache_seqlens[b] + Nnew), aligned bottom-right against that length. k_new, v_new
     (B, Hkv, Nnew, d) are written into the caches at cache_seqlens[b] first (cache_seqlens itself is
     not modified). Index arrays are int32 on q's device, or host ints (copied). Host values are checked
-    in full; device values are not (that would need a synchronization): the kernels clamp lengths to
-    the capacity, leftpad to the length, skip page indices outside [0, num_pages), and drop appended
-    keys past the capacity.
+    in full; device values are not (that would need a synchronization; `check_device_values(True)`
+    checks them, for debugging): the kernels clamp lengths to the capacity and leftpad to the length,
+    mask the keys behind a page index outside [0, num_pages) (never read), and drop appended keys past
+    the capacity or on such a page.
     num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
     pass fills the GPU; a call with none of the options above and at most 64 fp16 / bf16 queries chooses
     the same way, other such calls run one pass) or n >= 1 parts of the keys (at most one per 128 keys
