@@ -175,7 +175,10 @@ void read_back(IndexArray& index, const ArrayRef& a, const char* name, bool* syn
   int previous = 0;
   cudaError_t err = cudaGetDevice(&previous);
   if (err == cudaSuccess && previous != a.device) err = cudaSetDevice(a.device);
-  if (err == cudaSuccess && !*synchronized) err = cudaDeviceSynchronize(), *synchronized = true;
+  if (err == cudaSuccess && !*synchronized) {
+    err = cudaDeviceSynchronize();
+    *synchronized = true;
+  }
   index.values.resize(static_cast<size_t>(index.rows * index.cols));
   size_t const width = static_cast<size_t>(index.cols) * sizeof(int32_t);
   if (err == cudaSuccess && !index.values.empty()) {
