@@ -602,7 +602,6 @@ Call validate(const Request& r) {
     validate_dense(c, r);
   }
   Problem& p = c.problem;
-  p.causal = r.causal;
   int64_t left, right;
   window_sides(r.window, &left, &right);
   p.window = fold_causal(r.causal, left, right);

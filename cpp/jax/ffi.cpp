@@ -97,7 +97,6 @@ ffi::Error forward(cudaStream_t stream, int32_t device, int32_t backend, double 
   problem.seqlen_k = static_cast<int>(sk.seqlen);
   problem.head_dim = static_cast<int>(sq.head_dim);
   problem.dtype = dtype;
-  problem.causal = causal;
   problem.window = fold_causal(causal, -1, -1);
   // Python resolved the scale (a double, so that it is rounded to float here as in the Python path).
   problem.scale = static_cast<float>(softmax_scale);

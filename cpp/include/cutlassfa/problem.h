@@ -51,9 +51,8 @@ struct Problem {
   int total_q = 0, total_k = 0;  // varlen: rows of q and of k
   int n_new = 0;                 // keys appended per entry (k_new's length)
 
-  bool causal = false;
   float scale = 0.f;  // resolved softmax_scale
-  Window window;      // causal folded in
+  Window window;      // causal folded in (fold_causal): the one statement of which keys a row sees
   float softcap = 0.f;
   // num_splits as asked: 0 when the backend chooses (the planner's rule: cutlassfa/dispatch.h).
   int num_splits = 0;
