@@ -96,10 +96,6 @@ struct FwdParams {
   float* lse_accum = nullptr;
 
   DType dtype;
-
-  CUTLASSFA_HOST_DEVICE bool has_mask() const {  // some keys below L are hidden from some row
-    return window_left >= 0 || window_right >= 0 || leftpad_k != nullptr;
-  }
 };
 
 }  // namespace cutlassfa
