@@ -68,6 +68,11 @@ SPECS = {
                                   lengths=lambda w: ([int(r == w // 2) for r in range(w)],) * 2),
     "window_not_binding": dict(heads=(2, 1), d=32, dtype="float32", causal=True, layout="zigzag", n=30,
                                window=(30, -1)),
+    "sinks_zigzag_causal_gqa": dict(heads=(4, 2), d=32, dtype="float32", causal=True, layout="zigzag", n=40,
+                                    sinks=True),
+    "sinks_unseen_rows_bf16": dict(heads=(2, 1), d=32, dtype="bfloat16", causal=True, layout="contiguous",
+                                   lengths=lambda w: (_first([12, 10, 8, 6], w), _first([4, 0, 5, 2], w)),
+                                   sinks=True),
     "window_band": dict(heads=(2, 1), d=32, dtype="float32", causal=True, layout="contiguous", n=48,
                         window=(5, 0),
                         expect="ok" if _FORWARD_TAKES_WINDOW else "NotImplementedError"),
@@ -78,6 +83,8 @@ BAD_SPECS = {
                                      n=16, expect="ValueError"),
     "rank0_passes_3d_q": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="contiguous", n=16,
                               rank0_3d=True, expect="ValueError"),
+    "rank0_sinks_wrong_shape": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="contiguous", n=16,
+                                    sinks=True, rank0_bad_sinks=True, expect="ValueError"),
     "zigzag_wrong_lengths": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="zigzag",
                                  lengths=lambda w: ([1] + [5] * (w - 1),) * 2, expect="ValueError"),
 }
@@ -115,8 +122,10 @@ def _make_cases(seed: int, groups: dict[int, list[int]]) -> dict:
             v = rng.standard_normal((2, hkv, nk, spec["d"])).astype(dtype)
             chunks = [tuple(_cut(x, lengths, r, world, spec["layout"]) for x, lengths in
                             ((q, q_lengths), (k, k_lengths), (v, k_lengths))) for r in range(world)]
+            # Sinks: one head without (-inf), the others around the scores' scale.
+            sinks = np.concatenate([[-np.inf], rng.normal(0.5, 1.5, hq - 1)]).astype(np.float32)
             cases[(world, name)] = dict(spec={key: val for key, val in spec.items() if key != "lengths"},
-                                        full=(q, k, v), chunks=chunks)
+                                        full=(q, k, v), chunks=chunks, sinks=sinks if spec.get("sinks") else None)
     return cases
 
 
@@ -166,9 +175,12 @@ def _worker(rank: int, workdir: str, processes: int, device: str) -> None:
         causal = (group_rank == 0) if spec["causal"] == "rank0" else spec["causal"]
         if spec.get("rank0_3d") and group_rank == 0:
             q = q[:, 0]
+        sinks = None if case["sinks"] is None else torch.from_numpy(case["sinks"]).to(device)
+        if spec.get("rank0_bad_sinks") and group_rank == 0:
+            sinks = sinks[1:]
         try:
             out, lse = ring_forward(q, k, v, group=handles[world], causal=causal, layout=spec["layout"],
-                                    softmax_scale=spec.get("scale"), window=spec.get("window"),
+                                    softmax_scale=spec.get("scale"), window=spec.get("window"), sinks=sinks,
                                     backend="cpu" if device == "cpu" else "auto", return_lse=True)
             results[(world, name)] = ("ok", _to_numpy(out.cpu()), lse.cpu().numpy())
         except Exception as error:  # reported to the test, which checks every rank raised alike
@@ -279,9 +291,11 @@ def _check_case(run: dict, world: int, name: str) -> None:
     backend = "cpu" if run["device"] == "cpu" else "auto"
     window = spec.get("window")
     if window is None:
-        ref, ref_lse = attention_reference(q, k, v, causal=spec["causal"], softmax_scale=spec.get("scale"))
+        sinks = case["sinks"]
+        ref, ref_lse = attention_reference(q, k, v, causal=spec["causal"], softmax_scale=spec.get("scale"),
+                                           sinks=sinks)
         single, single_lse = cutlassfa.forward(q, k, v, causal=spec["causal"], softmax_scale=spec.get("scale"),
-                                               backend=backend, return_lse=True)
+                                               sinks=sinks, backend=backend, return_lse=True)
     else:
         ref, ref_lse = _windowed_reference(q, k, v, spec["causal"], window, spec.get("scale"))
         single, single_lse = ref, ref_lse

@@ -24,7 +24,7 @@ from cutlassfa.integrations import transformers as cutlassfa_hf  # noqa: E402
 from cutlassfa.integrations._mask_plan import MaskRows, plan  # noqa: E402
 
 from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, BertConfig, Gemma2Config,  # noqa: E402
-                          LlamaConfig, MistralConfig, masking_utils)
+                          GptOssConfig, LlamaConfig, MistralConfig, masking_utils)
 
 cutlassfa_hf.register()  # "cutlassfa": backend auto
 cutlassfa_hf.register("cutlassfa_cpu", backend="cpu")
@@ -87,6 +87,45 @@ def _gemma2(softcap=2.0, window=8):
                         sliding_window=window, attn_logit_softcapping=softcap, final_logit_softcapping=None,
                         layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256,
                         initializer_range=0.1, pad_token_id=0)
+
+
+def _gpt_oss():
+    # Eager experts: the grouped-GEMM ones take no float64 (the reference runs the model in float64).
+    return GptOssConfig(vocab_size=_VOCAB, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4,
+                        num_experts_per_tok=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                        max_position_embeddings=256, initializer_range=0.1, pad_token_id=0,
+                        experts_implementation="eager")
+
+
+def _expect_close_to_float64_eager(rng, config, ids, dtype, ours, device="cpu"):
+    """gpt-oss's check: the logits of `ours` in `dtype` deviate from the float64 eager model's at most 2x
+    as much as the eager model's in `dtype` do (plus one unit roundoff). The learned sinks are drawn
+    around the scores' scale (the initializer leaves them near 0); with them removed the float64 logits
+    must move far more than the float32 bound (what the test would miss if the adapter ignored s_aux)."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    base = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    sink_params = [m.sinks for m in base.modules() if isinstance(getattr(m, "sinks", None), torch.nn.Parameter)]
+    assert sink_params, "the model has no attention sinks"
+    with torch.no_grad():
+        for sinks in sink_params:
+            sinks.normal_(1.0, 2.0)
+
+    def logits(name, run_dtype, state=None):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name)
+        model.load_state_dict(state or base.state_dict())
+        return _logits(model.to(device, run_dtype).eval(), ids)
+
+    reference = logits("eager", torch.float64)
+    real = torch.ones(ids.shape, dtype=torch.bool)
+    allowed = _deviation(logits("eager", dtype), reference, real)
+    deviation = _deviation(logits(ours, dtype), reference, real)
+    bound = 2 * allowed + _UNIT_ROUNDOFF[dtype]
+    assert deviation <= bound, f"cutlassfa {deviation:.3g} vs eager {dtype} {allowed:.3g}"
+    if dtype == torch.float32:  # bfloat16's own deviation is too wide to tell
+        without = {name: (torch.full_like(value, -torch.inf) if name.endswith(".sinks") else value)
+                   for name, value in base.state_dict().items()}
+        assert _deviation(logits("eager", torch.float64, without), reference, real) > 10 * bound
 
 
 def _bert():
@@ -249,6 +288,11 @@ def test_gemma2_softcap_and_sliding_window(rng):
 
 
 @_needs("window", "softcap", "cache_seqlens", "cache_leftpad")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt_oss_sinks_logits(rng, dtype):
+    _expect_close_to_float64_eager(rng, _gpt_oss(), _inputs(rng, 2, 40)[0], dtype, _OURS)
+
+
 def test_gemma2_left_padding(rng):
     ids, mask = _inputs(rng, 2, 30, left_pad=(5, 0))
     _expect_logits_close(rng, _gemma2(), ids, mask, baseline="exact_float64")
@@ -336,6 +380,13 @@ def test_gpu_sliding_window_models_with_padding(rng, dtype, ours, pad):
         else:
             with pytest.raises(NotImplementedError, match="contiguous range"):
                 _expect_same_generation(rng, config, ids, mask, ours=ours, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, ours", _GPU)
+def test_gpu_gpt_oss_sinks_logits(rng, dtype, ours):
+    _need_gpu()
+    _expect_close_to_float64_eager(rng, _gpt_oss(), _inputs(rng, 3, 96)[0], dtype, ours, device="cuda")
 
 
 # --------------------------------------------------------------------------------------------------

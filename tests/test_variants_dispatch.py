@@ -14,7 +14,7 @@ import cutlassfa
 from cutlassfa import _api
 from cutlassfa import cpu
 from cutlassfa.check import bound_for
-from cutlassfa.merge import merge_attention
+from cutlassfa.merge import merged_float32
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
@@ -266,7 +266,7 @@ def test_three_d_inputs_and_out(rng, window, causal, softcap):
 @pytest.mark.parametrize("window,causal", [(None, False), ((40, 0), True), ((100, 30), False)], ids=str)
 def test_num_splits_changes_only_the_rounding(rng, monkeypatch, window, causal):
     merges = []
-    monkeypatch.setattr(cpu, "merge_attention", lambda *a, **kw: merges.append(len(a[0])) or merge_attention(*a, **kw))
+    monkeypatch.setattr(cpu, "merged_float32", lambda *a, **kw: merges.append(len(a[0])) or merged_float32(*a, **kw))
     q, k, v = _qkv(rng, b=2, hq=4, hkv=2, nq=70, nk=600)
     ref, ref_lse = attention_reference(q, k, v, window=window, causal=causal)
     one = cutlassfa.forward(q, k, v, window=window, causal=causal, num_splits=1, softcap=0.5, backend="cpu")

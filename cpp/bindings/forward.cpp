@@ -260,13 +260,16 @@ void allocate_output(Output& o, const Call& c, bool lse, nb::handle alloc) {
   o.view = output_view(p, strides, lse);
 }
 
-// Host index values copied to the device in one buffer of the workspace pool (released in stream
-// order after the launches that read it).
+// Host index values (and host sink values) copied to the device in one buffer of the workspace pool,
+// and fp16 / bf16 device sinks converted to float32 in another; both released in stream order after the
+// launches that read them.
 struct IndexUpload {
   void* buffer = nullptr;
+  void* converted = nullptr;
   size_t failed_bytes = 0;
 
-  cudaError_t upload(const IndexArray* const* indices, int count, const int** pointers, cudaStream_t stream) {
+  cudaError_t upload(const IndexArray* const* indices, int count, const int** pointers, const SinkArray& sinks,
+                     const float** sink_pointer, cudaStream_t stream) {
     std::vector<int32_t> packed;
     size_t offsets[8] = {};
     for (int i = 0; i < count; ++i) {
@@ -275,6 +278,11 @@ struct IndexUpload {
         packed.insert(packed.end(), indices[i]->values.begin(), indices[i]->values.end());
         packed.resize((packed.size() + 3) / 4 * 4);  // each array 16-byte aligned
       }
+    }
+    size_t const sinks_offset = packed.size();
+    if (sinks.on_host()) {
+      packed.resize(sinks_offset + sinks.values.size());
+      std::memcpy(packed.data() + sinks_offset, sinks.values.data(), sinks.values.size() * sizeof(float));
     }
     if (!packed.empty()) {
       size_t const bytes = packed.size() * sizeof(int32_t);
@@ -293,7 +301,32 @@ struct IndexUpload {
                     : index->on_host() ? static_cast<const int*>(buffer) + offsets[i]
                                        : index->device_data;
     }
+    *sink_pointer = nullptr;
+    if (sinks.on_host()) {
+      *sink_pointer = reinterpret_cast<const float*>(static_cast<const int32_t*>(buffer) + sinks_offset);
+    } else if (sinks.given && sinks.device_dtype == DType::kFloat32) {
+      *sink_pointer = static_cast<const float*>(sinks.device_data);
+    } else if (sinks.given) {
+      size_t const bytes = static_cast<size_t>(sinks.count) * sizeof(float);
+      cudaError_t err = workspace_alloc(&converted, bytes, stream);
+      if (err != cudaSuccess) {
+        failed_bytes = bytes;
+        return err;
+      }
+      err = convert_to_float32(sinks.device_data, sinks.device_dtype, static_cast<float*>(converted), sinks.count,
+                               stream);
+      if (err != cudaSuccess) return err;
+      *sink_pointer = static_cast<const float*>(converted);
+    }
     return cudaSuccess;
+  }
+
+  // Releases the buffers (in stream order); the first error, if any.
+  cudaError_t release(cudaStream_t stream) {
+    cudaError_t err = buffer != nullptr ? workspace_free(buffer, stream) : cudaSuccess;
+    cudaError_t const err2 = converted != nullptr ? workspace_free(converted, stream) : cudaSuccess;
+    buffer = converted = nullptr;
+    return err != cudaSuccess ? err : err2;
   }
 };
 
@@ -303,11 +336,11 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
                         cudaStream_t stream, IndexUpload& uploads, const char** what) {
   const Problem& p = c.problem;
   CallTensors t;
-  if (c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given) {
+  if (c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given || c.sinks.given) {
     const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
     const int* pointers[5] = {};
     *what = "cutlassfa index upload";
-    cudaError_t const err = uploads.upload(indices, 5, pointers, stream);
+    cudaError_t const err = uploads.upload(indices, 5, pointers, c.sinks, &t.sinks, stream);
     if (err != cudaSuccess) return err;
     t.cu_seqlens_q = pointers[0], t.cu_seqlens_k = pointers[1], t.seqlens_k = pointers[2];
     t.leftpad_k = pointers[3], t.block_table = pointers[4];
@@ -332,10 +365,10 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
     if (err != cudaSuccess) return err;
   }
   *what = "cutlassfa kernel launch";
-  if (p.empty() || p.seqlen_k == 0) {
+  if (p.empty() || p.seqlen_k == 0) {  // no row sees a key: O = 0, lse = -inf (or the row's sink)
     cudaError_t const err = fill_device(o.data, p.dtype, o.view, 0.f, stream);
     if (err != cudaSuccess || lse == nullptr) return err;
-    return fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream);
+    return fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream, t.sinks);
   }
   // num_splits=None: a call with an option chooses as kChooseSplits, a plain one as kDefaultSplits.
   int const requested = p.num_splits > 0 ? p.num_splits : p.variant ? kChooseSplits : kDefaultSplits;
@@ -364,7 +397,7 @@ void run_device(const Call& c, Backend backend, Output& o, Output* lse, int64_t 
   {
     nb::gil_scoped_release no_gil;
     err = launch_call(c, backend, c.device, o, lse, stream, uploads, &what);
-    if (uploads.buffer != nullptr) workspace_free(uploads.buffer, stream);
+    uploads.release(stream);
     if (err == cudaSuccess && sync) err = cudaStreamSynchronize(stream);
   }
   if (err != cudaSuccess) throw_cuda_error(err, uploads.failed_bytes ? "cutlassfa workspace" : what, uploads.failed_bytes);
@@ -539,7 +572,7 @@ void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
     }
     cudaError_t const sync_err = cudaStreamSynchronize(stream);  // nothing in flight may outlive the buffers
     if (err == cudaSuccess && sync_err != cudaSuccess) err = sync_err, what = "cudaStreamSynchronize";
-    if (uploads.buffer != nullptr) workspace_free(uploads.buffer, stream);
+    uploads.release(stream);
     if (device != nullptr) workspace_free(device, stream);
     if (err == cudaSuccess && staged) {
       for (const HostCopy& h : copies) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -320,6 +321,65 @@ IndexArray read_index(nb::handle value, const char* name, int device, int ndim, 
   return index;
 }
 
+// An IEEE half's bits as a float (host values of fp16 sinks).
+float half_bits_to_float(uint16_t h) {
+  int const sign = h >> 15, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  float const magnitude = exponent == 0    ? std::ldexp(static_cast<float>(mantissa), -24)
+                          : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                                           : std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+  return sign ? -magnitude : magnitude;
+}
+
+// sinks: None, or (heads_q,) floats (float32, float16 or bfloat16) on q's device, or host values.
+SinkArray read_sinks(nb::handle value, int64_t heads_q, int device) {
+  SinkArray sinks;
+  if (!given(value)) return sinks;
+  sinks.given = true;
+  nb::object held;
+  if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value)) {
+    try {
+      held = nb::module_::import_("numpy").attr("asarray")(value, "float32");
+    } catch (const nb::python_error&) {
+      type_error("sinks must be a sequence of floats or an array");
+    }
+    value = held;
+  }
+  ArrayRef const a = describe(value, "sinks");
+  if (a.ndim != 1 || a.shape[0] != heads_q) {
+    value_error("sinks must have shape (" + num(heads_q) + ",), one per query head, got " + shape_text(a));
+  }
+  if (a.dtype < 0) type_error("sinks must be float32, float16 or bfloat16, got dtype " + dtype_text(a));
+  sinks.count = static_cast<int>(heads_q);
+  DType const dtype = static_cast<DType>(a.dtype);
+  if (a.on_host()) {
+    sinks.values.resize(static_cast<size_t>(heads_q));
+    for (int64_t i = 0; i < heads_q; ++i) {
+      const char* at = static_cast<const char*>(a.data) + i * a.strides[0] * (a.dl_bits / 8);
+      uint16_t bits16 = 0;
+      if (dtype != DType::kFloat32) std::memcpy(&bits16, at, 2);
+      float x = 0.f;
+      if (dtype == DType::kFloat32) {
+        std::memcpy(&x, at, 4);
+      } else if (dtype == DType::kBFloat16) {
+        uint32_t const bits = uint32_t{bits16} << 16;
+        std::memcpy(&x, &bits, 4);
+      } else {
+        x = half_bits_to_float(bits16);
+      }
+      sinks.values[static_cast<size_t>(i)] = x;
+    }
+    return sinks;
+  }
+  if (a.device != device) {
+    value_error("sinks must be on q's device (" + (device < 0 ? std::string("host") : "cuda:" + num(device)) +
+                "), got " + where(a));
+  }
+  if (heads_q > 1 && a.strides[0] != 1) value_error("sinks must be contiguous, got strides " + strides_text(a));
+  sinks.device_data = a.data;
+  sinks.device_dtype = dtype;
+  return sinks;
+}
+
 // ---- The three shapes of a call ---------------------------------------------------------------------
 
 // (B, H, N, d) of a 3-D or 4-D array.
@@ -610,6 +670,7 @@ Call validate(const Request& r) {
     value_error("softcap must be a finite float >= 0 (0 disables it), got " + nb::cast<std::string>(nb::repr(r.softcap)));
   }
   p.softcap = static_cast<float>(softcap);
+  c.sinks = read_sinks(r.sinks, p.heads_q, c.device);
   if (given(r.num_splits)) {
     if (!is_int(r.num_splits)) type_error("num_splits must be an int or None, got " + type_label(r.num_splits));
     int64_t const splits = int_value(r.num_splits);

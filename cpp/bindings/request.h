@@ -1,6 +1,6 @@
 // A call as Python passes it (Request), its validation into a Call (the arrays described, a Problem,
 // the index arrays read), and the choice of backend: one pass over the DLPack descriptions for every
-// call (plain, windows, softcap, KV caches, paged caches, appended keys, split keys, varlen), raising
+// call (plain, windows, softcap, sinks, KV caches, paged caches, appended keys, split keys, varlen), raising
 // the ValueError / TypeError that names the argument.
 //
 // Index values given on the host are read and checked in full (and copied to the device at launch);
@@ -34,6 +34,7 @@ struct Request {
   nb::handle num_splits;                    // None (the backend chooses) or an int >= 1
   nb::handle cu_seqlens_q, cu_seqlens_k;    // varlen_forward: both given
   nb::handle max_seqlen_q, max_seqlen_k;    // None or ints
+  nb::handle sinks;                         // None, or (Hq,) floats
 };
 
 // An int32 index argument: an array on q's device read in place, or host values (numpy, a sequence of
@@ -50,6 +51,17 @@ struct IndexArray {
   bool known() const { return on_host() || read_back; }
 };
 
+// Attention sinks (params.h): one float per query head, on q's device (float32 read in place, fp16 /
+// bf16 converted at launch) or host values (copied).
+struct SinkArray {
+  bool given = false;
+  const void* device_data = nullptr;  // on q's device, contiguous; nullptr for host values
+  DType device_dtype = DType::kFloat32;
+  std::vector<float> values;  // host values
+  int count = 0;
+  bool on_host() const { return given && device_data == nullptr; }
+};
+
 // The debug switch: when on, device index arrays (cache_seqlens, cache_leftpad, block_table,
 // cu_seqlens_*) are read back to the host (one device synchronization) and checked as host values
 // are, raising the same ValueError. Off by default: a call then never waits for the device.
@@ -64,6 +76,7 @@ struct Call {
   std::optional<ArrayRef> out;
   std::optional<ArrayRef> k_new, v_new;
   IndexArray cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table;
+  SinkArray sinks;
   int device = -1;  // -1: host arrays
 
   // (B, H, N) strides in elements of one of q, k, v, out (rank 3: head stride 0; varlen: batch stride 0).

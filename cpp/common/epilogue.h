@@ -5,6 +5,7 @@
 #include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
+#include "cutlassfa/rules.h"
 
 namespace cutlassfa {
 
@@ -21,6 +22,28 @@ __forceinline__ __device__ void write_lse(float* lse_row0, TensorLse const& lse,
     for (int mi = 0; mi < size(lse); ++mi) {
       int const row = get<0>(coords_rc(mi, 0));
       if (row < rows_valid) { lse_row0[row] = lse(mi); }
+    }
+  }
+}
+
+// Attention sinks (params.h), where an unsplit tile's rows are final: each row's normalized O and lse from
+// finalize() take the sink's term (rules.h). head: the tile's (GQA-packed) head; row0: its first query row
+// within the entry; rows from rows_valid on are left alone. A split's rows are not final: the combine adds
+// the sink once.
+template <class TensorO, class TensorLse, class TensorCoord>
+__forceinline__ __device__ void add_sinks(FwdParams const& params, int head, int row0, int rows_valid,
+                                          TensorO& acc_o_rc, TensorLse& lse, TensorCoord const& coords_rc) {
+  if (params.sinks == nullptr) return;
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
+    int const row = get<0>(coords_rc(mi, 0));
+    if (row < rows_valid) {
+      float const sink = params.sinks[head * params.sinks_head_stride + (row0 + row) * params.sinks_row_stride];
+      float const sinked = rules::lse_with_sink(lse(mi), sink);
+      float const scale = rules::sink_out_scale(lse(mi), sinked);
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= scale; }
+      lse(mi) = sinked;
     }
   }
 }

@@ -472,13 +472,20 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
 
   // ============================== EPILOGUE ==============================
   // O = acc / l; lse = ln(sum exp(scale * qk)) = m * ln 2 + ln l (m is in log2 units). A row that saw
-  // no key has O = 0 (nothing accumulated) and l = 0: lse = -inf.
+  // no key has O = 0 (nothing accumulated) and l = 0: lse = -inf. Then the sink's term (rules.h).
 #pragma unroll
   for (int i = 0; i < kTM; ++i) {
     const float l = group_sum<8>(l_i[i]);
     const int r = row0 + row_of(i);
     if (r < rows_valid) {
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      float inv_l = l > 0.f ? 1.f / l : 0.f;
+      float lse = l > 0.f ? m_i[i] * kLn2 + logf(l) : kNegInf;
+      if (params.sinks != nullptr) {
+        const float sinked = rules::lse_with_sink(
+            lse, params.sinks[h * params.sinks_head_stride + (m0 + r) * params.sinks_row_stride]);
+        inv_l *= rules::sink_out_scale(lse, sinked);
+        lse = sinked;
+      }
 #pragma unroll
       for (int g = 0; g < kTNO / 4; ++g) {
         if (g * 32 + tc * 4 >= cols) continue;  // zero padding: not part of O
@@ -487,7 +494,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
         store4<T>(gO + r * params.o_row_stride + g * 32 + tc * 4, f, vec_o);
       }
       if (params.lse != nullptr && tc == 0) {
-        params.lse[lse_offset(params, entry, b, h, m0 + r)] = l > 0.f ? m_i[i] * kLn2 + logf(l) : kNegInf;
+        params.lse[lse_offset(params, entry, b, h, m0 + r)] = lse;
       }
     }
   }

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
 }
 
 // One warp per row: max, sum, normalize over the row's keys [lo, hi). A row that sees no key
-// writes nothing (P V never reads past [lo, hi)) and lse = -inf.
+// writes nothing (P V never reads past [lo, hi)) and lse = -inf (the sink's, with one).
 __global__ void __launch_bounds__(256) naive_softmax_kernel(const FwdParams params, float* S) {
   const float kNegInf = __int_as_float(0xff800000);
   const int lane = threadIdx.x % 32;
@@ -111,13 +111,17 @@ __global__ void __launch_bounds__(256) naive_softmax_kernel(const FwdParams para
     float l = 0.f;
     for (int j = lo + lane; j < hi; j += 32) l += exp2f(s[j] - m_sub);
     l = group_sum<32>(l);
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    for (int j = lo + lane; j < hi; j += 32) s[j] = exp2f(s[j] - m_sub) * inv_l;
-    if (params.lse != nullptr && lane == 0) {
-      // ln(sum_j exp(scale * q.k_j)) = (m + log2 l) * ln 2, with m and s in log2 units (a NaN l stays NaN).
-      params.lse[lse_offset(params, entry, b, h, row)] =
-          hi > lo && l != 0.f ? (m + log2f(l)) * 0.693147180559945309f : kNegInf;
+    float inv_l = l > 0.f ? 1.f / l : 0.f;
+    // ln(sum_j exp(scale * q.k_j)) = (m + log2 l) * ln 2, with m and s in log2 units (a NaN l stays NaN).
+    float lse = hi > lo && l != 0.f ? (m + log2f(l)) * 0.693147180559945309f : kNegInf;
+    if (params.sinks != nullptr) {  // the sink's term (rules.h)
+      const float sinked =
+          rules::lse_with_sink(lse, params.sinks[h * params.sinks_head_stride + row * params.sinks_row_stride]);
+      inv_l *= rules::sink_out_scale(lse, sinked);
+      lse = sinked;
     }
+    for (int j = lo + lane; j < hi; j += 32) s[j] = exp2f(s[j] - m_sub) * inv_l;
+    if (params.lse != nullptr && lane == 0) { params.lse[lse_offset(params, entry, b, h, row)] = lse; }
   }
 }
 

@@ -247,6 +247,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
                 acc_o_rc, lse, taccOcO_rc);
     return;
   }
+  {
+    Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (nrow, ncol)
+    add_sinks(params, work.tile.head, work.m_block * kBlockM, work.rows_q, acc_o_rc, lse, taccOcO_rc);
+  }
   Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_K)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
       lse_tile_row0(params, work.tile, work.seq, work.m_block * kBlockM), work.rows_q, params.head_dim, tiled_mma,

@@ -253,6 +253,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                 acc_o_rc, lse, taccOcO_rc);
     return;
   }
+  {
+    Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_as_sm80(acc_o.layout())));  // (nrow, ncol)
+    add_sinks(params, work.tile.head, work.m_block * kBlockM, work.rows_q, acc_o_rc, lse, taccOcO_rc);
+  }
   Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_N)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(
       lse_tile_row0(params, work.tile, work.seq, work.m_block * kBlockM), work.rows_q, params.head_dim, tiled_mma_o,

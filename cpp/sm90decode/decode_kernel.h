@@ -423,7 +423,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     float sum = 0.f;
     CUTE_UNROLL
     for (int w = 0; w < kNWarps; ++w) { sum += merge_weight(merge_lse[w * kRows + tidx], m); }  // exp(lse_w - m)
-    float const row_lse = merged_lse(m, sum);
+    float row_lse = merged_lse(m, sum);
+    if (params.sinks != nullptr && params.num_splits == 1) {  // final rows take the sink (a split's: the combine)
+      int const h = h_kv * params.heads_ratio + tidx / nq, i = tidx % nq;
+      row_lse = rules::lse_with_sink(row_lse, params.sinks[h * params.sinks_head_stride + i * params.sinks_row_stride]);
+    }
     CUTE_UNROLL
     for (int w = 0; w < kNWarps; ++w) { merge_lse[w * kRows + tidx] = merge_weight(merge_lse[w * kRows + tidx], row_lse); }
     merge_row_lse[tidx] = row_lse;

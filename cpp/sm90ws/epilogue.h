@@ -38,6 +38,7 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
   Tensor taccOcO = thr_mma_pv.partition_C(cO);                             // (MMA, MMA_M, MMA_N) -> (row, col)
   Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
+  add_sinks(params, tile.head, tile.m_block * kBlockM, rows_q, acc_o_rc, lse, taccOcO_rc);
 
   float* const lse_row0 = lse_tile_row0(params, tile, seq, tile.m_block * kBlockM);
   if (lse_row0 != nullptr) { write_lse(lse_row0, lse, taccOcO_rc, rows_q); }

@@ -53,7 +53,7 @@ bool packs_gqa(const FwdParams& params) {
 }
 
 // Query head h = h_kv * ratio + r becomes row r of head h_kv: the row stride is the head stride, the
-// head stride ratio head strides (q, o and lse alike; lse rows are contiguous with one query).
+// head stride ratio head strides (q, o, lse and sinks alike; lse rows are contiguous with one query).
 FwdParams packed_gqa(const FwdParams& params) {
   FwdParams p = params;
   int const ratio = params.heads_ratio;
@@ -63,6 +63,7 @@ FwdParams packed_gqa(const FwdParams& params) {
   p.q_row_stride = params.q_head_stride, p.q_head_stride = params.q_head_stride * ratio;
   p.o_row_stride = params.o_head_stride, p.o_head_stride = params.o_head_stride * ratio;
   p.lse_head_stride = params.lse_head_stride * ratio;
+  p.sinks_row_stride = params.sinks_head_stride, p.sinks_head_stride = params.sinks_head_stride * ratio;
   p.window_right = -1;
   return p;
 }

@@ -56,6 +56,7 @@ FwdParams make_params(const Problem& p, const CallTensors& t) {
   params.seqlens_k = t.seqlens_k;
   params.leftpad_k = t.leftpad_k;
   params.seqlens_k_added = p.n_new;
+  params.sinks = t.sinks;
   if (p.paged) {
     params.block_table = t.block_table;
     params.block_table_stride = t.block_table_stride;

@@ -1,7 +1,8 @@
 // The combine step of split keys (Flash-Decoding): split s of every row wrote its normalized fp32 O_s
 // to o_accum[s][b][h][row] and its lse_s to lse_accum[s][b][h][row] (an empty split: O_s = 0, lse_s =
 // -inf). The row's result is their merge by lse (common/lse_merge.h), computed in fp32 around the
-// largest lse_s, written to o (its dtype and strides) and lse when asked.
+// largest lse_s, the attention sink added once (params.h), written to o (its dtype and strides) and lse
+// when asked.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +12,7 @@
 #include "common/lse_merge.h"
 #include "cutlassfa/backends.h"
 #include "cutlassfa/launch.h"
+#include "cutlassfa/rules.h"
 
 namespace cutlassfa {
 namespace {
@@ -55,7 +57,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
     if (m != -INFINITY) {
       for (int s = lane; s < splits; s += 32) sum += expf(split_lse[s] - m);  // -inf: 0
     }
-    float const lse = merged_lse(m, warp_sum(sum));
+    int const b = static_cast<int>(r / (static_cast<long long>(params.seqlen_q) * params.heads_q));
+    int const h = static_cast<int>((r / params.seqlen_q) % params.heads_q);
+    int const i = static_cast<int>(r % params.seqlen_q);
+    float lse = merged_lse(m, warp_sum(sum));
+    if (params.sinks != nullptr) {  // the sink once, in the merged row (rules.h): the weights are against it
+      lse = rules::lse_with_sink(lse, params.sinks[h * params.sinks_head_stride + i * params.sinks_row_stride]);
+    }
 
     const float* partial = params.o_accum + r * params.head_dim;
     for (int c = lane; c < chunks; c += 32) {
@@ -81,9 +89,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
       warp_sums[warp * chunks + c] = acc;
     }
     __syncthreads();
-    int const b = static_cast<int>(r / (static_cast<long long>(params.seqlen_q) * params.heads_q));
-    int const h = static_cast<int>((r / params.seqlen_q) % params.heads_q);
-    int const i = static_cast<int>(r % params.seqlen_q);
     T* o = static_cast<T*>(params.o) + b * params.o_batch_stride + h * params.o_head_stride + i * params.o_row_stride;
     const float* sums = reinterpret_cast<const float*>(warp_sums);
     for (int col = static_cast<int>(threadIdx.x); col < params.head_dim; col += blockDim.x) {

@@ -98,15 +98,15 @@ def backends(device: int = 0) -> dict[str, BackendStatus]:
 
 
 # Mode keys of `supports`: causal, and the variants (window, softcap, KV caches, varlen, split keys).
-_KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits"}
+_KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks"}
 
 
 def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode: Any) -> Support:
     """Says in advance whether `forward(..., backend=backend)` takes arrays of `dtype` and `head_dim` on
     this machine (CUDA `device` for GPU backends) in the given mode, and if not, why.
 
-    Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache and paged (bool:
-    forward with cache_seqlens / block_table ...), varlen (bool: varlen_forward), num_splits (int or
+    Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache, paged and sinks
+    (bool: forward with cache_seqlens / block_table / sinks ...), varlen (bool: varlen_forward), num_splits (int or
     None); values as forward takes them (a value that asks for nothing, such as window=(-1, -1) or
     softcap=0, is the plain case). Other keys name features this version does not have."""
     if backend not in BACKENDS:
@@ -142,7 +142,7 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
 def _check_modes(mode: dict[str, Any]) -> None:
     """The values of a `supports` mode, checked as `forward` checks them (the extension's validator on
     a one-element probe for window, softcap and num_splits)."""
-    for key in ("kv_cache", "paged", "varlen"):
+    for key in ("kv_cache", "paged", "varlen", "sinks"):
         if key in mode:
             _flag(mode[key], key)
     options = {key: mode[key] for key in ("window", "softcap", "num_splits") if key in mode}
@@ -262,13 +262,15 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scal
 # --------------------------------------------------------------------------------------------------
 
 _NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no option given"
-_OPTION_NAMES = ("window", "softcap", "cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "num_splits")
+_OPTION_NAMES = ("window", "softcap", "cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "num_splits",
+                 "sinks")
 
 
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
             window: tuple[int, int] | None = None, softcap: float = _NO_SOFTCAP, cache_seqlens: Any = None,
             cache_leftpad: Any = None, block_table: Any = None, k_new: Any = None, v_new: Any = None,
-            num_splits: int | None = None, backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
+            num_splits: int | None = None, sinks: Any = None, backend: str = "auto", return_lse: bool = False,
+            out: Any = None) -> Any:
     """Attention forward pass: softmax(scale · q kᵀ) v, computed blockwise without materializing the
     N×N score matrix (except by the `naive` backend).
 
@@ -287,6 +289,11 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     window=(left, right): query i sees key j iff i + Nk - Nq - left <= j <= i + Nk - Nq + right (-1:
     unbounded on that side); causal=True is (-1, 0) and combines with a left bound.
     softcap=c > 0: scores become c * tanh(s / c) before the softmax (lse of the capped scores).
+    sinks: (Hq,) attention-sink logits, one per query head (gpt-oss; float32, or float16 / bfloat16 read
+    as float32; on q's device or host values): row i of head h gains e^sinks[h] in its softmax
+    denominator and nothing in its numerator, out_i = sum_j e^s_ij v_j / (sum_j e^s_ij + e^sinks[h]) and
+    lse_i = log(sum_j e^s_ij + e^sinks[h]). Not capped by softcap; a row that sees no key gives 0 and
+    lse = sinks[h]; -inf is no sink.
     KV cache: k and v are caches (B, Hkv, Ncache, d), or with block_table (B, max_pages) int32 paged
     caches (num_pages, Hkv, page_size, d) (key p of entry b: row p % page_size of page
     block_table[b, p // page_size]); q must be 4-D. cache_seqlens (B,): entry b attends keys
@@ -316,8 +323,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     if softmax_scale is not None:
         softmax_scale = _scale(softmax_scale)
     plain = (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
-             and block_table is None and k_new is None and v_new is None and num_splits is None)
-    options = () if plain else (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits)
+             and block_table is None and k_new is None and v_new is None and num_splits is None and sinks is None)
+    options = () if plain else (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits,
+                                sinks)
 
     module = type(q).__module__
     if module.startswith("torch"):
@@ -348,8 +356,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
 
 def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, max_seqlen_q: int | None = None,
                    max_seqlen_k: int | None = None, causal: bool = False, softmax_scale: float | None = None,
-                   window: tuple[int, int] | None = None, softcap: float = 0.0, backend: str = "auto",
-                   return_lse: bool = False, out: Any = None) -> Any:
+                   window: tuple[int, int] | None = None, softcap: float = 0.0, sinks: Any = None,
+                   backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding (FlashAttention's
     varlen layout), on the same path as `forward`: CUDA arrays of PyTorch or CuPy in place, host arrays
     (numpy, PyTorch CPU tensors) on the GPU when one is usable, else on the `cpu` backend. JAX arrays
@@ -362,7 +370,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     or at least each sequence's length; they size the GPU grid: with cu_seqlens on the device and
     None, the grid covers the totals (correct, slower). Device values are not checked (that would
     need a synchronization): the kernels clamp each sequence to [0, total) and to max_seqlen.
-    causal, window, softcap, softmax_scale: as `forward`, aligned bottom-right within each sequence.
+    causal, window, softcap, sinks, softmax_scale: as `forward`, aligned bottom-right within each sequence.
     Returns out (total_q, Hq, d), or (out, lse) when return_lse, lse float32 (Hq, total_q).
     """
     code = _backend_code(backend)
@@ -377,10 +385,10 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     _require_extension()
     alloc, stream = (_arrays.cupy_empty, _arrays.cupy_stream(q)) if module.startswith("cupy") else (None, -1)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    result = _C.forward(q, k, v, out, causal, scale, code, return_lse, alloc, stream, False, window, softcap,
-                        None, None, None, None, None, None, *varlen)
+    options = (window, softcap) + (None,) * 6 + (sinks,)
+    result = _C.forward(q, k, v, out, causal, scale, code, return_lse, alloc, stream, False, *options, *varlen)
     if result is None:
-        result = _forward_cpu(q, k, v, out, causal, scale, return_lse, (window, softcap) + (None,) * 6, varlen)
+        result = _forward_cpu(q, k, v, out, causal, scale, return_lse, options, varlen)
     return result if return_lse else result[0]
 
 
@@ -427,6 +435,13 @@ def _host_index(value: Any) -> Any:
     return value if value is None or isinstance(value, (np.ndarray, list, tuple)) else _arrays.host_numpy(value)
 
 
+def _host_floats(value: Any) -> np.ndarray:
+    """A float argument (sinks) as the cpu backend reads it: float32 numpy (the extension has validated it)."""
+    if isinstance(value, (list, tuple)):
+        return np.asarray(value, np.float32)
+    return np.asarray(_arrays.host_numpy(value), np.float32)
+
+
 def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None, return_lse: bool,
                  options: tuple = (), varlen: tuple | None = None) -> tuple[Any, Any]:
     """The numpy backend on host arrays (numpy, or PyTorch CPU tensors seen through numpy), after the
@@ -438,10 +453,10 @@ def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | 
     if out is None:
         out = _arrays.empty_host_like(like, q.shape, q.dtype.name)
     out_np = _arrays.host_numpy(out)
-    window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits = (
-        options or (None, _NO_SOFTCAP) + (None,) * 6)
-    common = dict(causal=causal, softmax_scale=scale, window=window, softcap=softcap or 0.0, return_lse=True,
-                  out=out_np)
+    window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits, sinks = (
+        options or (None, _NO_SOFTCAP) + (None,) * 7)
+    common = dict(causal=causal, softmax_scale=scale, window=window, softcap=softcap or 0.0,
+                  sinks=None if sinks is None else _host_floats(sinks), return_lse=True, out=out_np)
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
         _, lse = cpu.varlen_forward_cpu(q, k, v, _host_index(cu_q), _host_index(cu_k), max_seqlen_q=max_q,

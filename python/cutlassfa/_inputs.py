@@ -40,7 +40,7 @@ class Variant:
     forward against a KV cache of B = len(cache_seqlens) entries, contiguous (page_size 0, Ncache = the
     case's Nk) or paged (pages of page_size keys, capacity >= the case's Nk), with n_new keys appended
     through k_new / v_new and cache_leftpad when given. kind "varlen": varlen_forward over sequences of
-    seqlens_q / seqlens_k (B of them)."""
+    seqlens_q / seqlens_k (B of them). sinks: one attention-sink logit per query head (any kind)."""
 
     name: str
     kind: str = "dense"
@@ -53,6 +53,7 @@ class Variant:
     n_new: int = 0
     seqlens_q: tuple[int, ...] = ()
     seqlens_k: tuple[int, ...] = ()
+    sinks: bool = False
 
     @property
     def mode(self) -> dict[str, Any]:
@@ -70,6 +71,8 @@ class Variant:
             mode["varlen"] = True
         if self.num_splits is not None:
             mode["num_splits"] = self.num_splits
+        if self.sinks:
+            mode["sinks"] = True
         return mode
 
 

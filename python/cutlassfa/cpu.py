@@ -29,7 +29,7 @@ import numpy as np
 from . import masks
 from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
 from ._options import kvcache_layout, varlen_layout
-from .merge import merge_attention
+from .merge import merged_float32
 from .masks import Window, resolve_window
 
 __all__ = ["forward_cpu", "kvcache_forward_cpu", "varlen_forward_cpu"]
@@ -54,6 +54,7 @@ def forward_cpu(
     out: np.ndarray | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
     num_splits: int | None = None,
     block_n: int = 128,
     block_m: int = 128,
@@ -69,6 +70,8 @@ def forward_cpu(
         out: optional (B, Hq, Nq, d) array of q's dtype to write into (any strides).
         window: (left, right) of :mod:`cutlassfa.masks`; combines with causal as (left, 0).
         softcap: > 0 caps the scores to softcap * tanh(s / softcap) before the softmax.
+        sinks: None or (Hq,) float32 attention-sink logits: each row's softmax denominator gains
+            e^sinks[h] (merged once, as a part with no value, after the key tiles and splits).
         num_splits: None or 1: one pass over the keys; n > 1: the key tiles in n contiguous parts merged
             by lse (the result equals the unsplit one up to rounding; parts beyond the tile count are
             empty).
@@ -100,7 +103,7 @@ def forward_cpu(
             b1 = min(b, b0 + nb)
             keys = DenseKeys(k[b0:b1], v[b0:b1])
             for i0, i1, o_blk, lse_blk in _row_blocks(q[b0:b1], keys, nq, nk, win, scale, cap, bm, block_n, dtype,
-                                                      splits):
+                                                      splits, sinks):
                 out[b0:b1, :, i0:i1] = o_blk  # rounds to the input dtype
                 lse[b0:b1, :, i0:i1] = lse_blk
     return (out, lse) if return_lse else out
@@ -120,6 +123,7 @@ def kvcache_forward_cpu(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
     num_splits: int | None = None,
     return_lse: bool = False,
     out: np.ndarray | None = None,
@@ -139,7 +143,7 @@ def kvcache_forward_cpu(
         block_table: (B, max_pages) int page indices.
         k_new, v_new: (B, Hkv, Nnew, d): written INTO k_cache / v_cache at positions
             [cache_seqlens[b], cache_seqlens[b] + Nnew) of entry b, then attended with the rest.
-        causal, softmax_scale, window, softcap, num_splits, return_lse: as :func:`forward_cpu`, aligned
+        causal, softmax_scale, window, softcap, sinks, num_splits, return_lse: as :func:`forward_cpu`, aligned
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         out: optional (B, Hq, Nq, d) array of q's dtype to write into.
 
@@ -179,7 +183,7 @@ def kvcache_forward_cpu(
     with _quiet():
         for i, (keys, nk, dtype) in enumerate(entries):
             _attend_into(q[i : i + 1], keys, nk, win, scale, cap, block_m, block_n, dtype, out[i : i + 1],
-                         lse[i : i + 1], splits)
+                         lse[i : i + 1], splits, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -196,6 +200,7 @@ def varlen_forward_cpu(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
     return_lse: bool = False,
     out: np.ndarray | None = None,
     block_n: int = 128,
@@ -205,7 +210,7 @@ def varlen_forward_cpu(
 
     q (total_q, Hq, d), k and v (total_k, Hkv, d), any strides; cu_seqlens_q / cu_seqlens_k (B+1,)
     prefix sums: sequence b is rows [cu[b], cu[b+1]). Masks are aligned bottom-right within each
-    sequence; empty sequences are allowed. max_seqlen_q / max_seqlen_k size the GPU grids and are not
+    sequence; empty sequences are allowed; softcap and sinks as :func:`forward_cpu`. max_seqlen_q / max_seqlen_k size the GPU grids and are not
     read here. The arguments are those the extension validated (`cutlassfa.varlen_forward(...,
     backend="cpu")` is the checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
     """
@@ -225,7 +230,7 @@ def varlen_forward_cpu(
         for q0, q1, k0, k1 in sequences:
             keys = DenseKeys(_rows_as_4d(k[k0:k1]), _rows_as_4d(v[k0:k1]))
             _attend_into(_rows_as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n, dtype,
-                         _rows_as_4d(out[q0:q1]), lse[None, :, q0:q1])
+                         _rows_as_4d(out[q0:q1]), lse[None, :, q0:q1], 1, sinks)
     return (out, lse) if return_lse else out
 
 
@@ -235,41 +240,48 @@ def varlen_forward_cpu(
 
 def _attend_into(q4: np.ndarray, keys: Any, nk: int, window: Window, scale: float, softcap: float,
                  block_m: int, block_n: int, dtype: np.dtype, out4: np.ndarray, lse3: np.ndarray,
-                 splits: int = 1) -> None:
+                 splits: int = 1, sinks: np.ndarray | None = None) -> None:
     """Attention of one sequence (q4 (1, Hq, Nq, d)) against nk keys, written into out4 / lse3."""
     nq = q4.shape[2]
     if out4.size == 0:
         return
     for i0, i1, o_blk, lse_blk in _row_blocks(q4, keys, nq, nk, window, scale, softcap, min(block_m, nq),
-                                              block_n, dtype, splits):
+                                              block_n, dtype, splits, sinks):
         out4[:, :, i0:i1] = o_blk
         lse3[:, :, i0:i1] = lse_blk
 
 
 def _row_blocks(q4: np.ndarray, keys: Any, nq: int, nk: int, window: Window, scale: float, softcap: float,
-                block_m: int, block_n: int, dtype: np.dtype,
-                splits: int = 1) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+                block_m: int, block_n: int, dtype: np.dtype, splits: int = 1,
+                sinks: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """(i0, i1, out, lse) of each block of query rows [i0, i1); with splits > 1, the merge of the
-    blocks' results over `splits` contiguous parts of the key tiles."""
+    blocks' results over `splits` contiguous parts of the key tiles; with sinks, the sinks merged in
+    once."""
     tiles = -(-nk // block_n)
     parts = [(s * tiles // splits, (s + 1) * tiles // splits) for s in range(splits)]
     for i0 in range(0, nq, block_m):
         i1 = min(nq, i0 + block_m)
         args = (q4[:, :, i0:i1], keys, i0, nq, nk, window, scale, softcap, block_n, dtype)
-        if splits == 1:
+        if splits == 1 and sinks is None:
             yield (i0, i1, *_query_block(*args))
         else:
-            yield (i0, i1, *_merge_parts([_query_block(*args, tiles=part) for part in parts]))
+            blocks = [_query_block(*args, tiles=part) for part in parts] if splits > 1 else [_query_block(*args)]
+            yield (i0, i1, *_merge_parts(blocks, sinks))
 
 
-def _merge_parts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """The combine step of split keys: the parts' (out, lse) merged by lse. merge_attention works in
-    float32, so the lse are shifted by their row max first: a float64 block (scores beyond float32's
-    range) then merges without overflow, and the shift is added back in the block's dtype."""
+def _merge_parts(parts: list[tuple[np.ndarray, np.ndarray]],
+                 sinks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The combine step of split keys: the parts' (out, lse) merged by lse, the sinks (Hq,) once
+    (merge.py). The merge works in float32, so the lse are shifted by their row max first: a float64
+    block (scores beyond float32's range) then merges without overflow, and the shift is added back in
+    the block's dtype."""
     outs, lses = zip(*parts)
     row_max = np.maximum.reduce(lses)
+    sink_lse = None if sinks is None else sinks.astype(row_max.dtype)[None, :, None]
+    if sink_lse is not None:
+        row_max = np.maximum(row_max, sink_lse)
     shift = np.where(row_max == -np.inf, 0, row_max)
-    out, lse = merge_attention(outs, [x - shift for x in lses])
+    out, lse = merged_float32(outs, [x - shift for x in lses], None if sink_lse is None else sink_lse - shift)
     return out, lse.astype(shift.dtype) + shift
 
 

@@ -31,7 +31,7 @@ from ._api import forward, select_backend
 from ._arrays import stand_in
 from ._ring_layout import LAYOUTS, shard, unshard
 from ._ring_plan import Mask, Piece
-from .merge import merge_attention_into
+from .merge import merge_attention, merge_attention_into
 
 __all__ = ["LAYOUTS", "ring_forward", "shard", "unshard"]
 
@@ -42,7 +42,8 @@ _FORWARD_TAKES_WINDOW = "window" in inspect.signature(forward).parameters
 
 def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = False,
                  softmax_scale: float | None = None, return_lse: bool = False, layout: str = "contiguous",
-                 backend: str = "auto", window: tuple[int | None, int | None] | None = None) -> Any:
+                 backend: str = "auto", window: tuple[int | None, int | None] | None = None,
+                 sinks: Any = None) -> Any:
     """Attention over a sequence split across the ranks of a torch.distributed process group.
 
     Every rank of `group` (default: the whole world) calls this with its local chunk:
@@ -61,6 +62,8 @@ def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = Fa
         window: (left, right), a sliding window over the global sequence, bottom-right aligned: query i
             sees keys [i + Nk - Nq - left, i + Nk - Nq + right]; None or -1 leaves a side unbounded;
             causal forces right = 0. Steps wholly outside the window are skipped.
+        sinks: optional (Hq,) attention-sink logits (a torch tensor on q's device, the same on every
+            rank), as `forward(..., sinks=)` of the global sequence: merged once, after the last step.
         softmax_scale: defaults to 1/sqrt(d). backend: as for `forward`, for the local attention.
         return_lse: also return the float32 (B, Hq, Nq_local) lse of the global softmax (natural log).
 
@@ -75,7 +78,7 @@ def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = Fa
     import torch
 
     ring = _setup(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                  backend=backend, window=window)
+                  backend=backend, window=window, sinks=sinks)
     acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # normalized partial output
     acc_lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
     block = (k.contiguous(), v.contiguous())  # sent as is: point-to-point ops need contiguous tensors
@@ -84,6 +87,8 @@ def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = Fa
         _attend(ring, step, q, block, acc, acc_lse)
         if exchange is not None:
             block = exchange.wait()
+    if sinks is not None:  # one more part with no value, once (merge.py)
+        acc, acc_lse = merge_attention([acc], [acc_lse], sinks=sinks)
     out = acc.to(q.dtype)
     return (out, acc_lse) if return_lse else out
 
@@ -112,7 +117,7 @@ class _Ring:
         return (self.rank - step) % self.world
 
 
-def _check_local(q: Any, k: Any, v: Any) -> None:
+def _check_local(q: Any, k: Any, v: Any, sinks: Any = None) -> None:
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -131,9 +136,12 @@ def _check_local(q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"the heads of q ({hq}) must be a multiple of the heads of k and v ({hkv})")
-    # The head dim and dtype as forward's validator judges them (which backend runs a block is forward's
-    # question, asked on each block).
-    select_backend(stand_in(q), stand_in(k), stand_in(v))
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.device != q.device):
+        raise ValueError(f"sinks must be a torch tensor on q's device ({q.device}), got "
+                         f"{getattr(sinks, 'device', type(sinks).__name__)}")
+    # The head dim, dtype and sinks as forward's validator judges them (which backend runs a block is
+    # forward's question, asked on each block).
+    select_backend(stand_in(q), stand_in(k), stand_in(v), sinks=stand_in(sinks))
 
 
 def _window_bounds(window: Any) -> tuple[int | None, int | None]:
@@ -158,9 +166,10 @@ _FIELDS = ("Nq_local", "Nk_local", "B", "Hq", "Hkv", "d", "dtype", "causal", "la
            "window right", "softmax_scale")
 
 
-def _local_settings(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, layout: Any, window: Any) -> list[float]:
+def _local_settings(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, layout: Any, window: Any,
+                    sinks: Any = None) -> list[float]:
     """This rank's row of _FIELDS (-1 for an unbounded window side); raises for invalid arguments."""
-    _check_local(q, k, v)
+    _check_local(q, k, v, sinks)
     _ring_layout.check_layout(layout)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
@@ -173,7 +182,7 @@ def _local_settings(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, lay
 
 
 def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: float | None, layout: str,
-           backend: str, window: Any) -> _Ring:
+           backend: str, window: Any, sinks: Any = None) -> _Ring:
     """Validates the local arguments, gathers every rank's sizes and settings and plans the steps.
 
     The one all_gather comes before any check can raise, so that a mistake on one rank (or ranks that
@@ -185,7 +194,7 @@ def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: f
         raise RuntimeError("ring_forward needs an initialized torch.distributed process group")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     try:
-        mine, error = _local_settings(q, k, v, causal, softmax_scale, layout, window), None
+        mine, error = _local_settings(q, k, v, causal, softmax_scale, layout, window, sinks), None
     except (TypeError, ValueError) as invalid:
         mine, error = [math.nan] * len(_FIELDS), invalid  # NaN marks a rank with invalid arguments
     device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")

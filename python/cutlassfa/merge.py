@@ -8,6 +8,8 @@ log-sum-exp of the row's scaled scores over K_p,
     o   = sum_p exp(lse_p - lse) * o_p
 
 This is the combine step of split-KV decoding (Flash-Decoding) and of ring (context-parallel) attention.
+An attention sink (a logit with no value, one per head) is one more part, with lse = sink and o = 0: it
+enters a merge once, however many parts there are.
 The arithmetic runs in float32 and is shifted by the row's largest lse, so no exp overflows. A part in
 which the row sees no key has lse -inf and weight exactly 0; a row that sees no key in any part gives
 output 0 and lse -inf, never NaN.
@@ -62,14 +64,18 @@ def _ops_for(array: Any) -> _Ops:
     return _Ops(xp, lambda a: a.astype(xp.float32), lambda a, like: a.astype(like.dtype), add_scaled)
 
 
-def _weights(ops: _Ops, lses: Sequence[Any]) -> tuple[list[Any], Any]:
+def _weights(ops: _Ops, lses: Sequence[Any], sink_lse: Any = None) -> tuple[list[Any], Any]:
     """The weight exp(lse_p - lse) of each part, shaped (..., N, 1), and the merged lse (..., N), float32.
+    sink_lse: a part with no output (attention sinks), broadcast against the lses, or None.
 
     Everything is shifted by the row's largest lse (0 where that is -inf), so no exp overflows and a row
     that no part sees gets weights 0 and lse log(0) = -inf rather than exp(-inf + inf) = NaN.
     """
     xp = ops.xp
+    parts = len(lses)
     lses32 = [ops.to_float32(lse) for lse in lses]
+    if sink_lse is not None:
+        lses32.append(xp.zeros_like(lses32[0]) + ops.to_float32(sink_lse))
     row_max = lses32[0]
     for lse in lses32[1:]:
         row_max = xp.maximum(row_max, lse)  # NaN propagates
@@ -82,10 +88,11 @@ def _weights(ops: _Ops, lses: Sequence[Any]) -> tuple[list[Any], Any]:
     inverse = 1.0 / xp.where(total == 0, xp.ones_like(total), total)
     with np.errstate(divide="ignore"):  # numpy: log(0) = -inf is the intended lse of an unseen row
         lse = shift + xp.log(total)
-    return [(e * inverse)[..., None] for e in exps], lse
+    return [(e * inverse)[..., None] for e in exps[:parts]], lse
 
 
-def merge_attention(outs: Sequence[Any], lses: Sequence[Any], *, out: Any = None) -> tuple[Any, Any]:
+def merge_attention(outs: Sequence[Any], lses: Sequence[Any], *, sinks: Any = None,
+                    out: Any = None) -> tuple[Any, Any]:
     """Merges attention results of the same query rows over disjoint key sets.
 
     Args:
@@ -93,6 +100,9 @@ def merge_attention(outs: Sequence[Any], lses: Sequence[Any], *, out: Any = None
             shape and one float dtype; a row that saw no key in a part may hold any finite value there.
         lses: their log-sum-exps, each (..., N): natural log, as `forward(..., return_lse=True)` gives
             (float32; other float dtypes are read as float32). -inf marks a row that saw no key in that part.
+        sinks: optional (H,) attention-sink logits of the same framework, one per head, the lse's
+            second-to-last dim being the heads ((B, H, N) or (H, total)): each row's merge gains
+            e^sinks[h] in its denominator, once (forward(..., sinks=) of the whole key set). -inf: none.
         out: optional array of the outs' shape and framework to write the merged output into (any float
             dtype; not for JAX, whose arrays are immutable).
 
@@ -106,10 +116,7 @@ def merge_attention(outs: Sequence[Any], lses: Sequence[Any], *, out: Any = None
     outs, lses = list(outs), list(lses)
     _check(outs, lses, same_dtype=True)
     ops = _ops_for(outs[0])
-    weights, lse = _weights(ops, lses)
-    merged = ops.to_float32(outs[0]) * weights[0]
-    for o, w in zip(outs[1:], weights[1:]):
-        merged = merged + ops.to_float32(o) * w
+    merged, lse = merged_float32(outs, lses, None if sinks is None else _sink_column(sinks, lses[0], ops))
     if out is None:
         return ops.cast(merged, outs[0]), lse
     _check_out(out, outs[0])
@@ -118,6 +125,17 @@ def merge_attention(outs: Sequence[Any], lses: Sequence[Any], *, out: Any = None
     else:
         out[...] = merged  # torch and cupy cast on assignment
     return out, lse
+
+
+def merged_float32(outs: Sequence[Any], lses: Sequence[Any], sink_lse: Any = None) -> tuple[Any, Any]:
+    """The merge in float32, unchecked: (out, lse). sink_lse: the sinks' part (no output) broadcast
+    against the lses, or None (the cpu backend passes it shifted as its lses are)."""
+    ops = _ops_for(outs[0])
+    weights, lse = _weights(ops, lses, sink_lse)
+    merged = ops.to_float32(outs[0]) * weights[0]
+    for o, w in zip(outs[1:], weights[1:]):
+        merged = merged + ops.to_float32(o) * w
+    return merged, lse
 
 
 def merge_attention_into(acc: Any, acc_lse: Any, part: Any, part_lse: Any) -> None:
@@ -138,6 +156,20 @@ def merge_attention_into(acc: Any, acc_lse: Any, part: Any, part_lse: Any) -> No
     acc *= w_acc
     ops.add_scaled(acc, part, w_part)
     acc_lse[...] = lse
+
+
+def _sink_column(sinks: Any, lse: Any, ops: _Ops) -> Any:
+    """sinks (H,) as an (H, 1) float32 column against an lse (..., H, N) (a 1-D lse: (H,) itself)."""
+    if framework_of(sinks) != framework_of(lse):
+        raise TypeError(f"sinks must be a {framework_of(lse)} array like the lses, got {type(sinks).__name__}")
+    heads = lse.shape[-2] if len(lse.shape) >= 2 else 1
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks must have shape ({heads},), one per head of the lses {tuple(lse.shape)}, "
+                         f"got {tuple(sinks.shape)}")
+    if framework_of(sinks) == "torch" and sinks.device != lse.device:
+        raise ValueError(f"sinks must be on {lse.device} like the lses, got {sinks.device}")
+    column = ops.to_float32(sinks)
+    return column.reshape(heads, 1) if len(lse.shape) >= 2 else column
 
 
 def _check(outs: Sequence[Any], lses: Sequence[Any], *, same_dtype: bool) -> None:

@@ -7,7 +7,9 @@ Conventions (shared with :func:`cutlassfa.forward`):
 * which keys a query sees is :mod:`cutlassfa.masks`: bottom-right aligned (offset Nk - Nq), causal
   = window (-1, 0); a row that sees no key has output 0 and lse ``-inf`` (never NaN);
 * scores are ``s = scale * q_i . k_j``, capped to ``softcap * tanh(s / softcap)`` when softcap > 0;
-* lse is the natural log of the softmax denominator, ``log(sum_j exp(s_ij))`` of the capped scores.
+* lse is the natural log of the softmax denominator, ``log(sum_j exp(s_ij))`` of the capped scores;
+* attention sinks (one logit per query head) add ``exp(sink_h)`` to that denominator and nothing to the
+  numerator: a row that sees no key then has output 0 and lse ``sink_h``.
 
 The score matrix is materialized in float64, but in chunks of query rows (and batches) so
 that a long sequence never needs the whole Nq x Nk matrix at once.
@@ -66,6 +68,16 @@ def _softcap(softcap: Any) -> float:
     return value
 
 
+def _sinks(sinks: Any, heads: int) -> np.ndarray | None:
+    """sinks as float64 (heads,), or None."""
+    if sinks is None:
+        return None
+    value = np.asarray(sinks).astype(np.float64)
+    if value.shape != (heads,):
+        raise ValueError(f"sinks must have shape ({heads},), one per query head, got {value.shape}")
+    return value
+
+
 def _default_scale(d: int, softmax_scale: float | None) -> float:
     return 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
 
@@ -79,6 +91,7 @@ def attention_reference(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention in float64.
 
@@ -89,6 +102,8 @@ def attention_reference(
         softmax_scale: defaults to 1/sqrt(d).
         window: (left, right) keys around each query's aligned position, -1 unbounded (masks.py).
         softcap: > 0 caps the scores to softcap * tanh(s / softcap); 0 disables.
+        sinks: None or (Hq,) attention-sink logits: row i of head h has the denominator
+            sum_j exp(s_ij) + exp(sinks[h]) (not capped, no value).
 
     Returns:
         (out, lse): out float64 with q's shape; lse float64 (B, Hq, Nq) or (B, Nq) for 3-D input.
@@ -97,22 +112,27 @@ def attention_reference(
     """
     q4, k4, v4, was_3d = _as_4d(np.asarray(q), np.asarray(k), np.asarray(v))
     out, lse = _dense(q4, k4, v4, _default_scale(q4.shape[3], softmax_scale), resolve_window(causal, window),
-                      _softcap(softcap))
+                      _softcap(softcap), sinks=_sinks(sinks, q4.shape[1]))
     return (out[:, 0], lse[:, 0]) if was_3d else (out, lse)
 
 
 def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window: Window,
-           softcap: float, present: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+           softcap: float, present: np.ndarray | None = None,
+           sinks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of 4-D q (B, Hq, Nq, d) against k, v (B, Hkv, Nk, d): (out, lse) float64.
-    present: None, or (Nk,) bools, False for keys that count as masked for every row (missing pages)."""
+    present: None, or (Nk,) bools, False for keys that count as masked for every row (missing pages).
+    sinks: None, or (Hq,) float64 sink logits."""
     b, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
+    if sinks is not None and out.size:
+        lse[...] = sinks[None, :, None]  # rows that see no key (all of them without keys)
     if out.size == 0 or nk == 0 or hkv == 0:
         return out, lse
 
     group = hq // hkv
+    sink_block = None if sinks is None else sinks.reshape(1, hkv, group, 1, 1)
     # Work unit: nb batches x all heads x `rows` query rows, bounded by _CHUNK_ELEMS scores.
     per_batch = hq * nq * nk
     if per_batch <= _CHUNK_ELEMS:
@@ -131,32 +151,40 @@ def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window:
             if present is not None and not present.all():
                 keep = np.broadcast_to(present, (i1 - i0, nk))
                 mask = keep if mask is None else mask & keep
-            o, l_ = _exact_block(qb, kb, vb, scale, softcap, mask)
+            o, l_ = _exact_block(qb, kb, vb, scale, softcap, mask, sink_block)
             out[b0:b1, :, i0:i1] = o.reshape(b1 - b0, hq, i1 - i0, d)
             lse[b0:b1, :, i0:i1] = l_.reshape(b1 - b0, hq, i1 - i0)
     return out, lse
 
 
 def _exact_block(
-    qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, scale: float, softcap: float, mask: np.ndarray | None
+    qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, scale: float, softcap: float, mask: np.ndarray | None,
+    sink: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax attention of one chunk; qb (..., rows, d), kb/vb (..., Nk, d), mask (rows, Nk)."""
+    """Softmax attention of one chunk; qb (..., rows, d), kb/vb (..., Nk, d), mask (rows, Nk); sink: the
+    rows' sink logits broadcast as (..., 1, 1), or None."""
     s = np.matmul(qb, np.swapaxes(kb, -1, -2)) * scale  # (..., rows, Nk)
     if softcap > 0:
         s = softcap * np.tanh(s / softcap)
     visible = np.ones(s.shape[-2], dtype=bool) if mask is None else mask.any(axis=-1)
     if mask is not None:
         s = np.where(mask, s, -np.inf)
-    # Fully masked rows have max -inf; shift by 0 instead so exp gives 0 rather than NaN.
-    m = s.max(axis=-1, keepdims=True)
-    m = np.where(visible[:, None], m, 0.0)
+    # Rows with no visible key (and no sink) have max -inf; shift by 0 instead so exp gives 0, not NaN.
+    m = np.where(visible[:, None], s.max(axis=-1, keepdims=True), -np.inf)
+    counted = visible[:, None]
+    if sink is not None:
+        m = np.maximum(m, sink)  # the sink is one more term of the denominator
+        counted = counted | (sink > -np.inf)
+    m = np.where(counted, m, 0.0)
     # invalid='ignore': only reachable with inf/NaN inputs, whose NaN we want to propagate.
     with np.errstate(invalid="ignore"):
         p = np.exp(s - m)
         l_ = p.sum(axis=-1, keepdims=True)
-        l_safe = np.where(visible[:, None], l_, 1.0)
+        if sink is not None:
+            l_ = l_ + np.exp(sink - m)
+        l_safe = np.where(counted, l_, 1.0)
         out = np.matmul(p, vb) / l_safe
-        lse = np.where(visible[:, None], m + np.log(l_safe), -np.inf)[..., 0]
+        lse = np.where(counted, m + np.log(l_safe), -np.inf)[..., 0]
     return out, lse
 
 
@@ -176,6 +204,7 @@ def kvcache_reference(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of q against a KV cache, in float64. Never modifies k_cache / v_cache.
 
@@ -188,7 +217,7 @@ def kvcache_reference(
         block_table: (B, max_pages) int page indices (paged caches).
         k_new, v_new: (B, Hkv, Nnew, d) keys/values that follow the cache's, as if appended at
             cache_seqlens[b]; attended from a copy, the caches are left as they are.
-        causal, softmax_scale, window, softcap: as :func:`attention_reference`; the alignment is
+        causal, softmax_scale, window, softcap, sinks: as :func:`attention_reference`; the alignment is
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         block_table values are taken as the kernels take a device table: keys (cached or new) behind
             an entry outside [0, num_pages) count as masked (masks.page_present).
@@ -201,6 +230,7 @@ def kvcache_reference(
                           block_table=block_table, k_new=k_new)
     win, cap = resolve_window(causal, window), _softcap(softcap)
     b, hq, nq, d = q.shape
+    sink = _sinks(sinks, hq)
     scale = _default_scale(d, softmax_scale)
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
@@ -216,7 +246,7 @@ def kvcache_reference(
         if args.paged:
             positions = np.arange(keys.shape[1])
             present = masks.page_present(args.block_table[i, positions // args.page_size], k_cache.shape[0])[lp:]
-        o, l_ = _dense(q[i : i + 1], keys[None, :, lp:], values[None, :, lp:], scale, win, cap, present)
+        o, l_ = _dense(q[i : i + 1], keys[None, :, lp:], values[None, :, lp:], scale, win, cap, present, sink)
         out[i], lse[i] = o[0], l_[0]
     return out, lse
 
@@ -245,12 +275,14 @@ def varlen_reference(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of a batch of sequences of different lengths, packed, in float64.
 
     q (total_q, Hq, d), k and v (total_k, Hkv, d); sequence b is rows [cu_seqlens_q[b],
     cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v (prefix sums, int).
-    The mask (causal, window) is aligned bottom-right within each sequence; empty sequences are allowed.
+    The mask (causal, window) is aligned bottom-right within each sequence; empty sequences are allowed;
+    softcap and sinks as :func:`attention_reference`.
 
     Returns:
         (out float64 (total_q, Hq, d), lse float64 (Hq, total_q)).
@@ -259,6 +291,7 @@ def varlen_reference(
     args = varlen_layout(cu_seqlens_q, cu_seqlens_k)
     win, cap = resolve_window(causal, window), _softcap(softcap)
     total_q, hq, d = q.shape
+    sink = _sinks(sinks, hq)
     scale = _default_scale(d, softmax_scale)
     out = np.zeros((total_q, hq, d), dtype=np.float64)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float64)
@@ -266,7 +299,8 @@ def varlen_reference(
         q0, q1 = int(args.cu_seqlens_q[i]), int(args.cu_seqlens_q[i + 1])
         k0, k1 = int(args.cu_seqlens_k[i]), int(args.cu_seqlens_k[i + 1])
         # rows (n, H, d) -> (1, H, n, d)
-        o, l_ = _dense(*(x[None].transpose(0, 2, 1, 3) for x in (q[q0:q1], k[k0:k1], v[k0:k1])), scale, win, cap)
+        o, l_ = _dense(*(x[None].transpose(0, 2, 1, 3) for x in (q[q0:q1], k[k0:k1], v[k0:k1])), scale, win, cap,
+                       sinks=sink)
         out[q0:q1] = o[0].transpose(1, 0, 2)
         lse[:, q0:q1] = l_[0]
     return out, lse
@@ -309,13 +343,14 @@ def naive_same_precision(
     softmax_scale: float | None = None,
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
+    sinks: Any = None,
 ) -> np.ndarray:
     """Naive attention whose intermediates are rounded to `dtype`, returned as float64.
 
     Mirrors FlashAttention's test yardstick (a PyTorch computation in the input dtype): q is
     scaled and rounded, S = qK^T accumulates in float32 and is rounded to `dtype` (and rounded again
-    after softcap * tanh(S / softcap) when softcap > 0), the softmax is
-    evaluated in float32 and rounded, and O = PV accumulates in float32 and is rounded. The error of
+    after softcap * tanh(S / softcap) when softcap > 0), the softmax (with the sinks' terms in its
+    denominator) is evaluated in float32 and rounded, and O = PV accumulates in float32 and is rounded. The error of
     this against :func:`attention_reference` is what a same-precision implementation "costs";
     FlashAttention asserts its own error stays within 2x of it.
     """
@@ -336,9 +371,16 @@ def naive_same_precision(
         mask = masks.dense_mask(nq, nk, win)
         visible = mask.any(axis=-1)[:, None]
         s = np.where(mask, s, -np.inf)
-        m = np.where(visible, s.max(axis=-1, keepdims=True), 0.0)
+        m = np.where(visible, s.max(axis=-1, keepdims=True), -np.inf)
+        sink = _sinks(sinks, hq)
+        counted = visible
+        if sink is not None:
+            sink = sink.astype(np.float32).reshape(1, hkv, group, 1, 1)
+            m, counted = np.maximum(m, sink), visible | (sink > -np.inf)
+        m = np.where(counted, m, 0.0)
         with np.errstate(invalid="ignore"):
             e = np.exp(s - m)
-            p = rnd(e / np.where(visible, e.sum(axis=-1, keepdims=True), 1.0))
+            total = e.sum(axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m))
+            p = rnd(e / np.where(counted, total, 1.0))
         out = rnd(np.matmul(p, vr)).astype(np.float64).reshape(b, hq, nq, d)
     return out[:, 0] if was_3d else out

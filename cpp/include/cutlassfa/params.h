@@ -88,6 +88,16 @@ struct FwdParams {
   long long lse_batch_stride = 0;  // set with lse
   long long lse_head_stride = 0;
 
+  // Attention sinks (gpt-oss): sink logits in natural-log units, float32, one per query head; nullptr for
+  // none. Query row i of head h reads sinks[h * sinks_head_stride + i * sinks_row_stride] (the row stride
+  // is 0 but in a GQA-packed problem, whose rows are query heads: dispatch.cpp). Each row's softmax
+  // gains e^sink in its denominator and no value: rules.h's lse_with_sink, applied where a row's final lse
+  // is formed (the tile epilogues, the decode kernel's warp merge, the split combine, the CUDA-core
+  // kernels). -inf is no sink.
+  const float* sinks = nullptr;
+  long long sinks_head_stride = 1;
+  long long sinks_row_stride = 0;
+
   // Split keys (Flash-Decoding): when num_splits > 1, split s of a tile attends to its share of the
   // key tiles and writes its normalized fp32 O to o_accum[s][b][h][row][d] and its lse to
   // lse_accum[s][b][h][row] (compact, seqlen_q rows); a combine kernel merges them into o and lse.

@@ -58,6 +58,7 @@ struct Problem {
   int num_splits = 0;
   // Some option beyond a plain dense call was given (window, softcap, a cache, varlen, num_splits):
   // num_splits=None then asks the planner for kChooseSplits, else for kDefaultSplits (dispatch.h).
+  // Sinks change no schedule: a call with them is planned as the same call without.
   bool variant = false;
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
@@ -84,10 +85,11 @@ struct CallTensors {
   const int* leftpad_k = nullptr;
   const int* block_table = nullptr;
   long long block_table_stride = 0;
+  const float* sinks = nullptr;  // (heads_q,) float32
 };
 
 // The one FwdParams builder: sizes, scale (softmax_scale_log2 is computed here and nowhere else),
-// window, softcap, lengths, pages. num_splits is left at 1: the planner sets it.
+// window, softcap, sinks, lengths, pages. num_splits is left at 1: the planner sets it.
 FwdParams make_params(const Problem& problem, const CallTensors& tensors);
 
 }  // namespace cutlassfa

@@ -1,5 +1,6 @@
 // The scalar rules of attention, each written once: the lengths of a batch entry, the key range a
-// query row sees, where a key of a paged cache lives (and whether its page exists), softcap's tanh.
+// query row sees, where a key of a paged cache lives (and whether its page exists), softcap's tanh, the
+// attention sink's term.
 // Every kernel family calls these (common/ for the tensor-core tiles, sm90decode/decode_kernel.h, simt/ and
 // src/append_kv.cu); python/cutlassfa/reference.py and masks.py are the other statement of the same
 // rules. The kernels keep their fast structure around them (relative mask limits, shifts for pages
@@ -94,6 +95,30 @@ CUTLASSFA_RULE float softcap_tanh(float x) {
   return 1.f - __fdividef(2.f, e + 1.f);
 #else
   return 1.f - 2.f / (__builtin_exp2f(two_x_log2e) + 1.f);
+#endif
+}
+
+// ---- Attention sinks -------------------------------------------------------------------------------------
+// A sink adds e^sink to a row's softmax denominator and nothing to its numerator. A row computed without
+// it, (out, lse), becomes (out * sink_out_scale(lse, lse'), lse') with lse' = lse_with_sink(lse, sink) =
+// log(e^lse + e^sink): a row that saw no key (lse = -inf) gets out 0 and lse = sink; sink = -inf changes
+// nothing. Every merge by lse (split keys, ring steps) adds the sink once, to the merged lse.
+CUTLASSFA_RULE float lse_with_sink(float lse, float sink) {
+#if defined(__CUDA_ARCH__)
+  float const hi = fmaxf(lse, sink), lo = fminf(lse, sink);
+  return hi == __int_as_float(0xff800000) ? hi : hi + log1pf(expf(lo - hi));  // -inf: no INFINITY under NVRTC
+#else
+  float const hi = lse > sink ? lse : sink, lo = lse > sink ? sink : lse;
+  return hi == -__builtin_inff() ? hi : hi + __builtin_log1pf(__builtin_expf(lo - hi));
+#endif
+}
+
+// The factor that renormalizes a row's out once the sink is in its lse: exp(lse - lse'), 0 for an empty row.
+CUTLASSFA_RULE float sink_out_scale(float lse, float lse_sinked) {
+#if defined(__CUDA_ARCH__)
+  return lse == __int_as_float(0xff800000) ? 0.f : expf(lse - lse_sinked);
+#else
+  return lse == -__builtin_inff() ? 0.f : __builtin_expf(lse - lse_sinked);
 #endif
 }
 

@@ -1,8 +1,10 @@
 """Runners: one per row name. Ours go through the public `cutlassfa.forward`; the anchors are
 `torch.nn.functional.scaled_dot_product_attention` restricted to one SDPA backend at a time, and for
 sliding windows (which no SDPA backend skips: a dense mask computes all N^2 pairs) FlexAttention with a
-block mask (`flex`). `read` is no attention: a plain read of K and V, the same-run bandwidth ceiling of
-decode.
+block mask (`flex`); FlashAttention-4 (`fa4`, flash_attn.cute, when installed). `read` is no attention: a
+plain read of K and V, the same-run bandwidth ceiling of decode. Rows named `<row>_sinks` (tensorcore_sinks,
+fa4_sinks, ...) make the same call with attention sinks (`sink_values`, one per query head, on the device),
+so that a sink's cost is timed interleaved with the plain call and the peers' sinks.
 
 Ours and read are fed the case's own arrays (feeds.py): a paged case's page pools with cache_seqlens and
 block_table, a varlen batch's packed arrays with cu_seqlens_q and cu_seqlens_k. The anchors are fed the
@@ -15,6 +17,8 @@ import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
+
+import numpy as np
 
 from .._inputs import Case, Unsupported
 from .feeds import kind_of
@@ -29,9 +33,11 @@ SDPA_BACKENDS = {
     "sdpa_math": "MATH",
 }
 FLEX = "flex"  # torch.nn.attention.flex_attention, compiled, with a block mask of the case's mask
-ANCHORS = tuple(SDPA_BACKENDS) + (FLEX,)
+FA4 = "fa4"  # FlashAttention-4's flash_attn.cute.flash_attn_func ((B, N, H, d) views of the dense arrays)
+SINKS = "_sinks"  # suffix of a row that adds attention sinks (ours and fa4)
+ANCHORS = tuple(SDPA_BACKENDS) + (FLEX, FA4, FA4 + SINKS)
 READ = "read"  # no attention: K and V streamed once by torch sums, the bandwidth ceiling of a decode row
-ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,)
+ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,) + tuple(name + SINKS for name in OUR_BACKENDS)
 
 
 OWN, DENSE = "own", "dense"  # what a runner is fed: the case's own arrays, or their dense equivalent
@@ -42,7 +48,7 @@ class Runner:
     """`prepare(case)` returns call(q, k, v, *index arrays) -> out (`feed` OWN) or call(q, k, v) on the
     dense equivalent (`feed` DENSE); calls run inside `context()`. `on_gpu`: fed the frame's GPU arrays
     (else host numpy arrays). `attention`: its out is attention's, to be checked against the reference
-    (not so for `read`)."""
+    (not so for `read`). `sinks`: the call adds `sink_values(case)` (checked against that reference)."""
 
     name: str
     prepare: Callable[[Case], Callable[..., Any]]
@@ -50,10 +56,49 @@ class Runner:
     context: Callable[[], ContextManager] = contextlib.nullcontext
     attention: bool = True
     feed: str = OWN
+    sinks: bool = False
 
 
-def ours(name: str) -> Runner:
+def sink_values(case: Case) -> np.ndarray:
+    """The sink rows' (H,) float32 sinks: fixed per head count, one head without (-inf), the others from
+    -1 to 3 (around the scores' log-sum-exp at the bench's sizes, so that each changes the result)."""
+    values = np.linspace(-1.0, 3.0, case.H).astype(np.float32)
+    values[0] = -np.inf
+    return values
+
+
+def _device_sinks(case: Case, like: Any) -> Any:
+    """sink_values(case) on `like`'s device and framework (made once per prepare, outside the timing)."""
+    values = sink_values(case)
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(values).to(like.device)
+    if type(like).__module__.startswith("cupy"):
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.asarray(values)
+    return values
+
+
+def ours(name: str, sinks: bool = False) -> Runner:
     def prepare(case: Case) -> Callable[..., Any]:
+        call = plain(case)
+        if not sinks:
+            return call
+        if kind_of(case) != "dense":
+            raise Unsupported("the sink rows run dense cases (prefill and decode grids)")
+        held: list[Any] = []
+
+        def with_sinks(q: Any, k: Any, v: Any) -> Any:
+            if not held:
+                held.append(_device_sinks(case, q))
+            return call(q, k, v, sinks=held[0])
+
+        return with_sinks
+
+    def plain(case: Case) -> Callable[..., Any]:
         import cutlassfa
 
         kind = kind_of(case)
@@ -68,10 +113,37 @@ def ours(name: str) -> Runner:
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=longest_q, max_seqlen_k=longest_k,
                 causal=case.causal, backend=name)
         if case.window is None:
-            return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, backend=name)
-        return lambda q, k, v: cutlassfa.forward(q, k, v, causal=case.causal, window=case.window, backend=name)
+            return lambda q, k, v, **kw: cutlassfa.forward(q, k, v, causal=case.causal, backend=name, **kw)
+        return lambda q, k, v, **kw: cutlassfa.forward(q, k, v, causal=case.causal, window=case.window, backend=name,
+                                                      **kw)
 
-    return Runner(name, prepare, on_gpu=name != "cpu")
+    return Runner(name + SINKS if sinks else name, prepare, on_gpu=name != "cpu", sinks=sinks)
+
+
+def fa4(sinks: bool = False) -> Runner:
+    """FlashAttention-4 (flash_attn.cute.flash_attn_func) on (B, N, H, d) views of the dense arrays (its
+    layout; no copy), bottom-right causal as ours, GQA natively, windows, `learnable_sink` for the sink row.
+    Returns (B, H, N, d) views of its output. Raises ImportError when it is not installed."""
+    from flash_attn.cute import flash_attn_func
+
+    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+        if kind_of(case) != "dense":
+            raise Unsupported("fa4 here takes dense batches")
+        left, right = case.window or (-1, -1)
+        window = (None if left < 0 else left, None if right < 0 else right)
+        held: list[Any] = []
+
+        def call(q: Any, k: Any, v: Any) -> Any:
+            if sinks and not held:
+                held.append(_device_sinks(case, q))
+            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=case.causal,
+                                  window_size=window, learnable_sink=held[0] if sinks else None)
+            out = out[0] if isinstance(out, tuple) else out
+            return out.transpose(1, 2)
+
+        return call
+
+    return Runner(FA4 + SINKS if sinks else FA4, prepare, on_gpu=True, feed=DENSE, sinks=sinks)
 
 
 def sdpa(name: str) -> Runner:
@@ -202,6 +274,14 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
                 unavailable[name] = "needs PyTorch with CUDA"
                 continue
             runners.append(read())
+        elif name in (FA4, FA4 + SINKS):
+            if frame.name != "torch":
+                unavailable[name] = "needs PyTorch with CUDA"
+                continue
+            try:
+                runners.append(fa4(sinks=name.endswith(SINKS)))
+            except ImportError as error:
+                unavailable[name] = f"FlashAttention-4 is not installed ({error})"
         elif name in SDPA_BACKENDS:
             if frame.name != "torch":
                 unavailable[name] = "needs PyTorch with CUDA"
@@ -210,25 +290,27 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
                 runners.append(sdpa(name))
             except (ImportError, Unsupported) as error:
                 unavailable[name] = str(error)
-        elif name in statuses:
-            if not statuses[name].available:
-                unavailable[name] = statuses[name].reason
-            elif name != "cpu" and not frame.on_gpu:
+        elif name.removesuffix(SINKS) in statuses:
+            backend = name.removesuffix(SINKS)
+            if not statuses[backend].available:
+                unavailable[name] = statuses[backend].reason
+            elif backend != "cpu" and not frame.on_gpu:
                 unavailable[name] = "needs PyTorch or CuPy for device arrays"
             else:
-                runners.append(ours(name))
+                runners.append(ours(backend, sinks=name.endswith(SINKS)))
         else:
             unavailable[name] = "unknown backend"
     return runners, unavailable
 
 
 def select_backends(requested: Sequence[str] | None, *, window: bool = False, decode: bool = False) -> list[str]:
-    """Row names of a run: the requested ones ('sdpa' meaning the four sdpa_* rows), or all of them; flex
-    (a torch.compile per shape) only when asked for, or for a run with a window; read only when asked
-    for, or for a decode run, paged ones included (a bandwidth ceiling means nothing to compute-bound
-    prefill)."""
+    """Row names of a run: the requested ones ('sdpa' meaning the four sdpa_* rows), or all of them but the
+    sink rows; flex (a torch.compile per shape) only when asked for, or for a run with a window; read only
+    when asked for, or for a decode run, paged ones included (a bandwidth ceiling means nothing to
+    compute-bound prefill)."""
     if not requested:
-        return [name for name in ALL_BACKENDS if (name != FLEX or window) and (name != READ or decode)]
+        return [name for name in ALL_BACKENDS
+                if (name != FLEX or window) and (name != READ or decode) and not name.endswith(SINKS)]
     names: list[str] = []
     for name in requested:
         names += list(SDPA_BACKENDS) if name == "sdpa" else [name]

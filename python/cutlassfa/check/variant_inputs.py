@@ -23,7 +23,7 @@ HALF = ("float16", "bfloat16")
 
 @dataclass
 class VariantInputs:
-    """q, k, v (float32, rounded to the dtype), further float arrays (k_new, v_new), int32 index arrays
+    """q, k, v (float32, rounded to the dtype), further float arrays (k_new, v_new, sinks), int32 index arrays
     (cache_seqlens, block_table, cu_seqlens_q ...), scalar options (window, softcap, num_splits,
     max_seqlen_*), the float64 reference and the same-precision naive output (half dtypes only)."""
 
@@ -38,14 +38,28 @@ class VariantInputs:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def _mask_options(case: Case) -> dict[str, Any]:
+def _mask_options(case: Case, rng: np.random.Generator) -> dict[str, Any]:
+    """What the reference, the yardstick and forward all take: window, softcap, and the sinks (float32
+    rounded to the case's dtype: forward gets them in that dtype, on the arrays' device). One head has
+    no sink (-inf); the others lie around the scores' scale, so that they change every row."""
     v = case.variant
     options: dict[str, Any] = {}
     if v.window is not None:
         options["window"] = v.window
     if v.softcap:
         options["softcap"] = v.softcap
+    if v.sinks:
+        sinks = rng.normal(1.0, 2.0, case.H)
+        sinks[0] = -np.inf
+        options["sinks"] = round_to(sinks, case.dtype)
     return options
+
+
+def _forward_options(masking: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The mask options split into forward's scalar options and its float arrays (the sinks)."""
+    options = dict(masking)
+    arrays = {"sinks": options.pop("sinks")} if "sinks" in options else {}
+    return options, arrays
 
 
 def variant_inputs(case: Case, rng: np.random.Generator) -> VariantInputs:
@@ -64,13 +78,13 @@ def _dense(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     from cutlassfa import reference
 
     q, k, v = case_values(case, rng)
-    masking = _mask_options(case)
+    masking = _mask_options(case, rng)
     ref_out, ref_lse = reference.attention_reference(q, k, v, causal=case.causal, **masking)
     naive = None if half is None else reference.naive_same_precision(q, k, v, half, causal=case.causal, **masking)
-    options = dict(masking)
+    options, arrays = _forward_options(masking)
     if case.variant.num_splits is not None:
         options["num_splits"] = case.variant.num_splits
-    return VariantInputs(q, k, v, ref_out, ref_lse, naive, options=options)
+    return VariantInputs(q, k, v, ref_out, ref_lse, naive, arrays=arrays, options=options)
 
 
 def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
@@ -105,7 +119,7 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     if var.n_new:
         arrays = {"k_new": np.stack([x[:, n:] for x, n in zip(keys, seqlens)]),
                   "v_new": np.stack([x[:, n:] for x, n in zip(values, seqlens)])}
-    masking = _mask_options(case)
+    masking = _mask_options(case, rng)
     ref_out, ref_lse = reference.kvcache_reference(q, k_cache, v_cache, causal=case.causal, **index, **arrays,
                                                    **masking)
     naive = None
@@ -113,10 +127,10 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         naive = np.concatenate([reference.naive_same_precision(q[i:i + 1], keys[i][None, :, lp:], values[i][None, :, lp:],
                                                                half, causal=case.causal, **masking)
                                 for i, lp in enumerate(leftpad)])
-    options = dict(masking)
+    options, sink_array = _forward_options(masking)
     if var.num_splits is not None:
         options["num_splits"] = var.num_splits
-    return VariantInputs(q, k_cache, v_cache, ref_out, ref_lse, naive, arrays, index, options)
+    return VariantInputs(q, k_cache, v_cache, ref_out, ref_lse, naive, {**arrays, **sink_array}, index, options)
 
 
 def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
@@ -127,7 +141,7 @@ def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     cu_k = np.concatenate([[0], np.cumsum(var.seqlens_k)]).astype(np.int32)
     q = _draw(rng, (int(cu_q[-1]), case.H, case.d), dt)
     k, v = (_draw(rng, (int(cu_k[-1]), case.Hk, case.d), dt) for _ in range(2))
-    masking = _mask_options(case)
+    masking = _mask_options(case, rng)
     ref_out, ref_lse = reference.varlen_reference(q, k, v, cu_q, cu_k, causal=case.causal, **masking)
     naive = None
     if half is not None:
@@ -137,9 +151,10 @@ def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
             o = reference.naive_same_precision(heads_first(q[q0:q1]), heads_first(k[k0:k1]), heads_first(v[k0:k1]),
                                                half, causal=case.causal, **masking)
             naive[q0:q1] = o[0].transpose(1, 0, 2)
-    options = dict(masking, max_seqlen_q=max(var.seqlens_q), max_seqlen_k=max(var.seqlens_k))
-    return VariantInputs(q, k, v, ref_out, ref_lse, naive, index={"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k},
-                         options=options)
+    options, arrays = _forward_options(masking)
+    options.update(max_seqlen_q=max(var.seqlens_q), max_seqlen_k=max(var.seqlens_k))
+    return VariantInputs(q, k, v, ref_out, ref_lse, naive, arrays, {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k},
+                         options)
 
 
 def index_to_framework(x: np.ndarray, framework: str) -> Any:

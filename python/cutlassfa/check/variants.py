@@ -1,4 +1,5 @@
-"""The gate's variant cases: sliding windows, softcap, zero-padded head dims, KV caches and varlen.
+"""The gate's variant cases: sliding windows, softcap, attention sinks, zero-padded head dims, KV caches
+and varlen.
 
 Each SPEC is one variant mode (what `cutlassfa.supports` is asked with) and its causal flag, with a few
 shapes. The full matrix takes every spec for each dtype x head dim of `variant_head_dims()`, its
@@ -40,6 +41,9 @@ _DENSE = (
     Spec(Variant("window-diagonal", window=(0, 0)), False, ((4, 2, 257, 128), (4, 4, 77, 77))),
     Spec(Variant("softcap", softcap=1.5), False, ((4, 4, 257, 257), (4, 1, 77, 257))),
     Spec(Variant("softcap-window", window=(64, 16), softcap=3.0), False, ((4, 2, 257, 257), (4, 4, 128, 77))),
+    Spec(Variant("sinks", sinks=True), True, ((4, 1, 257, 257), (4, 4, 77, 257))),
+    Spec(Variant("sinks-softcap-window", window=(64, 16), softcap=3.0, sinks=True), False,
+         ((4, 2, 257, 128), (4, 4, 77, 77))),
 )
 # KV caches: ragged lengths (one entry empty), page size 7 (divides none of the lengths), appended keys,
 # left padding, and keys split 4 ways (decode: one query against ~1000 keys).
@@ -53,6 +57,10 @@ _KVCACHE = (
     Spec(Variant("kvcache-leftpad", "kvcache", cache_seqlens=(120, 40, 257), cache_leftpad=(0, 17, 200), n_new=2),
          True, ((4, 2, 2), (4, 4, 2))),
     Spec(Variant("kvcache-splits", "kvcache", cache_seqlens=(1000, 517), num_splits=4), False, ((4, 1, 1), (4, 2, 4))),
+    Spec(Variant("kvcache-paged-sinks", "kvcache", cache_seqlens=(96, 0, 247), page_size=7, n_new=4, sinks=True), True,
+         ((4, 1, 4), (4, 4, 1))),
+    Spec(Variant("kvcache-splits-sinks", "kvcache", cache_seqlens=(1000, 0), num_splits=4, sinks=True), False,
+         ((4, 1, 1), (4, 2, 4))),
 )
 # varlen: ragged lengths, one sequence without queries, one without keys (its rows see nothing), one
 # with more queries than keys (causal: its first rows see nothing), one of length 1.
@@ -60,6 +68,8 @@ _SEQLENS_Q, _SEQLENS_K = (77, 0, 128, 300, 1), (100, 33, 0, 257, 1)
 _VARLEN = (
     Spec(Variant("varlen", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K), False, ((4, 2), (4, 4))),
     Spec(Variant("varlen-causal", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K), True, ((4, 1), (4, 2))),
+    Spec(Variant("varlen-sinks", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K, sinks=True), True,
+         ((4, 2), (4, 4))),
 )
 SPECS = _DENSE + _KVCACHE + _VARLEN
 

@@ -44,6 +44,7 @@ class _Call:
     cuda_backend: str  # run when lowered for CUDA
     ffi_backend: int | None  # cuda_backend as _C.Backend, for the FFI custom call; None: a host callback
     modes: tuple[tuple[str, Any], ...] = ()  # further keyword arguments of cutlassfa.forward
+    sinks: bool = False  # an operand after q, k, v: the (Hq,) sinks
 
 
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
@@ -55,12 +56,14 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    call = _plan(q, k, v, causal, softmax_scale, backend, modes)
+    sinks = modes.pop("sinks", None)
+    operands = () if sinks is None else (jnp.asarray(sinks),)
+    call = _plan(q, k, v, causal, softmax_scale, backend, modes, *operands)
     if q.ndim == 3:  # (B, N, d): one head
-        result, lse = _attention(call, q[:, None], k[:, None], v[:, None])
+        result, lse = _attention(call, q[:, None], k[:, None], v[:, None], *operands)
         result, lse = result[:, 0], lse[:, 0]
     else:
-        result, lse = _attention(call, q, k, v)
+        result, lse = _attention(call, q, k, v, *operands)
     return (result, lse) if return_lse else result
 
 
@@ -68,7 +71,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
 # Trace time: validation and the backend
 # --------------------------------------------------------------------------------------------------
 
-def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any, modes: dict) -> _Call:
+def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any, modes: dict,
+          sinks: Any = None) -> _Call:
     for key, value in modes.items():
         if key not in _forward_keywords():
             raise TypeError(f"forward() got an unexpected keyword argument {key!r}")
@@ -77,20 +81,21 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     # The extension's validator judges the traced call on stand-ins of its arrays (the same checks and
     # messages as an eager call).
     name = cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
-                                   backend=backend, **modes)
+                                   backend=backend, sinks=stand_in(sinks), **modes)
+    has_sinks = sinks is not None
     scale = _scale(softmax_scale, q.shape[-1])
     frozen_modes = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
                                 for key, value in modes.items()))
     if name == "cpu":
-        return _Call(bool(causal), scale, "cpu", "cpu", None, frozen_modes)
+        return _Call(bool(causal), scale, "cpu", "cpu", None, frozen_modes, has_sinks)
     cpu_backend = "cpu" if backend == "auto" else name  # auto on JAX's CPU: compute on the CPU
     cuda_backend = _device_backend(name, backend, scale)
     ffi_backend = None
-    if not frozen_modes and ffi_registered():  # the FFI handler takes the core arguments only
+    if not frozen_modes and not has_sinks and ffi_registered():  # the FFI handler takes the core arguments only
         from cutlassfa import _C
 
         ffi_backend = getattr(_C.Backend, cuda_backend).value
-    return _Call(bool(causal), scale, cpu_backend, cuda_backend, ffi_backend, frozen_modes)
+    return _Call(bool(causal), scale, cpu_backend, cuda_backend, ffi_backend, frozen_modes, has_sinks)
 
 
 def _scale(softmax_scale: Any, head_dim: int) -> float:
@@ -142,8 +147,8 @@ def ffi_registered() -> bool:
 # --------------------------------------------------------------------------------------------------
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _attention(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return _attention_jit(call, q, k, v)
+def _attention(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array, *sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return _attention_jit(call, q, k, v, *sinks)
 
 
 @_attention.defjvp
@@ -151,15 +156,20 @@ def _no_derivative(call: _Call, primals: tuple, tangents: tuple) -> tuple:
     raise NotImplementedError(NO_BACKWARD)
 
 
-def _attention_impl(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(out, lse) of 4-D q, k, v; any axes in front of (H, N, d) (vmap's) fold into the batch."""
+def _attention_impl(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array,
+                    *sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(out, lse) of 4-D q, k, v (and the (Hq,) sinks when the call has them); any axes in front of
+    (H, N, d) (vmap's) fold into the batch."""
     lse_shape = q.shape[:-1]
     if 0 in q.shape[:-1] or k.shape[-2] == 0:  # nothing to compute, or rows that see no key
-        return jnp.zeros(q.shape, q.dtype), jnp.full(lse_shape, -jnp.inf, jnp.float32)
+        lse = jnp.full(lse_shape, -jnp.inf, jnp.float32)
+        if sinks:  # a row that sees no key: lse = its head's sink
+            lse = jnp.broadcast_to(sinks[0].astype(jnp.float32)[..., None], lse_shape)
+        return jnp.zeros(q.shape, q.dtype), lse
     on_cpu = functools.partial(_on_host, call, call.cpu_backend)
     on_cuda = functools.partial(_on_device, call) if call.ffi_backend is not None else \
         functools.partial(_on_host, call, call.cuda_backend)
-    return jax.lax.platform_dependent(q, k, v, cuda=on_cuda, default=on_cpu)
+    return jax.lax.platform_dependent(q, k, v, *sinks, cuda=on_cuda, default=on_cpu)
 
 
 _attention_jit = jax.jit(_attention_impl, static_argnums=0)
@@ -175,15 +185,28 @@ def _on_device(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[j
                        softmax_scale=np.float64(call.softmax_scale), causal=np.bool_(call.causal))
 
 
-def _on_host(call: _Call, backend: str, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _on_host(call: _Call, backend: str, q: jax.Array, k: jax.Array, v: jax.Array,
+             *sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
     callback = functools.partial(_host_forward, call, backend)
-    return jax.pure_callback(callback, _result_types(q), q, k, v, vmap_method="broadcast_all")
+    return jax.pure_callback(callback, _result_types(q), q, k, v, *sinks, vmap_method="broadcast_all")
 
 
-def _host_forward(call: _Call, backend: str, q: np.ndarray, k: np.ndarray,
-                  v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The host callback: numpy in, numpy out, leading axes folded into the batch."""
+def _host_forward(call: _Call, backend: str, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                  *sinks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The host callback: numpy in, numpy out, leading axes folded into the batch. Sinks are per vmapped
+    element (broadcast_all gives them the leading axes too): one call per element then."""
     q4, k4, v4 = (np.asarray(x).reshape((-1,) + x.shape[-3:]) for x in (q, k, v))
-    out, lse = cutlassfa.forward(q4, k4, v4, causal=call.causal, softmax_scale=call.softmax_scale,
-                                 backend=backend, return_lse=True, **dict(call.modes))
-    return out.reshape(q.shape), lse.reshape(q.shape[:-1])
+    sinks = tuple(np.asarray(x) for x in sinks)
+    keywords = dict(causal=call.causal, softmax_scale=call.softmax_scale, backend=backend, return_lse=True,
+                    **dict(call.modes))
+    if not sinks or sinks[0].ndim == 1:
+        out, lse = cutlassfa.forward(q4, k4, v4, **keywords, **({"sinks": sinks[0]} if sinks else {}))
+        return out.reshape(q.shape), lse.reshape(q.shape[:-1])
+    heads = sinks[0].shape[-1]
+    per_element = sinks[0].reshape(-1, heads)
+    shape4 = (per_element.shape[0], -1) + q.shape[-3:]
+    results = [cutlassfa.forward(qe, ke, ve, sinks=se, **keywords)
+               for qe, ke, ve, se in zip(q4.reshape(shape4), k4.reshape(shape4[:2] + k.shape[-3:]),
+                                         v4.reshape(shape4[:2] + v.shape[-3:]), per_element)]
+    return (np.stack([o for o, _ in results]).reshape(q.shape),
+            np.stack([lse for _, lse in results]).reshape(q.shape[:-1]))

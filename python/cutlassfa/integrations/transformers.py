@@ -5,7 +5,8 @@
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="cutlassfa")
 
 Handles causal and non-causal layers, grouped-query attention, the layer's `scaling`, sliding-window
-layers (a window of W tokens is ``window=(W - 1, 0)``), logit softcapping and padding masks. The mask
+layers (a window of W tokens is ``window=(W - 1, 0)``), logit softcapping, attention sinks (gpt-oss's
+``s_aux``) and padding masks. The mask
 transformers builds is reduced once per forward pass to the key range each query row sees
 (`_mask_plan.MaskRows`); each layer then picks the cutlassfa call that computes exactly that mask
 (`_mask_plan.plan`) and raises NotImplementedError for what cutlassfa cannot express (or not yet: the
@@ -34,8 +35,7 @@ _UNSET: Any = object()
 # Mask rows evaluated per step when the mask is built (booleans: B x rows x Nk).
 _MASK_CHUNK = 1 << 24
 # Keyword arguments some models pass that change the attention in ways cutlassfa does not compute.
-_UNSUPPORTED = {"position_bias": "a position bias (T5-style)", "s_aux": "attention sinks",
-                "sinks": "attention sinks"}
+_UNSUPPORTED = {"position_bias": "a position bias (T5-style)"}
 
 
 def register(name: str = NAME, *, backend: str = "auto") -> None:
@@ -159,6 +159,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         options["window"] = layout.window
     if softcap:
         options["softcap"] = float(softcap)
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))  # gpt-oss passes its learned sinks as s_aux
+    if sinks is not None:
+        options["sinks"] = sinks.detach()
     if layout.kind == "varlen":
         return _varlen(query, key, value, layout, options), None
     if layout.kind == "cache":
@@ -204,7 +207,7 @@ def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
 
 _FEATURES = {"window": "sliding windows (window=)", "softcap": "logit softcapping (softcap=)",
              "cache_seqlens": "per-sequence key lengths (cache_seqlens=)",
-             "cache_leftpad": "left-padded sequences (cache_leftpad=)"}
+             "cache_leftpad": "left-padded sequences (cache_leftpad=)", "sinks": "attention sinks (sinks=)"}
 
 
 def _require(function: Any, options: dict[str, Any], layout: Plan) -> None:
