@@ -62,10 +62,13 @@ def _variant_runs(backend, dtype, rng):
             continue
         # Window with and without softcap, GQA, Nq != Nk (d = 128: the warp-specialized kernel on sm_90).
         q, k, v = normal(1, 4, 77, d), normal(1, 2, 130, d), normal(1, 2, 130, d)
-        for cap in (0.0, 20.0):
-            out = cutlassfa.forward(cuda(q), cuda(k), cuda(v), window=(7, 3), softcap=cap, backend=backend)
-            ref = attention_reference(q, k, v, window=(7, 3), softcap=cap)[0]
-            runs.append((f"window softcap={cap} d={d}", rel_l2(to_numpy64(out), ref)))
+        sinks = np.array([-np.inf, 0.5, 2.0, -1.0], np.float32)
+        for cap in (0.0, 20.0):  # with softcap, attention sinks too
+            kept = sinks if cap else None
+            out = cutlassfa.forward(cuda(q), cuda(k), cuda(v), window=(7, 3), softcap=cap, backend=backend,
+                                    sinks=None if kept is None else torch.from_numpy(kept).cuda())
+            ref = attention_reference(q, k, v, window=(7, 3), softcap=cap, sinks=kept)[0]
+            runs.append((f"window softcap={cap} sinks={kept is not None} d={d}", rel_l2(to_numpy64(out), ref)))
         # A paged cache (page size 5, shuffled pages) with appended keys, left padding and split keys.
         b, hkv, pages_per_seq, page = 2, 2, 8, 5
         cap_rows = pages_per_seq * page
@@ -92,10 +95,12 @@ def _variant_runs(backend, dtype, rng):
         # heads per K/V head, ragged cache lengths with an empty one, causal, split keys.
         q, kc, vc = normal(3, 8, 2, d), normal(3, 2, 700, d), normal(3, 2, 700, d)
         lengths = np.array([0, 650, 333])
-        out = cutlassfa.forward(cuda(q), cuda(kc), cuda(vc), cache_seqlens=index(lengths), causal=True,
-                                num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
-        ref, _ = kvcache_reference(q, kc, vc, cache_seqlens=lengths, causal=True)
-        runs.append((f"decode d={d}", rel_l2(to_numpy64(out), ref)))
+        for kept in (None, np.linspace(-1, 2, 8).astype(np.float32)):  # with and without sinks
+            out = cutlassfa.forward(cuda(q), cuda(kc), cuda(vc), cache_seqlens=index(lengths), causal=True,
+                                    num_splits=3 if backend.startswith("tensorcore") else None, backend=backend,
+                                    sinks=None if kept is None else torch.from_numpy(kept).cuda())
+            ref, _ = kvcache_reference(q, kc, vc, cache_seqlens=lengths, causal=True, sinks=kept)
+            runs.append((f"decode sinks={kept is not None} d={d}", rel_l2(to_numpy64(out), ref)))
         # A plain decode call whose last key step runs past the end of k and v (700 keys, the last head's
         # last rows at the end of each allocation): the rows past the keys are zero-filled, never read.
         q1, k1, v1 = normal(1, 8, 1, d), normal(1, 2, 700, d), normal(1, 2, 700, d)

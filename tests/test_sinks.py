@@ -301,9 +301,12 @@ def test_gpu_sink_dtypes_and_host_values(torch, rng, need_backend, backend, dtyp
                   exact):
         out, lse = cutlassfa.forward(dq, dk, dv, causal=True, sinks=sinks, backend=backend, return_lse=True)
         assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
-    # Host arrays through the GPU (numpy in, numpy out), sinks as host values.
-    out, lse = cutlassfa.forward(q, k, v, causal=True, sinks=exact, backend=backend, return_lse=True)
-    _assert_close(backend, dtype, out.astype(np.float64), lse, ref, ref_lse)
+    # Host arrays through the GPU (numpy in, numpy out), sinks as host values of every dtype.
+    import ml_dtypes
+
+    for sinks in (exact, exact.astype(np.float16), exact.astype(ml_dtypes.bfloat16)):
+        out, lse = cutlassfa.forward(q, k, v, causal=True, sinks=sinks, backend=backend, return_lse=True)
+        _assert_close(backend, dtype, out.astype(np.float64), lse, ref, ref_lse)
 
 
 @pytest.mark.gpu
@@ -344,7 +347,8 @@ def test_gpu_varlen_matches_reference(torch, rng, need_backend, backend):
     out, lse = cutlassfa.varlen_forward(*(_cuda(torch, x) for x in (q, k, v)), _cuda(torch, cu_q), _cuda(torch, cu_k),
                                         max_seqlen_q=300, max_seqlen_k=560, causal=True, sinks=_cuda(torch, sinks),
                                         backend=backend, return_lse=True)
-    assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
+    _assert_close(backend, "float16", host64(out), host64(lse), ref, ref_lse)  # (total, H, d) and (H, total)
+    np.testing.assert_array_equal(host64(lse)[:, 100:400], np.broadcast_to(sinks[:, None], (8, 300)))
 
 
 @pytest.mark.gpu

@@ -353,8 +353,10 @@ SinkArray read_sinks(nb::handle value, int64_t heads_q, int device) {
   DType const dtype = static_cast<DType>(a.dtype);
   if (a.on_host()) {
     sinks.values.resize(static_cast<size_t>(heads_q));
+    // The item size from the dtype: numpy's bfloat16 (ml_dtypes) has no DLPack type to take it from.
+    int64_t const itemsize = dtype == DType::kFloat32 ? 4 : 2;
     for (int64_t i = 0; i < heads_q; ++i) {
-      const char* at = static_cast<const char*>(a.data) + i * a.strides[0] * (a.dl_bits / 8);
+      const char* at = static_cast<const char*>(a.data) + i * a.strides[0] * itemsize;
       uint16_t bits16 = 0;
       if (dtype != DType::kFloat32) std::memcpy(&bits16, at, 2);
       float x = 0.f;
