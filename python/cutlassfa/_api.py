@@ -412,8 +412,8 @@ def _torch_integration() -> Any:
 
 
 def _jax_integration_takes(q: Any, k: Any, v: Any, options: tuple) -> bool:
-    """JAX tracers (inside jax.jit / vmap) and arrays on the CPU go to the XLA integration; so do concrete
-    GPU arrays of a plain call when its FFI handler is registered (a custom call on XLA's stream, no
+    """JAX tracers (inside jax.jit / vmap, as any array argument) and arrays on the CPU go to the XLA
+    integration; so do concrete GPU arrays of a plain call when its FFI handler is registered (a custom call on XLA's stream, no
     synchronization). Other concrete GPU arrays take the direct path, which waits for them and
     synchronizes. JAX arrays are immutable: k_new / v_new are refused here."""
     import jax
@@ -422,7 +422,7 @@ def _jax_integration_takes(q: Any, k: Any, v: Any, options: tuple) -> bool:
 
     if options and (options[5] is not None or options[6] is not None):
         raise TypeError("k_new / v_new are appended into k and v in place; JAX arrays are immutable")
-    if any(isinstance(a, jax.core.Tracer) for a in (q, k, v)):
+    if any(isinstance(a, jax.core.Tracer) for a in (q, k, v, *options)):  # sinks may be traced alone
         return True
     if all(d.platform == "cpu" for a in (q, k, v) for d in a.devices()):
         return True  # the integration runs the cpu backend through a host callback
