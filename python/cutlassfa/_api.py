@@ -413,9 +413,9 @@ def _torch_integration() -> Any:
 
 def _jax_integration_takes(q: Any, k: Any, v: Any, options: tuple) -> bool:
     """JAX tracers (inside jax.jit / vmap, as any array argument) and arrays on the CPU go to the XLA
-    integration; so do concrete GPU arrays of a plain call when its FFI handler is registered (a custom call on XLA's stream, no
-    synchronization). Other concrete GPU arrays take the direct path, which waits for them and
-    synchronizes. JAX arrays are immutable: k_new / v_new are refused here."""
+    integration; so do concrete GPU arrays of a plain call when its FFI handler is registered (a custom
+    call on XLA's stream, no synchronization). Other concrete GPU arrays take the direct path, which
+    waits for them and synchronizes. JAX arrays are immutable: k_new / v_new are refused here."""
     import jax
 
     from .integrations import jax as jax_integration
