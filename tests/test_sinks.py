@@ -233,15 +233,17 @@ def test_jax_eager_jit_and_vmap(rng):
     q, k, v = _dense(rng, 2, 4, 2, 5, 7, 16, np.float32)
     sinks = np.stack([_sinks(rng, 4), _sinks(rng, 4)])
     jq, jk, jv = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    # JAX's default device: the CPU (the cpu backend), or a GPU (where the numpy arrays would run too)
+    backend = "cpu" if jq.devices().pop().platform == "cpu" else cutlassfa.select_backend(q, k, v)
     ref, ref_lse = attention_reference(q, k, v, causal=True, sinks=sinks[0])
     eager = cutlassfa.forward(jq, jk, jv, causal=True, sinks=jnp.asarray(sinks[0]), return_lse=True)
     jitted = jax.jit(lambda s: cutlassfa.forward(jq, jk, jv, causal=True, sinks=s, return_lse=True))(sinks[0])
     for out, lse in (eager, jitted):
-        _assert_close("cpu", "float32", np.asarray(out), np.asarray(lse), ref, ref_lse)
+        _assert_close(backend, "float32", np.asarray(out), np.asarray(lse), ref, ref_lse)
     mapped = jax.vmap(lambda s: cutlassfa.forward(jq, jk, jv, causal=True, sinks=s))(jnp.asarray(sinks))
     for i in range(2):
         expected, _ = attention_reference(q, k, v, causal=True, sinks=sinks[i])
-        assert rel_l2(np.asarray(mapped[i]), expected) <= bound_for("cpu", "float32").rel_l2
+        assert rel_l2(np.asarray(mapped[i]), expected) <= bound_for(backend, "float32").rel_l2
     _, lse = cutlassfa.forward(jq, jk[:, :, :0], jv[:, :, :0], sinks=jnp.asarray(sinks[0]), return_lse=True)
     np.testing.assert_array_equal(np.asarray(lse), np.broadcast_to(sinks[0][None, :, None], lse.shape))
 
