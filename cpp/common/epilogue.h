@@ -26,19 +26,33 @@ __forceinline__ __device__ void write_lse(float* lse_row0, TensorLse const& lse,
   }
 }
 
-// Attention sinks (params.h), where an unsplit tile's rows are final: each row's normalized O and lse from
-// finalize() take the sink's term (rules.h). head: the tile's (GQA-packed) head; row0: its first query row
-// within the entry; rows from rows_valid on are left alone. A split's rows are not final: the combine adds
-// the sink once.
+// Attention sinks (params.h). A tile's sink is read when the tile starts (prefetch_sink), so that the
+// load's latency hides behind the K/V loop (read in the epilogue, it cost a 1024-row causal prefill 7 %:
+// bench/NOTES-variants.md "Attention sinks"); a GQA-packed tile, whose rows are heads, reads one per row
+// at the end. The asm volatile keeps the compiler from sinking the load to its use.
+__forceinline__ __device__ float prefetch_sink(FwdParams const& params, int head) {
+  float sink = 0.f;
+  if (params.sinks != nullptr && params.sinks_row_stride == 0) {
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(sink) : "l"(params.sinks + head * params.sinks_head_stride));
+  }
+  return sink;
+}
+
+// Where an unsplit tile's rows are final: each row's normalized O and lse from finalize() take the sink's
+// term (rules.h). head: the tile's (GQA-packed) head; row0: its first query row within the entry;
+// head_sink: prefetch_sink's value; rows from rows_valid on are left alone. A split's rows are not final:
+// the combine adds the sink once.
 template <class TensorO, class TensorLse, class TensorCoord>
-__forceinline__ __device__ void add_sinks(FwdParams const& params, int head, int row0, int rows_valid,
+__forceinline__ __device__ void add_sinks(FwdParams const& params, int head, int row0, int rows_valid, float head_sink,
                                           TensorO& acc_o_rc, TensorLse& lse, TensorCoord const& coords_rc) {
   if (params.sinks == nullptr) return;
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(acc_o_rc); ++mi) {
     int const row = get<0>(coords_rc(mi, 0));
     if (row < rows_valid) {
-      float const sink = params.sinks[head * params.sinks_head_stride + (row0 + row) * params.sinks_row_stride];
+      float const sink = params.sinks_row_stride == 0
+                             ? head_sink
+                             : params.sinks[head * params.sinks_head_stride + (row0 + row) * params.sinks_row_stride];
       float const sinked = rules::lse_with_sink(lse(mi), sink);
       float const scale = rules::sink_out_scale(lse(mi), sinked);
       CUTE_UNROLL

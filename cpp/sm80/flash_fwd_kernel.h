@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
 
   auto const work = BlockTileWork<kBlockM, kBlockN>::of_this_block(params);  // grid order: common/tile.h
   if (!work.has_queries) { return; }  // varlen: past this entry's queries
+  float const head_sink = prefetch_sink(params, work.tile.head);  // used by the epilogue
 
   // ---- Global tensors --------------------------------------------------------------------------------
   auto const tiles =
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   }
   {
     Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));  // (nrow, ncol)
-    add_sinks(params, work.tile.head, work.m_block * kBlockM, work.rows_q, acc_o_rc, lse, taccOcO_rc);
+    add_sinks(params, work.tile.head, work.m_block * kBlockM, work.rows_q, head_sink, acc_o_rc, lse, taccOcO_rc);
   }
   Tensor rO = convert_type<ElementOut>(acc_o);  // (MMA, MMA_M, MMA_K)
   store_tile<typename Traits::SmemCopyAtomO, typename Traits::GmemTiledCopyO>(

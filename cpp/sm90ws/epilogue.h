@@ -20,11 +20,12 @@ namespace cutlassfa::sm90ws {
 using namespace cute;
 
 // acc_o: this thread's unnormalized O (or anything when the tile saw no key: kEmpty writes O = 0 and
-// lse = -inf). thread_idx: 0 .. kNConsumerThreads - 1 among the consumers.
+// lse = -inf). thread_idx: 0 .. kNConsumerThreads - 1 among the consumers. head_sink: the tile's sink
+// (common/epilogue.h prefetch_sink, read when the tile started).
 template <class Traits, class TensorO, class Softmax>
 __forceinline__ __device__ void store_output(FwdParams const& params, typename Traits::SharedStorage& storage,
                                              TileCoord const& tile, SeqInfo const& seq, int thread_idx,
-                                             TensorO& acc_o, Softmax& softmax) {
+                                             float head_sink, TensorO& acc_o, Softmax& softmax) {
   using ElementO = typename Traits::ElementO;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -38,7 +39,7 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
   Tensor taccOcO = thr_mma_pv.partition_C(cO);                             // (MMA, MMA_M, MMA_N) -> (row, col)
   Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));
-  add_sinks(params, tile.head, tile.m_block * kBlockM, rows_q, acc_o_rc, lse, taccOcO_rc);
+  add_sinks(params, tile.head, tile.m_block * kBlockM, rows_q, head_sink, acc_o_rc, lse, taccOcO_rc);
 
   float* const lse_row0 = lse_tile_row0(params, tile, seq, tile.m_block * kBlockM);
   if (lse_row0 != nullptr) { write_lse(lse_row0, lse, taccOcO_rc, rows_q); }

@@ -146,6 +146,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       int const index = read_tile_index(storage, slot.buffer);
       if (index >= scheduler.num_tiles) { break; }
       TileWork<Traits> const work(fwd, scheduler, index);
+      float const head_sink = prefetch_sink(fwd, work.tile.head);  // used by the epilogue
       // A warpgroup whose rows all lie past the queries' end (the last tile of a sequence) only passes
       // the tiles on, with three consumer warpgroups (H200, 192-row tiles, N = 512 .. 4096: causal
       // 1.02-1.09x faster, non-causal 0.98-1.00x). With two, the 128-row tiles keep the kernel without
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
         clear(acc_o);  // finalize: O = 0, lse = -inf
         if constexpr (Traits::kReleaseQAfterLastS) { storage.barrier_q_empty[slot.buffer].arrive(); }
       }
-      store_output<Traits>(fwd, storage, work.tile, work.seq, thread_idx, acc_o, softmax);
+      store_output<Traits>(fwd, storage, work.tile, work.seq, thread_idx, head_sink, acc_o, softmax);
       if constexpr (Traits::kReleaseQAfterEpilogue) { storage.barrier_q_empty[slot.buffer].arrive(); }  // O was staged over Q
     }
   }
