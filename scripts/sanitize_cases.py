@@ -63,12 +63,14 @@ def _variant_runs(backend, dtype, rng):
         # Window with and without softcap, GQA, Nq != Nk (d = 128: the warp-specialized kernel on sm_90).
         q, k, v = normal(1, 4, 77, d), normal(1, 2, 130, d), normal(1, 2, 130, d)
         sinks = np.array([-np.inf, 0.5, 2.0, -1.0], np.float32)
-        for cap in (0.0, 20.0):  # with softcap, attention sinks too
-            kept = sinks if cap else None
+        slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+        for cap in (0.0, 20.0):  # with softcap, attention sinks and ALiBi too
+            kept, bias = (sinks, slopes) if cap else (None, None)
             out = cutlassfa.forward(cuda(q), cuda(k), cuda(v), window=(7, 3), softcap=cap, backend=backend,
-                                    sinks=None if kept is None else torch.from_numpy(kept).cuda())
-            ref = attention_reference(q, k, v, window=(7, 3), softcap=cap, sinks=kept)[0]
-            runs.append((f"window softcap={cap} sinks={kept is not None} d={d}", rel_l2(to_numpy64(out), ref)))
+                                    sinks=None if kept is None else torch.from_numpy(kept).cuda(),
+                                    alibi_slopes=None if bias is None else torch.from_numpy(bias).cuda())
+            ref = attention_reference(q, k, v, window=(7, 3), softcap=cap, sinks=kept, alibi_slopes=bias)[0]
+            runs.append((f"window softcap={cap} sinks, alibi={kept is not None} d={d}", rel_l2(to_numpy64(out), ref)))
         # A paged cache (page size 5, shuffled pages) with appended keys, left padding and split keys.
         b, hkv, pages_per_seq, page = 2, 2, 8, 5
         cap_rows = pages_per_seq * page
@@ -85,12 +87,14 @@ def _variant_runs(backend, dtype, rng):
             return pages
 
         kp, vp = cuda(paged(kc)), cuda(paged(vc))
+        bias = np.array([[0.5, 0.25, 0.125, 0.0625], [0.3, 0.2, 0.1, 0.05]], np.float32)  # ALiBi per entry
         out = cutlassfa.forward(cuda(qn), kp, vp, cache_seqlens=index(lengths), cache_leftpad=index(leftpad),
                                 block_table=index(table), k_new=cuda(kn), v_new=cuda(vn), causal=True,
-                                num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
+                                num_splits=3 if backend.startswith("tensorcore") else None, backend=backend,
+                                alibi_slopes=torch.from_numpy(bias).cuda())
         ref, _ = kvcache_reference(qn, kc, vc, cache_seqlens=lengths, cache_leftpad=leftpad, k_new=kn, v_new=vn,
-                                   causal=True)
-        runs.append((f"paged kv cache d={d}", rel_l2(to_numpy64(out), ref)))
+                                   causal=True, alibi_slopes=bias)
+        runs.append((f"paged kv cache alibi d={d}", rel_l2(to_numpy64(out), ref)))
         # Decode (d = 128: the decode kernel of the tensor-core backends): 2 queries on each of 4 query
         # heads per K/V head, ragged cache lengths with an empty one, causal, split keys.
         q, kc, vc = normal(3, 8, 2, d), normal(3, 2, 700, d), normal(3, 2, 700, d)

@@ -573,33 +573,35 @@ def test_tiny_real_bench_on_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_sink_rows_on_gpu(tmp_path):
-    """tensorcore with and without sinks, interleaved, both accurate (and fa4's rows when it is installed)."""
+    """tensorcore with and without sinks and ALiBi, interleaved, all accurate (and fa4's rows when it is
+    installed)."""
     if not cutlassfa.backends()["tensorcore"].available:
         pytest.skip("tensorcore: " + cutlassfa.backends()["tensorcore"].reason)
     path = tmp_path / "bench.json"
     code = bench.main(["--shape", "2,8:2,300,64", "--shape", "1,32:8,1,4096,128", "--dtypes", "bfloat16",
-                       "--causal", "both", "--backends", "tensorcore,tensorcore_sinks,fa4,fa4_sinks", "--repeats", "3",
+                       "--causal", "both", "--backends", "tensorcore,tensorcore_sinks,tensorcore_alibi,fa4,fa4_sinks",
+                       "--repeats", "3",
                        "--warmup", "1", "--no-peaks", "--no-progress", "--json", str(path)])
     assert code == 0
     doc = json.loads(path.read_text())
     ours = [r for r in doc["rows"] if r["backend"].startswith("tensorcore")]
-    assert len(ours) == 8 and all(r["status"] == "ok" and r["rel_err"] < 2e-2 for r in ours), ours
+    assert len(ours) == 12 and all(r["status"] == "ok" and r["rel_err"] < 2e-2 for r in ours), ours
     fa4 = [r for r in doc["rows"] if r["backend"].startswith("fa4")]
     assert all(r["status"] in ("ok", "unsupported") for r in fa4), fa4
 
 
-def test_sink_rows_are_checked_against_the_sinks_reference(tmp_path):
-    """A `<backend>_sinks` row calls with sink_values(case) and is held to the reference with those sinks
-    (a row that dropped them would be far off: the values move every row); the sink rows run only when
-    asked for, and fa4 reports itself unavailable without PyTorch on a GPU."""
+def test_score_term_rows_are_checked_against_their_reference(tmp_path):
+    """A `<backend>_sinks` / `<backend>_alibi` row calls with term_values(case, ...) and is held to the
+    reference with those values (a row that dropped them would be far off: they move every row); these rows
+    run only when asked for, and fa4 reports itself unavailable without PyTorch on a GPU."""
     path = tmp_path / "bench.json"
     code = _run(["--shape", "1,4,96,32", "--shape", "2,4:2,40,130,32", "--causal", "both",
-                 "--backends", "cpu,cpu_sinks,fa4_sinks", "--repeats", "3", "--warmup", "1", "--no-progress",
+                 "--backends", "cpu,cpu_sinks,cpu_alibi,fa4_sinks", "--repeats", "3", "--warmup", "1", "--no-progress",
                  "--json", str(path)])
     assert code == 0
     doc = json.loads(path.read_text())
     rows = {(r["backend"], r["B"], r["causal"]): r for r in doc["rows"]}
-    assert {b for b, *_ in rows} == {"cpu", "cpu_sinks"}
+    assert {b for b, *_ in rows} == {"cpu", "cpu_sinks", "cpu_alibi"}
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-3 for r in rows.values()), rows
     case = bench.select_cases(_args(["--shape", "1,4,96,32"]))[0]
     sinks = bench.sink_values(case)
@@ -607,6 +609,9 @@ def test_sink_rows_are_checked_against_the_sinks_reference(tmp_path):
     q, k, v = (np.random.default_rng(i).standard_normal((1, 4, 96, 32)).astype(np.float16) for i in range(3))
     with_sinks = bench.reference_sample(case, q, k, v, sinks=sinks)
     assert rel_l2(with_sinks, bench.reference_sample(case, q, k, v)) > 1e-2
+    with_alibi = bench.reference_sample(case, q, k, v, alibi_slopes=bench.term_values(case, "alibi_slopes"))
+    assert rel_l2(with_alibi, bench.reference_sample(case, q, k, v)) > 1e-2
+    assert bench.split_term("tensorcore_alibi") == ("tensorcore", "alibi_slopes")
     assert not any(name.endswith("_sinks") for name in bench.select_backends(None))
     _, unavailable = bench.make_runners(["fa4", "fa4_sinks"], bench.Frame())
     assert set(unavailable) == {"fa4", "fa4_sinks"}

@@ -19,7 +19,7 @@ from cutlassfa.check import Advertised, Backend, variants
 from cutlassfa.check.cases import configurations
 
 CPU = check.public_backend("cpu", "numpy")
-MODE_KEYS = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks"}
+MODE_KEYS = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks", "alibi"}
 
 
 def _variant_cases(quick=True, dtypes=check.DTYPES, kinds=None):
@@ -78,6 +78,9 @@ def test_matrix_holds_the_windows_softcaps_caches_and_batches_asked_for():
     sunk = [c.variant for c in by_name.values() if c.variant.sinks]  # every kind, split, paged, with softcap
     assert {v.kind for v in sunk} == {"dense", "kvcache", "varlen"}
     assert any(v.num_splits for v in sunk) and any(v.page_size for v in sunk) and any(v.softcap for v in sunk)
+    biased = [c.variant for c in by_name.values() if c.variant.alibi]  # every kind; caches with leftpad, pages
+    assert {v.kind for v in biased} == {"dense", "kvcache", "varlen"}
+    assert any(v.cache_leftpad and v.page_size and v.num_splits for v in biased) and any(v.softcap for v in biased)
     for c in varlen:
         lengths = list(zip(c.variant.seqlens_q, c.variant.seqlens_k))
         assert len(set(c.variant.seqlens_q)) > 2  # ragged
@@ -99,10 +102,10 @@ def test_padded_head_dims_neighbour_every_compiled_width_of_every_family():
 def test_quick_matrix_stays_small():
     quick, full = check.build_cases(quick=True), check.build_cases(quick=False)
     added = [c for c in quick if c.variant is not None or c.d not in cutlassfa.HEAD_DIMS]
-    # each (dtype, variant) once, each (dtype, padded head dim) once; the budget grew with the sink variants
-    # (the CPU's quick run: 224 cases in 11 s)
-    assert len(added) == len(check.DTYPES) * (len(variants.SPECS) + len(variants.padded_head_dims())) <= 80
-    assert len(quick) <= 240 and len(full) > 3 * len(quick)
+    # each (dtype, variant) once, each (dtype, padded head dim) once; the budget grew with the sink and ALiBi
+    # variants (the CPU's quick run: 236 cases in 12-33 s)
+    assert len(added) == len(check.DTYPES) * (len(variants.SPECS) + len(variants.padded_head_dims())) <= 96
+    assert len(quick) <= 250 and len(full) > 3 * len(quick)
     assert max(Counter((c.dtype, c.variant.name) for c in quick if c.variant).values()) == 1
 
 

@@ -240,7 +240,8 @@ def test_supports_reads_the_values():
     assert not cutlassfa.supports("cpu", "float32", 64, softcap=float("nan"))
     assert not cutlassfa.supports("cpu", "float32", 64, num_splits=0)
     assert not cutlassfa.supports("cpu", "float32", 64, paged="yes")
-    assert "not implemented" in cutlassfa.supports("cpu", "float32", 64, alibi=True).reason
+    assert "not implemented" in cutlassfa.supports("cpu", "float32", 64, fp8=True).reason
+    assert not cutlassfa.supports("cpu", "float32", 64, alibi="yes")
     # Values that ask for nothing are the plain case, on every backend.
     for backend in cutlassfa.BACKENDS:
         plain = cutlassfa.supports(backend, "float16", 64, causal=True)

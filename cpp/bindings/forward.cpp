@@ -260,18 +260,19 @@ void allocate_output(Output& o, const Call& c, bool lse, nb::handle alloc) {
   o.view = output_view(p, strides, lse);
 }
 
-// Host index values (and host sink values) copied to the device in one buffer of the workspace pool,
-// and fp16 / bf16 device sinks converted to float32 in another; both released in stream order after the
-// launches that read them.
+// Host index values and host per-head floats (sinks, ALiBi slopes) copied to the device in one buffer of
+// the workspace pool, and fp16 / bf16 device floats converted to float32 in another each; all released in
+// stream order after the launches that read them.
 struct IndexUpload {
+  static constexpr int kMaxFloats = 2;
   void* buffer = nullptr;
-  void* converted = nullptr;
+  void* converted[kMaxFloats] = {};
   size_t failed_bytes = 0;
 
-  cudaError_t upload(const IndexArray* const* indices, int count, const int** pointers, const SinkArray& sinks,
-                     const float** sink_pointer, cudaStream_t stream) {
+  cudaError_t upload(const IndexArray* const* indices, int count, const int** pointers, const FloatArray* const* floats,
+                     int float_count, const float** float_pointers, cudaStream_t stream) {
     std::vector<int32_t> packed;
-    size_t offsets[8] = {};
+    size_t offsets[8] = {}, float_offsets[kMaxFloats] = {};
     for (int i = 0; i < count; ++i) {
       offsets[i] = packed.size();
       if (indices[i]->on_host()) {
@@ -279,10 +280,13 @@ struct IndexUpload {
         packed.resize((packed.size() + 3) / 4 * 4);  // each array 16-byte aligned
       }
     }
-    size_t const sinks_offset = packed.size();
-    if (sinks.on_host()) {
-      packed.resize(sinks_offset + sinks.values.size());
-      std::memcpy(packed.data() + sinks_offset, sinks.values.data(), sinks.values.size() * sizeof(float));
+    for (int i = 0; i < float_count; ++i) {
+      float_offsets[i] = packed.size();
+      if (floats[i]->on_host()) {
+        size_t const n = floats[i]->values.size();
+        packed.resize(float_offsets[i] + (n + 3) / 4 * 4);
+        std::memcpy(packed.data() + float_offsets[i], floats[i]->values.data(), n * sizeof(float));
+      }
     }
     if (!packed.empty()) {
       size_t const bytes = packed.size() * sizeof(int32_t);
@@ -301,22 +305,25 @@ struct IndexUpload {
                     : index->on_host() ? static_cast<const int*>(buffer) + offsets[i]
                                        : index->device_data;
     }
-    *sink_pointer = nullptr;
-    if (sinks.on_host()) {
-      *sink_pointer = reinterpret_cast<const float*>(static_cast<const int32_t*>(buffer) + sinks_offset);
-    } else if (sinks.given && sinks.device_dtype == DType::kFloat32) {
-      *sink_pointer = static_cast<const float*>(sinks.device_data);
-    } else if (sinks.given) {
-      size_t const bytes = static_cast<size_t>(sinks.count) * sizeof(float);
-      cudaError_t err = workspace_alloc(&converted, bytes, stream);
-      if (err != cudaSuccess) {
-        failed_bytes = bytes;
-        return err;
+    for (int i = 0; i < float_count; ++i) {
+      const FloatArray& f = *floats[i];
+      float_pointers[i] = nullptr;
+      if (f.on_host()) {
+        float_pointers[i] = reinterpret_cast<const float*>(static_cast<const int32_t*>(buffer) + float_offsets[i]);
+      } else if (f.given && f.device_dtype == DType::kFloat32) {
+        float_pointers[i] = static_cast<const float*>(f.device_data);
+      } else if (f.given) {  // rows back to back (request.cpp checks it)
+        int const n = f.rows * f.heads;
+        size_t const bytes = static_cast<size_t>(n) * sizeof(float);
+        cudaError_t err = workspace_alloc(&converted[i], bytes, stream);
+        if (err != cudaSuccess) {
+          failed_bytes = bytes;
+          return err;
+        }
+        err = convert_to_float32(f.device_data, f.device_dtype, static_cast<float*>(converted[i]), n, stream);
+        if (err != cudaSuccess) return err;
+        float_pointers[i] = static_cast<const float*>(converted[i]);
       }
-      err = convert_to_float32(sinks.device_data, sinks.device_dtype, static_cast<float*>(converted), sinks.count,
-                               stream);
-      if (err != cudaSuccess) return err;
-      *sink_pointer = static_cast<const float*>(converted);
     }
     return cudaSuccess;
   }
@@ -324,9 +331,13 @@ struct IndexUpload {
   // Releases the buffers (in stream order); the first error, if any.
   cudaError_t release(cudaStream_t stream) {
     cudaError_t err = buffer != nullptr ? workspace_free(buffer, stream) : cudaSuccess;
-    cudaError_t const err2 = converted != nullptr ? workspace_free(converted, stream) : cudaSuccess;
-    buffer = converted = nullptr;
-    return err != cudaSuccess ? err : err2;
+    buffer = nullptr;
+    for (void*& c : converted) {
+      cudaError_t const e = c != nullptr ? workspace_free(c, stream) : cudaSuccess;
+      if (err == cudaSuccess) err = e;
+      c = nullptr;
+    }
+    return err;
   }
 };
 
@@ -336,12 +347,18 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
                         cudaStream_t stream, IndexUpload& uploads, const char** what) {
   const Problem& p = c.problem;
   CallTensors t;
-  if (c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given || c.sinks.given) {
+  if (c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given || c.sinks.given ||
+      c.alibi_slopes.given) {
     const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
     const int* pointers[5] = {};
+    const FloatArray* floats[2] = {&c.sinks, &c.alibi_slopes};
+    const float* float_pointers[2] = {};
     *what = "cutlassfa index upload";
-    cudaError_t const err = uploads.upload(indices, 5, pointers, c.sinks, &t.sinks, stream);
+    cudaError_t const err = uploads.upload(indices, 5, pointers, floats, 2, float_pointers, stream);
     if (err != cudaSuccess) return err;
+    t.sinks = float_pointers[0];
+    t.alibi_slopes = float_pointers[1];
+    t.alibi_batch_stride = c.alibi_slopes.row_stride;
     t.cu_seqlens_q = pointers[0], t.cu_seqlens_k = pointers[1], t.seqlens_k = pointers[2];
     t.leftpad_k = pointers[3], t.block_table = pointers[4];
     t.block_table_stride = c.block_table.row_stride;

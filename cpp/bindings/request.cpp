@@ -330,56 +330,70 @@ float half_bits_to_float(uint16_t h) {
   return sign ? -magnitude : magnitude;
 }
 
-// sinks: None, or (heads_q,) floats (float32, float16 or bfloat16) on q's device, or host values.
-SinkArray read_sinks(nb::handle value, int64_t heads_q, int device) {
-  SinkArray sinks;
-  if (!given(value)) return sinks;
-  sinks.given = true;
+// A per-head float argument: None, or (heads,) (or, when `batch` >= 0, (batch, heads)) floats of float32,
+// float16 or bfloat16 on q's device, or host values. `what` says what one value is (for the messages).
+FloatArray read_per_head(nb::handle value, const char* name, const char* what, int64_t heads, int64_t batch,
+                         int device) {
+  FloatArray array;
+  if (!given(value)) return array;
+  array.given = true;
   nb::object held;
   if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value)) {
     try {
       held = nb::module_::import_("numpy").attr("asarray")(value, "float32");
     } catch (const nb::python_error&) {
-      type_error("sinks must be a sequence of floats or an array");
+      type_error(std::string(name) + " must be a sequence of floats or an array");
     }
     value = held;
   }
-  ArrayRef const a = describe(value, "sinks");
-  if (a.ndim != 1 || a.shape[0] != heads_q) {
-    value_error("sinks must have shape (" + num(heads_q) + ",), one per query head, got " + shape_text(a));
+  ArrayRef const a = describe(value, name);
+  bool const per_entry = a.ndim == 2 && batch >= 0;
+  if (!(a.ndim == 1 && a.shape[0] == heads) && !(per_entry && a.shape[0] == batch && a.shape[1] == heads)) {
+    int64_t const both[2] = {batch, heads};
+    std::string const shapes = "(" + num(heads) + ",)" + (batch >= 0 ? " or " + tuple_text(both, 2) : "");
+    value_error(std::string(name) + " must have shape " + shapes + ", " + what + ", got " + shape_text(a));
   }
-  if (a.dtype < 0) type_error("sinks must be float32, float16 or bfloat16, got dtype " + dtype_text(a));
-  sinks.count = static_cast<int>(heads_q);
+  if (a.dtype < 0) type_error(std::string(name) + " must be float32, float16 or bfloat16, got dtype " + dtype_text(a));
+  array.rows = per_entry ? static_cast<int>(batch) : 1;
+  array.heads = static_cast<int>(heads);
   DType const dtype = static_cast<DType>(a.dtype);
+  int64_t const head_stride = a.strides[a.ndim - 1], row_stride = per_entry ? a.strides[0] : 0;
   if (a.on_host()) {
-    sinks.values.resize(static_cast<size_t>(heads_q));
     // The item size from the dtype: numpy's bfloat16 (ml_dtypes) has no DLPack type to take it from.
     int64_t const itemsize = dtype == DType::kFloat32 ? 4 : 2;
-    for (int64_t i = 0; i < heads_q; ++i) {
-      const char* at = static_cast<const char*>(a.data) + i * a.strides[0] * itemsize;
-      uint16_t bits16 = 0;
-      if (dtype != DType::kFloat32) std::memcpy(&bits16, at, 2);
-      float x = 0.f;
-      if (dtype == DType::kFloat32) {
-        std::memcpy(&x, at, 4);
-      } else if (dtype == DType::kBFloat16) {
-        uint32_t const bits = uint32_t{bits16} << 16;
-        std::memcpy(&x, &bits, 4);
-      } else {
-        x = half_bits_to_float(bits16);
+    array.values.resize(static_cast<size_t>(array.rows) * heads);
+    for (int64_t r = 0; r < array.rows; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const char* at = static_cast<const char*>(a.data) + (r * row_stride + h * head_stride) * itemsize;
+        uint16_t bits16 = 0;
+        if (dtype != DType::kFloat32) std::memcpy(&bits16, at, 2);
+        float x = 0.f;
+        if (dtype == DType::kFloat32) {
+          std::memcpy(&x, at, 4);
+        } else if (dtype == DType::kBFloat16) {
+          uint32_t const bits = uint32_t{bits16} << 16;
+          std::memcpy(&x, &bits, 4);
+        } else {
+          x = half_bits_to_float(bits16);
+        }
+        array.values[static_cast<size_t>(r * heads + h)] = x;
       }
-      sinks.values[static_cast<size_t>(i)] = x;
     }
-    return sinks;
+    array.row_stride = per_entry ? heads : 0;
+    return array;
   }
   if (a.device != device) {
-    value_error("sinks must be on q's device (" + (device < 0 ? std::string("host") : "cuda:" + num(device)) +
-                "), got " + where(a));
+    value_error(std::string(name) + " must be on q's device (" +
+                (device < 0 ? std::string("host") : "cuda:" + num(device)) + "), got " + where(a));
   }
-  if (heads_q > 1 && a.strides[0] != 1) value_error("sinks must be contiguous, got strides " + strides_text(a));
-  sinks.device_data = a.data;
-  sinks.device_dtype = dtype;
-  return sinks;
+  // fp16 / bf16 are converted as one contiguous run: rows back to back, unless there is one row.
+  bool const contiguous = (heads <= 1 || head_stride == 1) &&
+                          (array.rows <= 1 || row_stride == heads || dtype == DType::kFloat32);
+  if (!contiguous) value_error(std::string(name) + " must be contiguous, got strides " + strides_text(a));
+  array.device_data = a.data;
+  array.device_dtype = dtype;
+  array.row_stride = per_entry ? (dtype == DType::kFloat32 ? row_stride : heads) : 0;
+  return array;
 }
 
 // ---- The three shapes of a call ---------------------------------------------------------------------
@@ -672,7 +686,9 @@ Call validate(const Request& r) {
     value_error("softcap must be a finite float >= 0 (0 disables it), got " + nb::cast<std::string>(nb::repr(r.softcap)));
   }
   p.softcap = static_cast<float>(softcap);
-  c.sinks = read_sinks(r.sinks, p.heads_q, c.device);
+  c.sinks = read_per_head(r.sinks, "sinks", "one per query head", p.heads_q, -1, c.device);
+  c.alibi_slopes = read_per_head(r.alibi_slopes, "alibi_slopes", "one per query head (and batch entry)", p.heads_q,
+                                 p.batch, c.device);
   if (given(r.num_splits)) {
     if (!is_int(r.num_splits)) type_error("num_splits must be an int or None, got " + type_label(r.num_splits));
     int64_t const splits = int_value(r.num_splits);

@@ -1,6 +1,6 @@
 // A call as Python passes it (Request), its validation into a Call (the arrays described, a Problem,
 // the index arrays read), and the choice of backend: one pass over the DLPack descriptions for every
-// call (plain, windows, softcap, sinks, KV caches, paged caches, appended keys, split keys, varlen), raising
+// call (plain, windows, softcap, sinks, ALiBi, KV caches, paged caches, appended keys, split keys, varlen), raising
 // the ValueError / TypeError that names the argument.
 //
 // Index values given on the host are read and checked in full (and copied to the device at launch);
@@ -35,6 +35,7 @@ struct Request {
   nb::handle cu_seqlens_q, cu_seqlens_k;    // varlen_forward: both given
   nb::handle max_seqlen_q, max_seqlen_k;    // None or ints
   nb::handle sinks;                         // None, or (Hq,) floats
+  nb::handle alibi_slopes;                  // None, or (Hq,) or (B, Hq) floats
 };
 
 // An int32 index argument: an array on q's device read in place, or host values (numpy, a sequence of
@@ -51,14 +52,15 @@ struct IndexArray {
   bool known() const { return on_host() || read_back; }
 };
 
-// Attention sinks (params.h): one float per query head, on q's device (float32 read in place, fp16 /
-// bf16 converted at launch) or host values (copied).
-struct SinkArray {
+// A per-head float argument (params.h): attention sinks (Hq,), ALiBi slopes (Hq,) or (B, Hq). On q's
+// device (float32 read in place, fp16 / bf16 converted at launch), or host values (copied).
+struct FloatArray {
   bool given = false;
-  const void* device_data = nullptr;  // on q's device, contiguous; nullptr for host values
+  const void* device_data = nullptr;  // on q's device, rows contiguous; nullptr for host values
   DType device_dtype = DType::kFloat32;
-  std::vector<float> values;  // host values
-  int count = 0;
+  std::vector<float> values;   // host values, (rows, heads) row-major
+  int rows = 0, heads = 0;     // (rows, heads): rows 1 for a (heads,) array
+  long long row_stride = 0;    // elements between rows where the kernels read them (0: one row for all)
   bool on_host() const { return given && device_data == nullptr; }
 };
 
@@ -76,7 +78,7 @@ struct Call {
   std::optional<ArrayRef> out;
   std::optional<ArrayRef> k_new, v_new;
   IndexArray cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table;
-  SinkArray sinks;
+  FloatArray sinks, alibi_slopes;
   int device = -1;  // -1: host arrays
 
   // (B, H, N) strides in elements of one of q, k, v, out (rank 3: head stride 0; varlen: batch stride 0).

@@ -240,8 +240,8 @@ __device__ __forceinline__ int col_of(int j) { return (j / 4) * 32 + (j % 4); } 
 // The kernel. Grid: one block per (m block, batch * head), m block fastest, all in blockIdx.x; with
 // varlen the m blocks span the longest entry and those past an entry's queries return at once.
 // Every mode is a run-time value: the window, leftpad and per-entry lengths only bound the key loop
-// (simt_common.cuh's tile_trips) and mask the boundary steps; softcap is a uniform branch after
-// S = Q K^T; pages change where a thread's K/V row is read from.
+// (simt_common.cuh's tile_trips) and mask the boundary steps; softcap and ALiBi are uniform branches
+// after S = Q K^T; pages change where a thread's K/V row is read from.
 // ------------------------------------------------------------------------------------------------
 template <typename Kt, typename T>
 __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_kernel(const FwdParams params) {
@@ -345,6 +345,11 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
   // Softcap: Q is scaled by softcap_pre so that the GEMM gives s * softcap_pre, and the scores are
   // tanh(.) * softmax_scale_log2 (softmax_scale is then the cap, folded in by the host).
   const bool softcap = params.softcap_pre > 0.f;
+  // ALiBi (rules.h): the scores are in log2 units, so a key of distance t from the row's diagonal costs
+  // slope * log2(e) * t; 0 without ALiBi (a uniform branch).
+  const float alibi_log2 =
+      params.alibi_slopes != nullptr ? params.alibi_slopes[b * params.alibi_batch_stride + h] * 1.44269504088896341f
+                                     : 0.f;
 
   // ============================== PROLOGUE ==============================
   if (trips.first < trips.last) {
@@ -392,6 +397,16 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
       for (int i = 0; i < kTM; ++i) {
 #pragma unroll
         for (int j = 0; j < kTNS; ++j) tSrS[i][j] = rules::softcap_tanh(tSrS[i][j]) * params.softmax_scale_log2;
+      }
+    }
+    if (alibi_log2 != 0.f) {  // element (i, j): row m0 + row0 + row_of(i), key n0 + tc * 4 + col_of(j)
+#pragma unroll
+      for (int i = 0; i < kTM; ++i) {
+#pragma unroll
+        for (int j = 0; j < kTNS; ++j) {
+          tSrS[i][j] -= alibi_log2 * rules::alibi_distance(m0 + row0 + row_of(i), entry.nq, entry.nk,
+                                                             n0 + tc * 4 + col_of(j));
+        }
       }
     }
 

@@ -7,7 +7,7 @@
 // The mask (window, leftpad, per-entry lengths) is simt_common.cuh's EntryMask: the scores and P V
 // kernels visit only the key tiles that tile_trips gives their 16 rows, the softmax only [lo, hi)
 // of its row, so S outside those ranges is never written nor read. With softcap the scores are
-// tanh(q.k * softcap_pre) * softmax_scale_log2 (softmax_scale is then the cap).
+// tanh(q.k * softcap_pre) * softmax_scale_log2 (softmax_scale is then the cap); ALiBi's term follows.
 //
 // Any head dim: the reduction chunks and output tiles past params.head_dim read zero and store
 // nothing. The scores are kept in log2 units (Q K^T times softmax_scale_log2 = softmax_scale * log2 e) so the
@@ -78,10 +78,14 @@ __global__ void __launch_bounds__(kNaiveTile* kNaiveTile) naive_scores_kernel(co
       __syncthreads();
     }
     if (row < entry.nq && key < entry.nk) {
-      const float s = softcap ? rules::softcap_tanh(acc * params.softcap_pre) : acc;
+      float s = (softcap ? rules::softcap_tanh(acc * params.softcap_pre) : acc) * params.softmax_scale_log2;
+      if (params.alibi_slopes != nullptr) {  // ALiBi (rules.h), in log2 units: slope * log2(e) per key of distance
+        const float slope = params.alibi_slopes[b * params.alibi_batch_stride + h];
+        s -= slope * 1.44269504088896341f * rules::alibi_distance(row, entry.nq, entry.nk, key);
+      }
       // A key on a missing page counts as masked (rules.h): -inf, which the softmax maps to P = 0.
       const bool key_there = key < entry.leftpad || key_page_exists(params, b, key);
-      S[naive_s_offset(bh, row, params) + key] = key_there ? s * params.softmax_scale_log2 : kNegInf;
+      S[naive_s_offset(bh, row, params) + key] = key_there ? s : kNegInf;
     }
   }
 }

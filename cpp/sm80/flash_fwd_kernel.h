@@ -21,6 +21,7 @@
 #include "common/epilogue.h"
 #include "common/mask.h"
 #include "common/online_softmax.h"
+#include "common/alibi.h"
 #include "common/softcap.h"
 #include "common/tensor_utils.h"
 #include "common/tile.h"
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
   auto const work = BlockTileWork<kBlockM, kBlockN>::of_this_block(params);  // grid order: common/tile.h
   if (!work.has_queries) { return; }  // varlen: past this entry's queries
   float const head_sink = prefetch_sink(params, work.tile.head);  // used by the epilogue
+  float const alibi_slope = kGeneral ? alibi_slope_raw(params, work.tile.batch, work.tile.head) : 0.f;
 
   // ---- Global tensors --------------------------------------------------------------------------------
   auto const tiles =
@@ -209,6 +211,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(__grid_con
     }
     if constexpr (kGeneral) {  // before the mask's -inf
       if (params.softcap_pre > 0.f) { apply_softcap(acc_s, params.softcap_pre); }
+      if (alibi_slope != 0.f) {
+        apply_alibi(acc_s, tScS, alibi_slope, work.m_block * kBlockM, n_block * kBlockN, work.seq.seqlen_q,
+                    work.seq.seqlen_k);
+      }
       if (params.block_table != nullptr) {  // keys on a page that does not exist count as masked (rules.h)
         int const key0 = n_block * kBlockN;
         mask_missing_pages(acc_s, tScS, rows_k(), key0, work.seq.key_begin, min(work.seq.seqlen_k, key0 + kBlockN));

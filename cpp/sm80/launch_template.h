@@ -19,10 +19,10 @@ template <class Traits>
 cudaError_t run_flash_fwd(const FwdParams& params, cudaStream_t stream) {
   static_assert(Traits::kSmemSize <= 99 * 1024, "fits the opt-in shared memory of sm_86/sm_89 (99 KB)");
   // One kernel for every mask (the window, left padding and ragged end are run-time values that only
-  // the masked K/V steps read), and a general one for paged caches, zero-padded head dims, softcap and
-  // left padding.
+  // the masked K/V steps read), and a general one for paged caches, zero-padded head dims, score terms
+  // (softcap, ALiBi) and left padding.
   bool const general = params.block_table != nullptr || params.head_dim != Traits::kHeadDim ||
-                       params.softcap_pre > 0.f || params.leftpad_k != nullptr;
+                       params.has_score_terms() || params.leftpad_k != nullptr;
   return bool_switch(general, [&](auto general_t) {
     return launch_fwd_kernel<Traits>(&flash_fwd_kernel<Traits, decltype(general_t)::value>, params, stream);
   });

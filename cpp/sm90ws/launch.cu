@@ -64,7 +64,7 @@ bool sm90ws_covers(const FwdParams& p) {
                       : packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
                                : head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim);
   // Any window: the mask, the trip counts and the masked steps at either edge are common/mask.h's.
-  return p.seqlen_k > 0 && layout && no_cache && (halves || fp32) && p.softcap_pre == 0.f && e.rows_q > 0 &&
+  return p.seqlen_k > 0 && layout && no_cache && (halves || fp32) && !p.has_score_terms() && e.rows_q > 0 &&
          e.rows_k > 0 && listed && tensorcore_aligned(p) && inputs_tma &&
          tma_strides(p.o_batch_stride, p.o_head_stride, p.o_row_stride, e.batch, p.heads_q, e.rows_q, eb);
 }

@@ -14,8 +14,8 @@ namespace cutlassfa {
 // CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS), base and batch / head / row strides 16-byte aligned and below 2^40
 // bytes (the TMA descriptors), any seqlen_q, seqlen_k >= 1, any window (causal = (-1, 0); common/mask.h),
 // GQA / MQA, lse; and fp32 dense tensors at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, K and V through the split
-// pre-pass (cutlassfa/split_fp32.h), Q split in the kernel (q and o aligned as above). Not: softcap, KV
-// caches, paged caches, left padding, split keys, fp32 varlen, other head dims, unaligned tensors.
+// pre-pass (cutlassfa/split_fp32.h), Q split in the kernel (q and o aligned as above). Not: softcap or
+// ALiBi, KV caches, paged caches, left padding, split keys, fp32 varlen, other head dims, unaligned tensors.
 // launch_sm90ws enqueues the kernel on `stream` and returns the first CUDA error (never synchronizes); a
 // call outside sm90ws_covers returns cudaErrorNotSupported before any launch (the planner never makes
 // one; the self-test checks the refusal). The caller has checked that the device is sm_90.

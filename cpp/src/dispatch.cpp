@@ -48,8 +48,9 @@ const char* kernel_name(Kernel kernel) {
 }
 
 bool packs_gqa(const FwdParams& params) {
+  // Not with ALiBi: a packed tile's rows are heads, and the bias needs each row's query position.
   return params.seqlen_q == 1 && params.heads_ratio > 1 && params.cu_seqlens_q == nullptr &&
-         params.window_left < 0;
+         params.window_left < 0 && params.alibi_slopes == nullptr;
 }
 
 // Query head h = h_kv * ratio + r becomes row r of head h_kv: the row stride is the head stride, the

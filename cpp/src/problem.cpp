@@ -57,6 +57,8 @@ FwdParams make_params(const Problem& p, const CallTensors& t) {
   params.leftpad_k = t.leftpad_k;
   params.seqlens_k_added = p.n_new;
   params.sinks = t.sinks;
+  params.alibi_slopes = t.alibi_slopes;
+  params.alibi_batch_stride = t.alibi_batch_stride;
   if (p.paged) {
     params.block_table = t.block_table;
     params.block_table_stride = t.block_table_stride;

@@ -98,16 +98,16 @@ def backends(device: int = 0) -> dict[str, BackendStatus]:
 
 
 # Mode keys of `supports`: causal, and the variants (window, softcap, KV caches, varlen, split keys).
-_KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks"}
+_KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks", "alibi"}
 
 
 def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode: Any) -> Support:
     """Says in advance whether `forward(..., backend=backend)` takes arrays of `dtype` and `head_dim` on
     this machine (CUDA `device` for GPU backends) in the given mode, and if not, why.
 
-    Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache, paged and sinks
-    (bool: forward with cache_seqlens / block_table / sinks ...), varlen (bool: varlen_forward), num_splits (int or
-    None); values as forward takes them (a value that asks for nothing, such as window=(-1, -1) or
+    Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache, paged, sinks and
+    alibi (bool: forward with cache_seqlens / block_table / sinks / alibi_slopes ...), varlen (bool:
+    varlen_forward), num_splits (int or None); values as forward takes them (a value that asks for nothing, such as window=(-1, -1) or
     softcap=0, is the plain case). Other keys name features this version does not have."""
     if backend not in BACKENDS:
         return Support(False, f"unknown backend {backend!r}")
@@ -142,7 +142,7 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
 def _check_modes(mode: dict[str, Any]) -> None:
     """The values of a `supports` mode, checked as `forward` checks them (the extension's validator on
     a one-element probe for window, softcap and num_splits)."""
-    for key in ("kv_cache", "paged", "varlen", "sinks"):
+    for key in ("kv_cache", "paged", "varlen", "sinks", "alibi"):
         if key in mode:
             _flag(mode[key], key)
     options = {key: mode[key] for key in ("window", "softcap", "num_splits") if key in mode}
@@ -263,14 +263,14 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scal
 
 _NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no option given"
 _OPTION_NAMES = ("window", "softcap", "cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "num_splits",
-                 "sinks")
+                 "sinks", "alibi_slopes")
 
 
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
             window: tuple[int, int] | None = None, softcap: float = _NO_SOFTCAP, cache_seqlens: Any = None,
             cache_leftpad: Any = None, block_table: Any = None, k_new: Any = None, v_new: Any = None,
-            num_splits: int | None = None, sinks: Any = None, backend: str = "auto", return_lse: bool = False,
-            out: Any = None) -> Any:
+            num_splits: int | None = None, sinks: Any = None, alibi_slopes: Any = None, backend: str = "auto",
+            return_lse: bool = False, out: Any = None) -> Any:
     """Attention forward pass: softmax(scale · q kᵀ) v, computed blockwise without materializing the
     N×N score matrix (except by the `naive` backend).
 
@@ -294,6 +294,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     denominator and nothing in its numerator, out_i = sum_j e^s_ij v_j / (sum_j e^s_ij + e^sinks[h]) and
     lse_i = log(sum_j e^s_ij + e^sinks[h]). Not capped by softcap; a row that sees no key gives 0 and
     lse = sinks[h]; -inf is no sink.
+    alibi_slopes: (Hq,) or (B, Hq) ALiBi slopes (Bloom, MPT; float32, or float16 / bfloat16 read as
+    float32; on q's device or host values): the score of query i and key j gains -slope * |i + L - Nq - j|
+    after softcap (L: the entry's keys, as the causal alignment); lse includes it.
     KV cache: k and v are caches (B, Hkv, Ncache, d), or with block_table (B, max_pages) int32 paged
     caches (num_pages, Hkv, page_size, d) (key p of entry b: row p % page_size of page
     block_table[b, p // page_size]); q must be 4-D. cache_seqlens (B,): entry b attends keys
@@ -323,9 +326,10 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     if softmax_scale is not None:
         softmax_scale = _scale(softmax_scale)
     plain = (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
-             and block_table is None and k_new is None and v_new is None and num_splits is None and sinks is None)
+             and block_table is None and k_new is None and v_new is None and num_splits is None and sinks is None
+             and alibi_slopes is None)
     options = () if plain else (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits,
-                                sinks)
+                                sinks, alibi_slopes)
 
     module = type(q).__module__
     if module.startswith("torch"):
@@ -357,7 +361,7 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
 def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, max_seqlen_q: int | None = None,
                    max_seqlen_k: int | None = None, causal: bool = False, softmax_scale: float | None = None,
                    window: tuple[int, int] | None = None, softcap: float = 0.0, sinks: Any = None,
-                   backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
+                   alibi_slopes: Any = None, backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding (FlashAttention's
     varlen layout), on the same path as `forward`: CUDA arrays of PyTorch or CuPy in place, host arrays
     (numpy, PyTorch CPU tensors) on the GPU when one is usable, else on the `cpu` backend. JAX arrays
@@ -370,7 +374,8 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     or at least each sequence's length; they size the GPU grid: with cu_seqlens on the device and
     None, the grid covers the totals (correct, slower). Device values are not checked (that would
     need a synchronization): the kernels clamp each sequence to [0, total) and to max_seqlen.
-    causal, window, softcap, sinks, softmax_scale: as `forward`, aligned bottom-right within each sequence.
+    causal, window, softcap, sinks, alibi_slopes (B = the sequences), softmax_scale: as `forward`, aligned
+    bottom-right within each sequence.
     Returns out (total_q, Hq, d), or (out, lse) when return_lse, lse float32 (Hq, total_q).
     """
     code = _backend_code(backend)
@@ -385,7 +390,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     _require_extension()
     alloc, stream = (_arrays.cupy_empty, _arrays.cupy_stream(q)) if module.startswith("cupy") else (None, -1)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    options = (window, softcap) + (None,) * 6 + (sinks,)
+    options = (window, softcap) + (None,) * 6 + (sinks, alibi_slopes)
     result = _C.forward(q, k, v, out, causal, scale, code, return_lse, alloc, stream, False, *options, *varlen)
     if result is None:
         result = _forward_cpu(q, k, v, out, causal, scale, return_lse, options, varlen)
@@ -453,10 +458,12 @@ def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | 
     if out is None:
         out = _arrays.empty_host_like(like, q.shape, q.dtype.name)
     out_np = _arrays.host_numpy(out)
-    window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits, sinks = (
-        options or (None, _NO_SOFTCAP) + (None,) * 7)
+    window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits, sinks, alibi_slopes = (
+        options or (None, _NO_SOFTCAP) + (None,) * 8)
     common = dict(causal=causal, softmax_scale=scale, window=window, softcap=softcap or 0.0,
-                  sinks=None if sinks is None else _host_floats(sinks), return_lse=True, out=out_np)
+                  sinks=None if sinks is None else _host_floats(sinks),
+                  alibi_slopes=None if alibi_slopes is None else _host_floats(alibi_slopes), return_lse=True,
+                  out=out_np)
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
         _, lse = cpu.varlen_forward_cpu(q, k, v, _host_index(cu_q), _host_index(cu_k), max_seqlen_q=max_q,

@@ -40,7 +40,8 @@ class Variant:
     forward against a KV cache of B = len(cache_seqlens) entries, contiguous (page_size 0, Ncache = the
     case's Nk) or paged (pages of page_size keys, capacity >= the case's Nk), with n_new keys appended
     through k_new / v_new and cache_leftpad when given. kind "varlen": varlen_forward over sequences of
-    seqlens_q / seqlens_k (B of them). sinks: one attention-sink logit per query head (any kind)."""
+    seqlens_q / seqlens_k (B of them). sinks: one attention-sink logit per query head; alibi: ALiBi slopes
+    per (entry, query head) (any kind)."""
 
     name: str
     kind: str = "dense"
@@ -54,6 +55,7 @@ class Variant:
     seqlens_q: tuple[int, ...] = ()
     seqlens_k: tuple[int, ...] = ()
     sinks: bool = False
+    alibi: bool = False
 
     @property
     def mode(self) -> dict[str, Any]:
@@ -73,6 +75,8 @@ class Variant:
             mode["num_splits"] = self.num_splits
         if self.sinks:
             mode["sinks"] = True
+        if self.alibi:
+            mode["alibi"] = True
         return mode
 
 

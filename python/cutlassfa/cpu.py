@@ -55,6 +55,7 @@ def forward_cpu(
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     num_splits: int | None = None,
     block_n: int = 128,
     block_m: int = 128,
@@ -72,6 +73,8 @@ def forward_cpu(
         softcap: > 0 caps the scores to softcap * tanh(s / softcap) before the softmax.
         sinks: None or (Hq,) float32 attention-sink logits: each row's softmax denominator gains
             e^sinks[h] (merged once, as a part with no value, after the key tiles and splits).
+        alibi_slopes: None, or (Hq,) / (B, Hq) float32 ALiBi slopes: the score of query i and key j gains
+            -slope * |i + Nk - Nq - j| after softcap.
         num_splits: None or 1: one pass over the keys; n > 1: the key tiles in n contiguous parts merged
             by lse (the result equals the unsplit one up to rounding; parts beyond the tile count are
             empty).
@@ -96,6 +99,7 @@ def forward_cpu(
         return (out, lse) if return_lse else out
 
     dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, nk, scale, cap)
+    slopes = _slopes(alibi_slopes, b, hq)
     bm = min(block_m, nq)
     nb = max(1, min(_STEP_ELEMS // (hq * bm * min(block_n, nk)), b))
     with _quiet():
@@ -103,7 +107,7 @@ def forward_cpu(
             b1 = min(b, b0 + nb)
             keys = DenseKeys(k[b0:b1], v[b0:b1])
             for i0, i1, o_blk, lse_blk in _row_blocks(q[b0:b1], keys, nq, nk, win, scale, cap, bm, block_n, dtype,
-                                                      splits, sinks):
+                                                      splits, sinks, _part(slopes, b0, b1)):
                 out[b0:b1, :, i0:i1] = o_blk  # rounds to the input dtype
                 lse[b0:b1, :, i0:i1] = lse_blk
     return (out, lse) if return_lse else out
@@ -124,6 +128,7 @@ def kvcache_forward_cpu(
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     num_splits: int | None = None,
     return_lse: bool = False,
     out: np.ndarray | None = None,
@@ -143,7 +148,8 @@ def kvcache_forward_cpu(
         block_table: (B, max_pages) int page indices.
         k_new, v_new: (B, Hkv, Nnew, d): written INTO k_cache / v_cache at positions
             [cache_seqlens[b], cache_seqlens[b] + Nnew) of entry b, then attended with the rest.
-        causal, softmax_scale, window, softcap, sinks, num_splits, return_lse: as :func:`forward_cpu`, aligned
+        causal, softmax_scale, window, softcap, sinks, alibi_slopes, num_splits, return_lse: as
+            :func:`forward_cpu`, aligned
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         out: optional (B, Hq, Nq, d) array of q's dtype to write into.
 
@@ -160,6 +166,7 @@ def kvcache_forward_cpu(
     out = _output(out, q.shape, q.dtype)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
     scale = _scale(d, softmax_scale)
+    slopes = _slopes(alibi_slopes, b, hq)
     entries = []
     for i in range(b):
         length = int(args.cache_seqlens[i]) + args.n_new
@@ -176,14 +183,16 @@ def kvcache_forward_cpu(
         if k_new is not None:
             k_max, v_max = max(k_max, max_abs(k_new[i])), max(v_max, max_abs(v_new[i]))
         dtype = _compute_dtype(max_abs(q[i]), k_max, v_max, d, length - leftpad, scale, cap)
-        entries.append((keys, length - leftpad, dtype))
+        entries.append((keys, length - leftpad, leftpad, dtype))
     if k_new is not None:
         append_keys(k_cache, k_new, args)
         append_keys(v_cache, v_new, args)
     with _quiet():
-        for i, (keys, nk, dtype) in enumerate(entries):
+        for i, (keys, nk, leftpad, dtype) in enumerate(entries):
+            # ALiBi counts distances from the entry's own diagonal: with leftpad keys dropped from the
+            # front, key j of the kept ones is key leftpad + j, and the diagonal of the same length stays.
             _attend_into(q[i : i + 1], keys, nk, win, scale, cap, block_m, block_n, dtype, out[i : i + 1],
-                         lse[i : i + 1], splits, sinks)
+                         lse[i : i + 1], splits, sinks, _part(slopes, i, i + 1))
     return (out, lse) if return_lse else out
 
 
@@ -201,6 +210,7 @@ def varlen_forward_cpu(
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     return_lse: bool = False,
     out: np.ndarray | None = None,
     block_n: int = 128,
@@ -210,9 +220,10 @@ def varlen_forward_cpu(
 
     q (total_q, Hq, d), k and v (total_k, Hkv, d), any strides; cu_seqlens_q / cu_seqlens_k (B+1,)
     prefix sums: sequence b is rows [cu[b], cu[b+1]). Masks are aligned bottom-right within each
-    sequence; empty sequences are allowed; softcap and sinks as :func:`forward_cpu`. max_seqlen_q / max_seqlen_k size the GPU grids and are not
-    read here. The arguments are those the extension validated (`cutlassfa.varlen_forward(...,
-    backend="cpu")` is the checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
+    sequence; empty sequences are allowed; softcap, sinks and alibi_slopes (a row per sequence) as
+    :func:`forward_cpu`. max_seqlen_q / max_seqlen_k size the GPU grids and are not read here. The
+    arguments are those the extension validated (`cutlassfa.varlen_forward(..., backend="cpu")` is the
+    checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
     """
     _check_blocks(block_m, block_n)
     args = varlen_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
@@ -221,16 +232,17 @@ def varlen_forward_cpu(
     out = _output(out, q.shape, q.dtype)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float32)
     scale = _scale(d, softmax_scale)
+    slopes = _slopes(alibi_slopes, args.batch, hq)
     cu_q, cu_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
     sequences = [(q0, q1, k0, k1) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
     # One dtype for the batch, picked before anything is written (as the dense call does).
     dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, max((k1 - k0 for *_, k0, k1 in sequences),
                                                                     default=0), scale, cap)
     with _quiet():
-        for q0, q1, k0, k1 in sequences:
+        for i, (q0, q1, k0, k1) in enumerate(sequences):
             keys = DenseKeys(_rows_as_4d(k[k0:k1]), _rows_as_4d(v[k0:k1]))
             _attend_into(_rows_as_4d(q[q0:q1]), keys, k1 - k0, win, scale, cap, block_m, block_n, dtype,
-                         _rows_as_4d(out[q0:q1]), lse[None, :, q0:q1], 1, sinks)
+                         _rows_as_4d(out[q0:q1]), lse[None, :, q0:q1], 1, sinks, _part(slopes, i, i + 1))
     return (out, lse) if return_lse else out
 
 
@@ -240,20 +252,20 @@ def varlen_forward_cpu(
 
 def _attend_into(q4: np.ndarray, keys: Any, nk: int, window: Window, scale: float, softcap: float,
                  block_m: int, block_n: int, dtype: np.dtype, out4: np.ndarray, lse3: np.ndarray,
-                 splits: int = 1, sinks: np.ndarray | None = None) -> None:
+                 splits: int = 1, sinks: np.ndarray | None = None, slopes: np.ndarray | None = None) -> None:
     """Attention of one sequence (q4 (1, Hq, Nq, d)) against nk keys, written into out4 / lse3."""
     nq = q4.shape[2]
     if out4.size == 0:
         return
     for i0, i1, o_blk, lse_blk in _row_blocks(q4, keys, nq, nk, window, scale, softcap, min(block_m, nq),
-                                              block_n, dtype, splits, sinks):
+                                              block_n, dtype, splits, sinks, slopes):
         out4[:, :, i0:i1] = o_blk
         lse3[:, :, i0:i1] = lse_blk
 
 
 def _row_blocks(q4: np.ndarray, keys: Any, nq: int, nk: int, window: Window, scale: float, softcap: float,
-                block_m: int, block_n: int, dtype: np.dtype, splits: int = 1,
-                sinks: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+                block_m: int, block_n: int, dtype: np.dtype, splits: int = 1, sinks: np.ndarray | None = None,
+                slopes: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """(i0, i1, out, lse) of each block of query rows [i0, i1); with splits > 1, the merge of the
     blocks' results over `splits` contiguous parts of the key tiles; with sinks, the sinks merged in
     once."""
@@ -261,7 +273,7 @@ def _row_blocks(q4: np.ndarray, keys: Any, nq: int, nk: int, window: Window, sca
     parts = [(s * tiles // splits, (s + 1) * tiles // splits) for s in range(splits)]
     for i0 in range(0, nq, block_m):
         i1 = min(nq, i0 + block_m)
-        args = (q4[:, :, i0:i1], keys, i0, nq, nk, window, scale, softcap, block_n, dtype)
+        args = (q4[:, :, i0:i1], keys, i0, nq, nk, window, scale, softcap, block_n, dtype, slopes)
         if splits == 1 and sinks is None:
             yield (i0, i1, *_query_block(*args))
         else:
@@ -286,7 +298,7 @@ def _merge_parts(parts: list[tuple[np.ndarray, np.ndarray]],
 
 
 def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window: Window, scale: float,
-                 softcap: float, block_n: int, dtype: np.dtype,
+                 softcap: float, block_n: int, dtype: np.dtype, slopes: np.ndarray | None = None,
                  tiles: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Online softmax of one block of query rows against the key tiles it sees.
 
@@ -316,6 +328,8 @@ def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window
         j0, j1 = n * block_n, min(nk, (n + 1) * block_n)
         tK, tV = keys.tile(j0, j1, dtype)  # (nb, Hkv, j1 - j0, d)
         tS = _log2_scores(tQ, tK, scale, softcap)  # (nb, Hkv, group*rows, j1 - j0)
+        if slopes is not None:  # ALiBi, after softcap, in log2 units
+            tS -= _alibi_log2(slopes, i0, rows, nq, nk, j0, j1, dtype).reshape(tS.shape)
         if trips.is_masked(n):  # boundary tiles only (window edges, diagonal, ragged end)
             _mask_tile(tS, lo - j0, hi - j0, group)
         absent = keys.absent(j0, j1)  # keys on a missing page count as masked (masks.page_present)
@@ -341,6 +355,25 @@ def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window
     o = np.where(row_sees_key[..., None], acc / l_safe[..., None], dtype.type(0))
     lse = np.where(row_sees_key, (m_i + np.log2(l_safe)) * dtype.type(_LN2), dtype.type(-np.inf))
     return o.reshape(nb, hq, rows, d), lse.reshape(nb, hq, rows)
+
+
+def _slopes(alibi_slopes: np.ndarray | None, batch: int, heads: int) -> np.ndarray | None:
+    """ALiBi slopes as (batch, heads) float32, or None."""
+    if alibi_slopes is None:
+        return None
+    return np.broadcast_to(np.asarray(alibi_slopes, np.float32).reshape(-1, heads), (batch, heads))
+
+
+def _part(slopes: np.ndarray | None, b0: int, b1: int) -> np.ndarray | None:
+    return None if slopes is None else slopes[b0:b1]
+
+
+def _alibi_log2(slopes: np.ndarray, i0: int, rows: int, nq: int, nk: int, j0: int, j1: int,
+                dtype: np.dtype) -> np.ndarray:
+    """(nb, Hq, rows, j1 - j0): slope * log2(e) * |i + nk - nq - j| for rows i0.. and keys j0..j1 (masks.py's
+    diagonal), the ALiBi term in the loop's log2 units; reshaped by the caller to the GQA-stacked rows."""
+    distance = np.abs((np.arange(i0, i0 + rows) + (nk - nq))[:, None] - np.arange(j0, j1)[None, :])
+    return (slopes.astype(dtype) * dtype.type(_LOG2E))[:, :, None, None] * distance.astype(dtype)[None, None]
 
 
 def _log2_scores(tQ: np.ndarray, tK: np.ndarray, scale: float, softcap: float) -> np.ndarray:

@@ -9,7 +9,9 @@ Conventions (shared with :func:`cutlassfa.forward`):
 * scores are ``s = scale * q_i . k_j``, capped to ``softcap * tanh(s / softcap)`` when softcap > 0;
 * lse is the natural log of the softmax denominator, ``log(sum_j exp(s_ij))`` of the capped scores;
 * attention sinks (one logit per query head) add ``exp(sink_h)`` to that denominator and nothing to the
-  numerator: a row that sees no key then has output 0 and lse ``sink_h``.
+  numerator: a row that sees no key then has output 0 and lse ``sink_h``;
+* ALiBi slopes (per query head, or per batch entry and query head) add ``-slope * |i + Nk - Nq - j|`` to
+  the (capped) score of query i and key j (Nk: the entry's keys).
 
 The score matrix is materialized in float64, but in chunks of query rows (and batches) so
 that a long sequence never needs the whole Nq x Nk matrix at once.
@@ -78,6 +80,16 @@ def _sinks(sinks: Any, heads: int) -> np.ndarray | None:
     return value
 
 
+def _alibi(slopes: Any, batch: int, heads: int) -> np.ndarray | None:
+    """ALiBi slopes as float64 (batch, heads), or None."""
+    if slopes is None:
+        return None
+    value = np.asarray(slopes).astype(np.float64)
+    if value.shape not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}), got {value.shape}")
+    return np.broadcast_to(value.reshape(-1, heads), (batch, heads))
+
+
 def _default_scale(d: int, softmax_scale: float | None) -> float:
     return 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
 
@@ -92,6 +104,7 @@ def attention_reference(
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: Any = None,
+    alibi_slopes: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention in float64.
 
@@ -104,6 +117,8 @@ def attention_reference(
         softcap: > 0 caps the scores to softcap * tanh(s / softcap); 0 disables.
         sinks: None or (Hq,) attention-sink logits: row i of head h has the denominator
             sum_j exp(s_ij) + exp(sinks[h]) (not capped, no value).
+        alibi_slopes: None or (Hq,) / (B, Hq): the capped score of query i and key j gains
+            -slope * |i + Nk - Nq - j|.
 
     Returns:
         (out, lse): out float64 with q's shape; lse float64 (B, Hq, Nq) or (B, Nq) for 3-D input.
@@ -112,16 +127,17 @@ def attention_reference(
     """
     q4, k4, v4, was_3d = _as_4d(np.asarray(q), np.asarray(k), np.asarray(v))
     out, lse = _dense(q4, k4, v4, _default_scale(q4.shape[3], softmax_scale), resolve_window(causal, window),
-                      _softcap(softcap), sinks=_sinks(sinks, q4.shape[1]))
+                      _softcap(softcap), sinks=_sinks(sinks, q4.shape[1]),
+                      alibi=_alibi(alibi_slopes, q4.shape[0], q4.shape[1]))
     return (out[:, 0], lse[:, 0]) if was_3d else (out, lse)
 
 
 def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window: Window,
-           softcap: float, present: np.ndarray | None = None,
-           sinks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+           softcap: float, present: np.ndarray | None = None, sinks: np.ndarray | None = None,
+           alibi: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of 4-D q (B, Hq, Nq, d) against k, v (B, Hkv, Nk, d): (out, lse) float64.
     present: None, or (Nk,) bools, False for keys that count as masked for every row (missing pages).
-    sinks: None, or (Hq,) float64 sink logits."""
+    sinks: None, or (Hq,) float64 sink logits. alibi: None, or (B, Hq) float64 slopes."""
     b, hq, nq, d = q4.shape
     hkv, nk = k4.shape[1], k4.shape[2]
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
@@ -151,7 +167,11 @@ def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window:
             if present is not None and not present.all():
                 keep = np.broadcast_to(present, (i1 - i0, nk))
                 mask = keep if mask is None else mask & keep
-            o, l_ = _exact_block(qb, kb, vb, scale, softcap, mask, sink_block)
+            bias = None
+            if alibi is not None:  # -slope * |i + Nk - Nq - j| (masks.py's diagonal)
+                distance = np.abs((np.arange(i0, i1) + (nk - nq))[:, None] - np.arange(nk)[None, :])
+                bias = -alibi[b0:b1].reshape(b1 - b0, hkv, group, 1, 1) * distance
+            o, l_ = _exact_block(qb, kb, vb, scale, softcap, mask, sink_block, bias)
             out[b0:b1, :, i0:i1] = o.reshape(b1 - b0, hq, i1 - i0, d)
             lse[b0:b1, :, i0:i1] = l_.reshape(b1 - b0, hq, i1 - i0)
     return out, lse
@@ -159,13 +179,15 @@ def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window:
 
 def _exact_block(
     qb: np.ndarray, kb: np.ndarray, vb: np.ndarray, scale: float, softcap: float, mask: np.ndarray | None,
-    sink: np.ndarray | None = None,
+    sink: np.ndarray | None = None, bias: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Softmax attention of one chunk; qb (..., rows, d), kb/vb (..., Nk, d), mask (rows, Nk); sink: the
-    rows' sink logits broadcast as (..., 1, 1), or None."""
+    rows' sink logits broadcast as (..., 1, 1), or None; bias: added to the capped scores (ALiBi), or None."""
     s = np.matmul(qb, np.swapaxes(kb, -1, -2)) * scale  # (..., rows, Nk)
     if softcap > 0:
         s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
     visible = np.ones(s.shape[-2], dtype=bool) if mask is None else mask.any(axis=-1)
     if mask is not None:
         s = np.where(mask, s, -np.inf)
@@ -205,6 +227,7 @@ def kvcache_reference(
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: Any = None,
+    alibi_slopes: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of q against a KV cache, in float64. Never modifies k_cache / v_cache.
 
@@ -217,7 +240,8 @@ def kvcache_reference(
         block_table: (B, max_pages) int page indices (paged caches).
         k_new, v_new: (B, Hkv, Nnew, d) keys/values that follow the cache's, as if appended at
             cache_seqlens[b]; attended from a copy, the caches are left as they are.
-        causal, softmax_scale, window, softcap, sinks: as :func:`attention_reference`; the alignment is
+        causal, softmax_scale, window, softcap, sinks, alibi_slopes: as :func:`attention_reference`; the
+            alignment (and ALiBi's distance) is
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         block_table values are taken as the kernels take a device table: keys (cached or new) behind
             an entry outside [0, num_pages) count as masked (masks.page_present).
@@ -231,6 +255,7 @@ def kvcache_reference(
     win, cap = resolve_window(causal, window), _softcap(softcap)
     b, hq, nq, d = q.shape
     sink = _sinks(sinks, hq)
+    slopes = _alibi(alibi_slopes, b, hq)
     scale = _default_scale(d, softmax_scale)
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
@@ -246,7 +271,9 @@ def kvcache_reference(
         if args.paged:
             positions = np.arange(keys.shape[1])
             present = masks.page_present(args.block_table[i, positions // args.page_size], k_cache.shape[0])[lp:]
-        o, l_ = _dense(q[i : i + 1], keys[None, :, lp:], values[None, :, lp:], scale, win, cap, present, sink)
+        # (Dropping the leftpad keys moves the diagonal and every key alike: ALiBi's distances stay.)
+        o, l_ = _dense(q[i : i + 1], keys[None, :, lp:], values[None, :, lp:], scale, win, cap, present, sink,
+                       None if slopes is None else slopes[i : i + 1])
         out[i], lse[i] = o[0], l_[0]
     return out, lse
 
@@ -276,13 +303,14 @@ def varlen_reference(
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: Any = None,
+    alibi_slopes: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of a batch of sequences of different lengths, packed, in float64.
 
     q (total_q, Hq, d), k and v (total_k, Hkv, d); sequence b is rows [cu_seqlens_q[b],
     cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v (prefix sums, int).
     The mask (causal, window) is aligned bottom-right within each sequence; empty sequences are allowed;
-    softcap and sinks as :func:`attention_reference`.
+    softcap, sinks and alibi_slopes (one row per sequence) as :func:`attention_reference`.
 
     Returns:
         (out float64 (total_q, Hq, d), lse float64 (Hq, total_q)).
@@ -292,6 +320,7 @@ def varlen_reference(
     win, cap = resolve_window(causal, window), _softcap(softcap)
     total_q, hq, d = q.shape
     sink = _sinks(sinks, hq)
+    slopes = _alibi(alibi_slopes, args.batch, hq)
     scale = _default_scale(d, softmax_scale)
     out = np.zeros((total_q, hq, d), dtype=np.float64)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float64)
@@ -300,7 +329,7 @@ def varlen_reference(
         k0, k1 = int(args.cu_seqlens_k[i]), int(args.cu_seqlens_k[i + 1])
         # rows (n, H, d) -> (1, H, n, d)
         o, l_ = _dense(*(x[None].transpose(0, 2, 1, 3) for x in (q[q0:q1], k[k0:k1], v[k0:k1])), scale, win, cap,
-                       sinks=sink)
+                       sinks=sink, alibi=None if slopes is None else slopes[i : i + 1])
         out[q0:q1] = o[0].transpose(1, 0, 2)
         lse[:, q0:q1] = l_[0]
     return out, lse
@@ -344,6 +373,7 @@ def naive_same_precision(
     window: Window | tuple[int, int] | None = None,
     softcap: float = 0.0,
     sinks: Any = None,
+    alibi_slopes: Any = None,
 ) -> np.ndarray:
     """Naive attention whose intermediates are rounded to `dtype`, returned as float64.
 
@@ -368,6 +398,10 @@ def naive_same_precision(
         s = rnd(np.matmul(qs, np.swapaxes(kr, -1, -2)))  # (B, Hkv, group, Nq, Nk)
         if cap > 0:
             s = rnd(np.float32(cap) * np.tanh(s / np.float32(cap)))
+        slopes = _alibi(alibi_slopes, b, hq)
+        if slopes is not None:  # the ALiBi term in float32, the sum rounded
+            distance = np.abs((np.arange(nq) + (nk - nq))[:, None] - np.arange(nk)[None, :]).astype(np.float32)
+            s = rnd(s - slopes.astype(np.float32).reshape(b, hkv, group, 1, 1) * distance)
         mask = masks.dense_mask(nq, nk, win)
         visible = mask.any(axis=-1)[:, None]
         s = np.where(mask, s, -np.inf)

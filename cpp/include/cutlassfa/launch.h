@@ -57,16 +57,16 @@ KernelTile sm80_tile(const FwdParams& params);
 // at any head dim up to the widest of CUTLASSFA_SM90_HEAD_DIMS (zero-padded to the next listed one), and
 // fp32 inputs pre-split into fp16 hi / lo for dense (batch, heads, seqlen) tensors at a listed head dim
 // up to CUTLASSFA_TENSORCORE_FP32_MAX_HEAD_DIM (no paged cache, no varlen batch). Paged caches, varlen
-// batches, softcap, left padding and split keys run on it. The general sm_90 kernel: what neither the
-// decode kernel nor the warp-specialized one covers.
+// batches, softcap, ALiBi, left padding and split keys run on it. The general sm_90 kernel: what neither
+// the decode kernel nor the warp-specialized one covers.
 bool sm90_covers(const FwdParams& params);
 KernelTile sm90_tile(const FwdParams& params);
 cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream);
 
 // The warp-specialized Hopper kernel (sm_90a only), cpp/sm90ws/launch.cu: TMA producer warpgroup, two
-// or three consumer warpgroups. Covers one-pass calls without softcap or a KV cache: dense fp16 / bf16
-// tensors at CUTLASSFA_SM90WS_HEAD_DIMS, varlen batches at CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS, dense fp32
-// at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, any window; cpp/sm90ws/launch.h says exactly what.
+// or three consumer warpgroups. Covers one-pass calls without score terms (softcap, ALiBi) or a KV
+// cache: dense fp16 / bf16 tensors at CUTLASSFA_SM90WS_HEAD_DIMS, varlen batches at
+// CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS, dense fp32 at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, any window; cpp/sm90ws/launch.h says exactly what.
 bool sm90ws_covers(const FwdParams& params);
 KernelTile sm90ws_tile(const FwdParams& params);
 cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
@@ -76,7 +76,7 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 // kSm90DecodeRows) against a K/V cache, one CTA per (batch, K/V head, key split), fp16 / bf16 at
 // CUTLASSFA_SM90_DECODE_HEAD_DIMS; contiguous or paged caches (power-of-two page sizes) with or without
 // seqlens_k, causal or a right window bound, lse, splits. Not: varlen, left padding or a left window
-// bound, softcap, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
+// bound, softcap or ALiBi, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
 // kSm90DecodeCtasPerSm is its traits' kCtasPerSm (a static_assert in launch_decode.cu ties them).
 constexpr int kSm90DecodeRows = 32;
 constexpr int kSm90DecodeCtasPerSm = 2;

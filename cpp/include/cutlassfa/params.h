@@ -98,6 +98,13 @@ struct FwdParams {
   long long sinks_head_stride = 1;
   long long sinks_row_stride = 0;
 
+  // ALiBi (Bloom, MPT): the score of query i and key j of an entry gains -slope * |i + L - Nq - j| (L its keys:
+  // the mask's diagonal, rules.h alibi_distance) in softmax units, after softcap; slope of entry b and query
+  // head h: alibi_slopes[b * alibi_batch_stride + h], float32 on the device (batch stride 0: one per head);
+  // nullptr for none. Kernels add -(slope / softmax_scale) * distance to the raw score. Never GQA-packed.
+  const float* alibi_slopes = nullptr;
+  long long alibi_batch_stride = 0;
+
   // Split keys (Flash-Decoding): when num_splits > 1, split s of a tile attends to its share of the
   // key tiles and writes its normalized fp32 O to o_accum[s][b][h][row][d] and its lse to
   // lse_accum[s][b][h][row] (compact, seqlen_q rows); a combine kernel merges them into o and lse.
@@ -106,6 +113,10 @@ struct FwdParams {
   float* lse_accum = nullptr;
 
   DType dtype;
+
+  // Terms of a score beyond scale * q.k (softcap, ALiBi): the general kernels' steps apply them (sm80, sm90);
+  // the warp-specialized and decode kernels take no such call (their *_covers, launch.h).
+  CUTLASSFA_HOST_DEVICE bool has_score_terms() const { return softcap_pre > 0.f || alibi_slopes != nullptr; }
 };
 
 }  // namespace cutlassfa

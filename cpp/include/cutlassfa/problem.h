@@ -85,11 +85,13 @@ struct CallTensors {
   const int* leftpad_k = nullptr;
   const int* block_table = nullptr;
   long long block_table_stride = 0;
-  const float* sinks = nullptr;  // (heads_q,) float32
+  const float* sinks = nullptr;         // (heads_q,) float32
+  const float* alibi_slopes = nullptr;  // (heads_q,) or rows of alibi_batch_stride per entry, float32
+  long long alibi_batch_stride = 0;
 };
 
 // The one FwdParams builder: sizes, scale (softmax_scale_log2 is computed here and nowhere else),
-// window, softcap, sinks, lengths, pages. num_splits is left at 1: the planner sets it.
+// window, softcap, sinks, ALiBi, lengths, pages. num_splits is left at 1: the planner sets it.
 FwdParams make_params(const Problem& problem, const CallTensors& tensors);
 
 }  // namespace cutlassfa

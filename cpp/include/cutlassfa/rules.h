@@ -1,6 +1,6 @@
 // The scalar rules of attention, each written once: the lengths of a batch entry, the key range a
 // query row sees, where a key of a paged cache lives (and whether its page exists), softcap's tanh, the
-// attention sink's term.
+// attention sink's term, ALiBi's distance.
 // Every kernel family calls these (common/ for the tensor-core tiles, sm90decode/decode_kernel.h, simt/ and
 // src/append_kv.cu); python/cutlassfa/reference.py and masks.py are the other statement of the same
 // rules. The kernels keep their fast structure around them (relative mask limits, shifts for pages
@@ -61,6 +61,13 @@ CUTLASSFA_RULE int mask_row_hi(int row, int seqlen_q, int seqlen_k, int window_r
   int const diagonal = mask_diagonal(row, seqlen_q, seqlen_k);
   bool const unbounded = window_right < 0 || window_right >= seqlen_q - row;  // diagonal + right + 1 >= seqlen_k
   return unbounded ? seqlen_k : diagonal + window_right + 1;
+}
+
+// ---- ALiBi: the distance of key `key` from row `row`'s diagonal ------------------------------------------
+// A score gains -slope * |diagonal(row) - key| (params.h). As a float, exact below 2^24.
+CUTLASSFA_RULE float alibi_distance(int row, int seqlen_q, int seqlen_k, int key) {
+  int const d = mask_diagonal(row, seqlen_q, seqlen_k) - key;
+  return static_cast<float>(d < 0 ? -d : d);
 }
 
 // ---- Paged caches: key position p of an entry is row p % page_size of page table[p / page_size] ---------

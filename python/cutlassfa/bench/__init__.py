@@ -4,7 +4,7 @@ For each case (dtype, B, H, Nq, Nk, d, causal) every available cutlassfa backend
 importable, `scaled_dot_product_attention` restricted to one of its backends at a time (sdpa_flash,
 sdpa_efficient, sdpa_cudnn, sdpa_math; with --window, FlexAttention with a block mask: flex; with
 --decode and --paged, a plain read of K and V: read; FlashAttention-4 when installed: fa4; asked for, the
-same calls with attention sinks: tensorcore_sinks, fa4_sinks, ...) is timed with CUDA events: each contender's first call alone,
+same calls with attention sinks or ALiBi: tensorcore_sinks, fa4_sinks, tensorcore_alibi, ...) is timed with CUDA events: each contender's first call alone,
 warm-up rounds, then `--repeats` (default 20) rounds in which every contender makes one call in turn;
 a row's time is the median of its rounds. Inputs are rotated among copies when they would sit in L2.
 
@@ -40,20 +40,22 @@ from .measure import Row, Settings, apply_peaks, apply_twins, bench_case, measur
 from .samples import output_sample, reference_sample
 from .rules import (CPU_MAX_FLOPS, L2_FACTOR, MAX_COPIES, PEAKS, accuracy_bound, peak_of, rotation_copies,
                     skip_reason, tflops)
-from .runners import (ALL_BACKENDS, ANCHORS, DENSE, FA4, FLEX, OUR_BACKENDS, OWN, READ, SDPA_BACKENDS, SINKS, Runner,
-                      fa4, flex, make_runners, ours, read, sdpa, select_backends, sink_values)
+from .runners import (ALIBI, ALL_BACKENDS, ANCHORS, DENSE, FA4, FLEX, OUR_BACKENDS, OWN, READ, SDPA_BACKENDS, SINKS,
+                      TERMS, Runner, fa4, flex, make_runners, ours, read, sdpa, select_backends, sink_values,
+                      split_term, term_values)
 from .timing import CudaPythonEventTimer, TorchEventTimer, TorchGraphTimer, WallTimer, median, round_robin
 from .._inputs import DTYPES
 
-__all__ = ["ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEventTimer", "CupyFrame", "DECODE_MAX_KV_BYTES",
+__all__ = ["ALIBI", "ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEventTimer", "CupyFrame", "DECODE_MAX_KV_BYTES",
            "DENSE", "DTYPES", "FA4", "FLEX", "Feed", "Frame", "HW4_SHAPES", "L2_FACTOR", "LLM_HEAD_DIMS", "LLM_SHAPES",
            "MAX_COPIES", "OUR_BACKENDS", "OWN", "PAGE_SIZES", "PEAKS", "READ", "Row", "Runner", "SDPA_BACKENDS",
-           "SINKS", "Settings", "TorchEventTimer", "TorchFrame", "TorchGraphTimer", "VARLEN_MIXES", "WallTimer",
+           "SINKS", "Settings", "TERMS", "TorchEventTimer", "TorchFrame", "TorchGraphTimer", "VARLEN_MIXES", "WallTimer",
            "accuracy_bound", "add_arguments", "apply_peaks", "apply_twins", "attention_bytes", "attention_flops",
            "bench_case", "case_bytes", "case_flops", "decode_grid", "decode_quick_grid", "default_grid",
            "dense_at_mean", "fa4", "flex", "gather_pages", "kvcache_case", "main", "make_feed", "make_runners",
            "measure_peaks", "median", "ours", "output_sample", "paged_cases", "paged_grid", "paged_quick_grid",
            "parse_cases", "parse_shape", "parse_window", "peak_of", "pick_frame", "quick_grid", "read", "reference_sample",
-           "rotation_copies", "round_robin", "run", "sdpa", "select_backends", "select_cases", "sink_values", "skip_reason",
+           "rotation_copies", "round_robin", "run", "sdpa", "select_backends", "select_cases", "sink_values",
+           "skip_reason", "split_term", "term_values",
            "split_sequences", "tflops", "twin_of", "varlen_case", "varlen_flops", "varlen_grid", "visible_pairs",
            "with_dense"]

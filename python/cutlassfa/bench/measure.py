@@ -20,7 +20,7 @@ from .frames import Frame
 from .grid import twin_of
 from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, accuracy_bound, peak_of,
                     rotation_copies, skip_reason, tflops)
-from .runners import ANCHORS, DENSE, READ, Runner, sink_values
+from .runners import ANCHORS, DENSE, READ, Runner, term_values
 from .samples import output_sample, reference_sample
 from .timing import ContenderFailed, Timer, median
 
@@ -115,7 +115,7 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
     gpu_feeds: list[Feed] = []
     host: Feed | None = None
     ref: np.ndarray | None = None
-    ref_sinks: np.ndarray | None = None  # the sink rows' reference
+    term_refs: dict[str, np.ndarray] = {}  # the score-term rows' references, by term
     try:
         base = make_feed(case, frame, settings.seed)
         if frame.on_gpu and any(r.on_gpu for r in todo):
@@ -126,8 +126,9 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
         if settings.accuracy and any(r.attention for r in todo):
             sample = host or base
             ref = reference_sample(case, *sample.own[:3], sample.index)
-            if any(r.sinks for r in todo):
-                ref_sinks = reference_sample(case, *sample.own[:3], sample.index, sinks=sink_values(case))
+            for term in {r.term for r in todo if r.term is not None}:
+                term_refs[term] = reference_sample(case, *sample.own[:3], sample.index,
+                                                   **{term: term_values(case, term)})
     except Exception as error:  # noqa: BLE001 - inputs that do not fit are reported per row
         status, note = ("skipped", "out of memory for the inputs") if _is_oom(error) else \
             ("unsupported", first_line(error))
@@ -144,8 +145,8 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
     live = []
     for r in todo:
         progress(r.name)
-        call = _first_call(rows[r.name], r, inputs_of[r.name], timer_for(r), settings, ref_sinks if r.sinks else ref,
-                           base.index)
+        call = _first_call(rows[r.name], r, inputs_of[r.name], timer_for(r), settings,
+                           term_refs.get(r.term) if r.term is not None else ref, base.index)
         if call is not None:
             live.append((r, call))
     groups: dict[int, list[tuple[Runner, Callable]]] = {}

@@ -9,7 +9,7 @@ import math
 from .._inputs import Case
 from ..check.bounds import GATE_REL_L2, rel_l2_limit
 from .flops import case_flops, case_scores
-from .runners import ANCHORS, READ, SINKS
+from .runners import ANCHORS, READ, split_term
 
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 5
@@ -48,7 +48,7 @@ PEAKS = {
 
 def peak_of(backend: str, dtype: str) -> str | None:
     """Name of the peak (a key of PEAKS) that `backend` on `dtype` is compared with."""
-    backend = backend.removesuffix(SINKS)  # a sink row: its backend's
+    backend = split_term(backend)[0]  # a score-term row: its backend's
     if backend in ("cpu", READ):
         return None
     if dtype == "float16":
@@ -68,7 +68,7 @@ def accuracy_bound(backend: str, dtype: str) -> float:
     """The rel-L2 a row's output must stay within: the gate's bound for our backends (and any other
     name), the 2 % gate for the anchors (SDPA, flex: not ours to bound tighter, but a wrong call of one,
     such as a top-left causal mask, is far outside it)."""
-    return GATE_REL_L2 if backend in ANCHORS else rel_l2_limit(backend.removesuffix(SINKS), dtype)
+    return GATE_REL_L2 if backend in ANCHORS else rel_l2_limit(split_term(backend)[0], dtype)
 
 
 def skip_reason(backend: str, case: Case, *, free_bytes: int | None, max_call_s: float,
@@ -76,7 +76,7 @@ def skip_reason(backend: str, case: Case, *, free_bytes: int | None, max_call_s:
     """Why `backend` should not be run on `case`, before any call; None to run it.
 
     `rate_tflops` is the rate measured earlier in this run for (backend, dtype), if any."""
-    backend = backend.removesuffix(SINKS)  # a sink row: its backend's limits
+    backend = split_term(backend)[0]  # a score-term row: its backend's limits
     flops = case_flops(case)
     if backend == "cpu" and flops > CPU_MAX_FLOPS:
         return f"{flops / 1e9:.3g} GFLOP > {CPU_MAX_FLOPS / 1e9:g} GFLOP limit of the numpy backend"

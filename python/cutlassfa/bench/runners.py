@@ -3,8 +3,9 @@
 sliding windows (which no SDPA backend skips: a dense mask computes all N^2 pairs) FlexAttention with a
 block mask (`flex`); FlashAttention-4 (`fa4`, flash_attn.cute, when installed). `read` is no attention: a
 plain read of K and V, the same-run bandwidth ceiling of decode. Rows named `<row>_sinks` (tensorcore_sinks,
-fa4_sinks, ...) make the same call with attention sinks (`sink_values`, one per query head, on the device),
-so that a sink's cost is timed interleaved with the plain call and the peers' sinks.
+fa4_sinks, ...) make the same call with attention sinks, `<row>_alibi` with ALiBi slopes (`term_values`, one
+per query head, on the device), so that a score term's cost is timed interleaved with the plain call and
+the peers'.
 
 Ours and read are fed the case's own arrays (feeds.py): a paged case's page pools with cache_seqlens and
 block_table, a varlen batch's packed arrays with cu_seqlens_q and cu_seqlens_k. The anchors are fed the
@@ -34,10 +35,20 @@ SDPA_BACKENDS = {
 }
 FLEX = "flex"  # torch.nn.attention.flex_attention, compiled, with a block mask of the case's mask
 FA4 = "fa4"  # FlashAttention-4's flash_attn.cute.flash_attn_func ((B, N, H, d) views of the dense arrays)
-SINKS = "_sinks"  # suffix of a row that adds attention sinks (ours and fa4)
+SINKS, ALIBI = "_sinks", "_alibi"  # suffixes of rows that add attention sinks (ours, fa4) / ALiBi (ours)
+TERMS = {SINKS: "sinks", ALIBI: "alibi_slopes"}  # row suffix -> forward's argument
 ANCHORS = tuple(SDPA_BACKENDS) + (FLEX, FA4, FA4 + SINKS)
 READ = "read"  # no attention: K and V streamed once by torch sums, the bandwidth ceiling of a decode row
-ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,) + tuple(name + SINKS for name in OUR_BACKENDS)
+ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,) + tuple(name + suffix for suffix in TERMS for name in OUR_BACKENDS)
+
+
+def split_term(name: str) -> tuple[str, str | None]:
+    """A row name as (backend, forward argument of its score term or None): "tensorcore_alibi" ->
+    ("tensorcore", "alibi_slopes")."""
+    for suffix, term in TERMS.items():
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), term
+    return name, None
 
 
 OWN, DENSE = "own", "dense"  # what a runner is fed: the case's own arrays, or their dense equivalent
@@ -48,7 +59,8 @@ class Runner:
     """`prepare(case)` returns call(q, k, v, *index arrays) -> out (`feed` OWN) or call(q, k, v) on the
     dense equivalent (`feed` DENSE); calls run inside `context()`. `on_gpu`: fed the frame's GPU arrays
     (else host numpy arrays). `attention`: its out is attention's, to be checked against the reference
-    (not so for `read`). `sinks`: the call adds `sink_values(case)` (checked against that reference)."""
+    (not so for `read`). `term`: the forward argument the call adds, term_values(case, term) (checked
+    against the reference with it), or None."""
 
     name: str
     prepare: Callable[[Case], Callable[..., Any]]
@@ -56,7 +68,7 @@ class Runner:
     context: Callable[[], ContextManager] = contextlib.nullcontext
     attention: bool = True
     feed: str = OWN
-    sinks: bool = False
+    term: str | None = None
 
 
 def sink_values(case: Case) -> np.ndarray:
@@ -67,9 +79,16 @@ def sink_values(case: Case) -> np.ndarray:
     return values
 
 
-def _device_sinks(case: Case, like: Any) -> Any:
-    """sink_values(case) on `like`'s device and framework (made once per prepare, outside the timing)."""
-    values = sink_values(case)
+def term_values(case: Case, term: str) -> np.ndarray:
+    """(H,) float32 values of a row's score term: the sinks, or ALiBi slopes as Bloom's (2^-8/H .. 2^-8)."""
+    if term == "sinks":
+        return sink_values(case)
+    return (2.0 ** (-8.0 * np.arange(1, case.H + 1) / case.H)).astype(np.float32)
+
+
+def _device_values(case: Case, term: str, like: Any) -> Any:
+    """term_values on `like`'s device and framework (made once per prepare, outside the timing)."""
+    values = term_values(case, term)
     if type(like).__module__.startswith("torch"):
         import torch
 
@@ -82,21 +101,21 @@ def _device_sinks(case: Case, like: Any) -> Any:
     return values
 
 
-def ours(name: str, sinks: bool = False) -> Runner:
+def ours(name: str, term: str | None = None) -> Runner:
     def prepare(case: Case) -> Callable[..., Any]:
         call = plain(case)
-        if not sinks:
+        if term is None:
             return call
         if kind_of(case) != "dense":
-            raise Unsupported("the sink rows run dense cases (prefill and decode grids)")
+            raise Unsupported("the score-term rows run dense cases (prefill and decode grids)")
         held: list[Any] = []
 
-        def with_sinks(q: Any, k: Any, v: Any) -> Any:
+        def with_term(q: Any, k: Any, v: Any) -> Any:
             if not held:
-                held.append(_device_sinks(case, q))
-            return call(q, k, v, sinks=held[0])
+                held.append(_device_values(case, term, q))
+            return call(q, k, v, **{term: held[0]})
 
-        return with_sinks
+        return with_term
 
     def plain(case: Case) -> Callable[..., Any]:
         import cutlassfa
@@ -117,7 +136,8 @@ def ours(name: str, sinks: bool = False) -> Runner:
         return lambda q, k, v, **kw: cutlassfa.forward(q, k, v, causal=case.causal, window=case.window, backend=name,
                                                       **kw)
 
-    return Runner(name + SINKS if sinks else name, prepare, on_gpu=name != "cpu", sinks=sinks)
+    suffix = {value: key for key, value in TERMS.items()}.get(term, "")
+    return Runner(name + suffix, prepare, on_gpu=name != "cpu", term=term)
 
 
 def fa4(sinks: bool = False) -> Runner:
@@ -135,7 +155,7 @@ def fa4(sinks: bool = False) -> Runner:
 
         def call(q: Any, k: Any, v: Any) -> Any:
             if sinks and not held:
-                held.append(_device_sinks(case, q))
+                held.append(_device_values(case, "sinks", q))
             out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=case.causal,
                                   window_size=window, learnable_sink=held[0] if sinks else None)
             out = out[0] if isinstance(out, tuple) else out
@@ -143,7 +163,7 @@ def fa4(sinks: bool = False) -> Runner:
 
         return call
 
-    return Runner(FA4 + SINKS if sinks else FA4, prepare, on_gpu=True, feed=DENSE, sinks=sinks)
+    return Runner(FA4 + SINKS if sinks else FA4, prepare, on_gpu=True, feed=DENSE, term="sinks" if sinks else None)
 
 
 def sdpa(name: str) -> Runner:
@@ -290,14 +310,14 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
                 runners.append(sdpa(name))
             except (ImportError, Unsupported) as error:
                 unavailable[name] = str(error)
-        elif name.removesuffix(SINKS) in statuses:
-            backend = name.removesuffix(SINKS)
+        elif split_term(name)[0] in statuses:
+            backend, term = split_term(name)
             if not statuses[backend].available:
                 unavailable[name] = statuses[backend].reason
             elif backend != "cpu" and not frame.on_gpu:
                 unavailable[name] = "needs PyTorch or CuPy for device arrays"
             else:
-                runners.append(ours(backend, sinks=name.endswith(SINKS)))
+                runners.append(ours(backend, term))
         else:
             unavailable[name] = "unknown backend"
     return runners, unavailable
@@ -310,7 +330,7 @@ def select_backends(requested: Sequence[str] | None, *, window: bool = False, de
     compute-bound prefill)."""
     if not requested:
         return [name for name in ALL_BACKENDS
-                if (name != FLEX or window) and (name != READ or decode) and not name.endswith(SINKS)]
+                if (name != FLEX or window) and (name != READ or decode) and split_term(name)[1] is None]
     names: list[str] = []
     for name in requested:
         names += list(SDPA_BACKENDS) if name == "sdpa" else [name]

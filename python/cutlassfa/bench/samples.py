@@ -42,10 +42,10 @@ def _ref_rows(nq: int, nk: int) -> int:
 
 
 def reference_sample(case: Case, q: Any, k: Any, v: Any, index: dict[str, np.ndarray] | None = None,
-                     sinks: np.ndarray | None = None) -> np.ndarray:
+                     sinks: np.ndarray | None = None, alibi_slopes: np.ndarray | None = None) -> np.ndarray:
     """float64 reference of the sampled slices, concatenated. q, k, v: the case's own arrays (page pools
     for a paged case, packed arrays for a varlen batch); `index`: the host values of its index arrays;
-    `sinks`: (H,) attention-sink logits (the sink rows of a dense case), or None."""
+    `sinks`, `alibi_slopes`: (H,) values of the score-term rows of a dense case, or None."""
     from cutlassfa import reference
 
     kind, group = kind_of(case), case.H // case.Hk
@@ -74,7 +74,8 @@ def reference_sample(case: Case, q: Any, k: Any, v: Any, index: dict[str, np.nda
             qs = to_numpy64(q[b, h, nq - rows:])[None, None]
             ks, vs = (to_numpy64(x[b, hk])[None, None] for x in (k, v))
             out, _ = reference.attention_reference(qs, ks, vs, causal=case.causal, window=case.window,
-                                                   sinks=None if sinks is None else sinks[h:h + 1])
+                                                   sinks=None if sinks is None else sinks[h:h + 1],
+                                                   alibi_slopes=None if alibi_slopes is None else alibi_slopes[h:h + 1])
         parts.append(out.ravel())
     return np.concatenate(parts)
 

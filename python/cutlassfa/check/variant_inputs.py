@@ -39,9 +39,9 @@ class VariantInputs:
 
 
 def _mask_options(case: Case, rng: np.random.Generator) -> dict[str, Any]:
-    """What the reference, the yardstick and forward all take: window, softcap, and the sinks (float32
-    rounded to the case's dtype: forward gets them in that dtype, on the arrays' device). One head has
-    no sink (-inf); the others lie around the scores' scale, so that they change every row."""
+    """What the reference, the yardstick and forward all take: window, softcap, and the sinks and ALiBi
+    slopes (float32 rounded to the case's dtype: forward gets them in that dtype, on the arrays' device).
+    One head has no sink (-inf); the others lie around the scores' scale, so that they change every row."""
     v = case.variant
     options: dict[str, Any] = {}
     if v.window is not None:
@@ -52,13 +52,24 @@ def _mask_options(case: Case, rng: np.random.Generator) -> dict[str, Any]:
         sinks = rng.normal(1.0, 2.0, case.H)
         sinks[0] = -np.inf
         options["sinks"] = round_to(sinks, case.dtype)
+    if v.alibi:  # per entry and head, as Bloom's geometric slopes (1/2 .. 1/256) times a random factor
+        batch = len(v.cache_seqlens or v.seqlens_q) or case.B
+        slopes = 2.0 ** -np.linspace(1, 8, case.H)[None, :] * rng.uniform(0.5, 1.5, (batch, 1))
+        options["alibi_slopes"] = round_to(slopes, case.dtype)
     return options
 
 
+def _entry(masking: dict[str, Any], i: int) -> dict[str, Any]:
+    """The mask options of entry i alone (its row of the ALiBi slopes)."""
+    if "alibi_slopes" not in masking:
+        return masking
+    return {**masking, "alibi_slopes": masking["alibi_slopes"][i:i + 1]}
+
+
 def _forward_options(masking: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The mask options split into forward's scalar options and its float arrays (the sinks)."""
+    """The mask options split into forward's scalar options and its float arrays (sinks, ALiBi slopes)."""
     options = dict(masking)
-    arrays = {"sinks": options.pop("sinks")} if "sinks" in options else {}
+    arrays = {name: options.pop(name) for name in ("sinks", "alibi_slopes") if name in options}
     return options, arrays
 
 
@@ -125,7 +136,7 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     naive = None
     if half is not None:
         naive = np.concatenate([reference.naive_same_precision(q[i:i + 1], keys[i][None, :, lp:], values[i][None, :, lp:],
-                                                               half, causal=case.causal, **masking)
+                                                               half, causal=case.causal, **_entry(masking, i))
                                 for i, lp in enumerate(leftpad)])
     options, sink_array = _forward_options(masking)
     if var.num_splits is not None:
@@ -147,9 +158,9 @@ def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     if half is not None:
         naive = np.zeros(q.shape, np.float64)
         heads_first = lambda x: x.transpose(1, 0, 2)[None]  # noqa: E731 - (n, H, d) -> (1, H, n, d)
-        for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]):
+        for i, (q0, q1, k0, k1) in enumerate(zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])):
             o = reference.naive_same_precision(heads_first(q[q0:q1]), heads_first(k[k0:k1]), heads_first(v[k0:k1]),
-                                               half, causal=case.causal, **masking)
+                                               half, causal=case.causal, **_entry(masking, i))
             naive[q0:q1] = o[0].transpose(1, 0, 2)
     options, arrays = _forward_options(masking)
     options.update(max_seqlen_q=max(var.seqlens_q), max_seqlen_k=max(var.seqlens_k))

@@ -1,5 +1,5 @@
-"""The gate's variant cases: sliding windows, softcap, attention sinks, zero-padded head dims, KV caches
-and varlen.
+"""The gate's variant cases: sliding windows, softcap, attention sinks, ALiBi, zero-padded head dims, KV
+caches and varlen.
 
 Each SPEC is one variant mode (what `cutlassfa.supports` is asked with) and its causal flag, with a few
 shapes. The full matrix takes every spec for each dtype x head dim of `variant_head_dims()`, its
@@ -44,6 +44,9 @@ _DENSE = (
     Spec(Variant("sinks", sinks=True), True, ((4, 1, 257, 257), (4, 4, 77, 257))),
     Spec(Variant("sinks-softcap-window", window=(64, 16), softcap=3.0, sinks=True), False,
          ((4, 2, 257, 128), (4, 4, 77, 77))),
+    Spec(Variant("alibi", alibi=True), True, ((4, 1, 257, 257), (4, 4, 77, 257))),
+    Spec(Variant("alibi-softcap-sinks", window=(64, 16), softcap=3.0, sinks=True, alibi=True), False,
+         ((4, 2, 257, 128), (4, 4, 128, 77))),
 )
 # KV caches: ragged lengths (one entry empty), page size 7 (divides none of the lengths), appended keys,
 # left padding, and keys split 4 ways (decode: one query against ~1000 keys).
@@ -61,6 +64,8 @@ _KVCACHE = (
          ((4, 1, 4), (4, 4, 1))),
     Spec(Variant("kvcache-splits-sinks", "kvcache", cache_seqlens=(1000, 0), num_splits=4, sinks=True), False,
          ((4, 1, 1), (4, 2, 4))),
+    Spec(Variant("kvcache-alibi", "kvcache", cache_seqlens=(120, 40, 257), cache_leftpad=(0, 17, 200), page_size=7,
+                 n_new=2, num_splits=3, alibi=True), True, ((4, 2, 2), (4, 4, 1))),
 )
 # varlen: ragged lengths, one sequence without queries, one without keys (its rows see nothing), one
 # with more queries than keys (causal: its first rows see nothing), one of length 1.
@@ -70,6 +75,8 @@ _VARLEN = (
     Spec(Variant("varlen-causal", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K), True, ((4, 1), (4, 2))),
     Spec(Variant("varlen-sinks", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K, sinks=True), True,
          ((4, 2), (4, 4))),
+    Spec(Variant("varlen-alibi", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K, alibi=True), True,
+         ((4, 2), (4, 1))),
 )
 SPECS = _DENSE + _KVCACHE + _VARLEN
 

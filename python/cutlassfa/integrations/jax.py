@@ -32,6 +32,7 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
                "implemented (jax.grad / jax.jvp / jax.vjp). Use jax.nn.dot_product_attention for training")
 _TENSORCORE = ("tensorcore", "tensorcore_sm80")
 _CUDA_CORE_FALLBACK = ("large_tile", "small_tile")  # what `auto` takes when tensorcore cannot
+_ARRAY_MODES = ("sinks", "alibi_slopes")  # forward's array arguments beside q, k, v: operands of the call
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class _Call:
     cuda_backend: str  # run when lowered for CUDA
     ffi_backend: int | None  # cuda_backend as _C.Backend, for the FFI custom call; None: a host callback
     modes: tuple[tuple[str, Any], ...] = ()  # further keyword arguments of cutlassfa.forward
-    sinks: bool = False  # an operand after q, k, v: the (Hq,) sinks
+    arrays: tuple[tuple[str, int], ...] = ()  # array arguments after q, k, v: (name, ndim), in order
 
 
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
@@ -56,9 +57,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    sinks = modes.pop("sinks", None)
-    operands = () if sinks is None else (jnp.asarray(sinks),)
-    call = _plan(q, k, v, causal, softmax_scale, backend, modes, *operands)
+    arrays = {name: jnp.asarray(modes.pop(name)) for name in _ARRAY_MODES if modes.get(name) is not None}
+    operands = tuple(arrays.values())
+    call = _plan(q, k, v, causal, softmax_scale, backend, modes, arrays)
     if q.ndim == 3:  # (B, N, d): one head
         result, lse = _attention(call, q[:, None], k[:, None], v[:, None], *operands)
         result, lse = result[:, 0], lse[:, 0]
@@ -72,7 +73,7 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
 # --------------------------------------------------------------------------------------------------
 
 def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any, modes: dict,
-          sinks: Any = None) -> _Call:
+          arrays: dict | None = None) -> _Call:
     for key, value in modes.items():
         if key not in _forward_keywords():
             raise TypeError(f"forward() got an unexpected keyword argument {key!r}")
@@ -81,21 +82,21 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     # The extension's validator judges the traced call on stand-ins of its arrays (the same checks and
     # messages as an eager call).
     name = cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
-                                   backend=backend, sinks=stand_in(sinks), **modes)
-    has_sinks = sinks is not None
+                                   backend=backend, **{name: stand_in(a) for name, a in (arrays or {}).items()}, **modes)
+    operands = tuple((name, a.ndim) for name, a in (arrays or {}).items())
     scale = _scale(softmax_scale, q.shape[-1])
     frozen_modes = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
                                 for key, value in modes.items()))
     if name == "cpu":
-        return _Call(bool(causal), scale, "cpu", "cpu", None, frozen_modes, has_sinks)
+        return _Call(bool(causal), scale, "cpu", "cpu", None, frozen_modes, operands)
     cpu_backend = "cpu" if backend == "auto" else name  # auto on JAX's CPU: compute on the CPU
     cuda_backend = _device_backend(name, backend, scale)
     ffi_backend = None
-    if not frozen_modes and not has_sinks and ffi_registered():  # the FFI handler takes the core arguments only
+    if not frozen_modes and not operands and ffi_registered():  # the FFI handler takes the core arguments only
         from cutlassfa import _C
 
         ffi_backend = getattr(_C.Backend, cuda_backend).value
-    return _Call(bool(causal), scale, cpu_backend, cuda_backend, ffi_backend, frozen_modes, has_sinks)
+    return _Call(bool(causal), scale, cpu_backend, cuda_backend, ffi_backend, frozen_modes, operands)
 
 
 def _scale(softmax_scale: Any, head_dim: int) -> float:
@@ -147,8 +148,9 @@ def ffi_registered() -> bool:
 # --------------------------------------------------------------------------------------------------
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _attention(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array, *sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return _attention_jit(call, q, k, v, *sinks)
+def _attention(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array,
+               *arrays: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return _attention_jit(call, q, k, v, *arrays)
 
 
 @_attention.defjvp
@@ -157,19 +159,20 @@ def _no_derivative(call: _Call, primals: tuple, tangents: tuple) -> tuple:
 
 
 def _attention_impl(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array,
-                    *sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(out, lse) of 4-D q, k, v (and the (Hq,) sinks when the call has them); any axes in front of
+                    *arrays: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(out, lse) of 4-D q, k, v (and the call's array arguments, call.arrays); any axes in front of
     (H, N, d) (vmap's) fold into the batch."""
     lse_shape = q.shape[:-1]
     if 0 in q.shape[:-1] or k.shape[-2] == 0:  # nothing to compute, or rows that see no key
         lse = jnp.full(lse_shape, -jnp.inf, jnp.float32)
-        if sinks:  # a row that sees no key: lse = its head's sink
-            lse = jnp.broadcast_to(sinks[0].astype(jnp.float32)[..., None], lse_shape)
+        sinks = dict(zip((name for name, _ in call.arrays), arrays)).get("sinks")
+        if sinks is not None:  # a row that sees no key: lse = its head's sink
+            lse = jnp.broadcast_to(sinks.astype(jnp.float32)[..., None], lse_shape)
         return jnp.zeros(q.shape, q.dtype), lse
     on_cpu = functools.partial(_on_host, call, call.cpu_backend)
     on_cuda = functools.partial(_on_device, call) if call.ffi_backend is not None else \
         functools.partial(_on_host, call, call.cuda_backend)
-    return jax.lax.platform_dependent(q, k, v, *sinks, cuda=on_cuda, default=on_cpu)
+    return jax.lax.platform_dependent(q, k, v, *arrays, cuda=on_cuda, default=on_cpu)
 
 
 _attention_jit = jax.jit(_attention_impl, static_argnums=0)
@@ -186,27 +189,28 @@ def _on_device(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[j
 
 
 def _on_host(call: _Call, backend: str, q: jax.Array, k: jax.Array, v: jax.Array,
-             *sinks: jax.Array) -> tuple[jax.Array, jax.Array]:
+             *arrays: jax.Array) -> tuple[jax.Array, jax.Array]:
     callback = functools.partial(_host_forward, call, backend)
-    return jax.pure_callback(callback, _result_types(q), q, k, v, *sinks, vmap_method="broadcast_all")
+    return jax.pure_callback(callback, _result_types(q), q, k, v, *arrays, vmap_method="broadcast_all")
 
 
 def _host_forward(call: _Call, backend: str, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                  *sinks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The host callback: numpy in, numpy out, leading axes folded into the batch. Sinks are per vmapped
-    element (broadcast_all gives them the leading axes too): one call per element then."""
+                  *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The host callback: numpy in, numpy out, leading axes folded into the batch. The array arguments
+    are per vmapped element (broadcast_all gives them the leading axes too): one call per element then."""
     q4, k4, v4 = (np.asarray(x).reshape((-1,) + x.shape[-3:]) for x in (q, k, v))
-    sinks = tuple(np.asarray(x) for x in sinks)
+    arrays = tuple(np.asarray(x) for x in arrays)
     keywords = dict(causal=call.causal, softmax_scale=call.softmax_scale, backend=backend, return_lse=True,
                     **dict(call.modes))
-    if not sinks or sinks[0].ndim == 1:
-        out, lse = cutlassfa.forward(q4, k4, v4, **keywords, **({"sinks": sinks[0]} if sinks else {}))
+    names = [name for name, _ in call.arrays]
+    if all(a.ndim == ndim for a, (_, ndim) in zip(arrays, call.arrays)):
+        out, lse = cutlassfa.forward(q4, k4, v4, **keywords, **dict(zip(names, arrays)))
         return out.reshape(q.shape), lse.reshape(q.shape[:-1])
-    heads = sinks[0].shape[-1]
-    per_element = sinks[0].reshape(-1, heads)
-    shape4 = (per_element.shape[0], -1) + q.shape[-3:]
-    results = [cutlassfa.forward(qe, ke, ve, sinks=se, **keywords)
-               for qe, ke, ve, se in zip(q4.reshape(shape4), k4.reshape(shape4[:2] + k.shape[-3:]),
-                                         v4.reshape(shape4[:2] + v.shape[-3:]), per_element)]
+    lead = arrays[0].shape[:arrays[0].ndim - call.arrays[0][1]]
+    elements = int(np.prod(lead))
+    per_element = [a.reshape((elements,) + a.shape[a.ndim - ndim:]) for a, (_, ndim) in zip(arrays, call.arrays)]
+    qs, ks, vs = (x4.reshape((elements, -1) + x.shape[-3:]) for x4, x in ((q4, q), (k4, k), (v4, v)))
+    results = [cutlassfa.forward(qs[e], ks[e], vs[e], **keywords, **dict(zip(names, (a[e] for a in per_element))))
+               for e in range(elements)]
     return (np.stack([o for o, _ in results]).reshape(q.shape),
             np.stack([lse for _, lse in results]).reshape(q.shape[:-1]))

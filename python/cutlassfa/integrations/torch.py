@@ -35,11 +35,12 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
 # batches and KV-cache appends (k_new / v_new write into the cache, a mutation the schema would have to
 # declare) are not operators yet: they run eagerly only.
 _MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None,
-                                   "block_table": None, "num_splits": None, "sinks": None}
+                                   "block_table": None, "num_splits": None, "sinks": None, "alibi_slopes": None}
 _FORWARD_SCHEMA = (
     "forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, str backend='auto', "
     "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None, "
-    "Tensor? block_table=None, int? num_splits=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)"
+    "Tensor? block_table=None, int? num_splits=None, Tensor? sinks=None, Tensor? alibi_slopes=None) -> "
+    "(Tensor out, Tensor lse)"
 )
 # The backward of `forward`: an operator that raises when it runs, so that tracing a training graph
 # (torch.compile traces the backward ahead of time) still works and only running the backward fails.
@@ -163,10 +164,11 @@ def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
                   softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
                   cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                  num_splits: int | None = None, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  num_splits: int | None = None, sinks: torch.Tensor | None = None,
+                  alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     given = {"window": None if window is None else tuple(window), "softcap": softcap,
              "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad, "block_table": block_table,
-             "num_splits": num_splits, "sinks": sinks}
+             "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes}
     modes = {name: value for name, value in given.items() if not _is_default(name, value)}
     _state.inside_op = True
     try:
@@ -185,12 +187,13 @@ def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
                   softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
                   cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                  num_splits: int | None = None, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  num_splits: int | None = None, sinks: torch.Tensor | None = None,
+                  alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes of the results (out like q, compact; lse float32 q.shape[:-1]). The extension's
     validator judges the call on stand-ins of the fake tensors' shapes and dtypes (index values read as
     zeros), so that a traced call fails where it is written, with the eager call's messages."""
     given = {"window": window, "softcap": softcap, "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad,
-             "block_table": block_table, "num_splits": num_splits, "sinks": sinks}
+             "block_table": block_table, "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes}
     options = {name: stand_in(value) for name, value in given.items() if not _is_default(name, value)}
     cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
                              backend=backend, **options)

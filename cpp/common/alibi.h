@@ -1,0 +1,31 @@
+// ALiBi (params.h) in the tile kernels' steps: every score of the tile gains -slope * |diagonal(row) - key|
+// (rules.h alibi_distance) in softmax units, i.e. -(slope / softmax_scale) * distance in the raw units the
+// kernels exponentiate, after softcap and before the mask's -inf. A general kernel's step (score terms).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "cutlassfa/params.h"
+#include "cutlassfa/rules.h"
+
+namespace cutlassfa {
+
+// The slope of (entry `batch`, query head `head`) in raw score units: slope / softmax_scale (0: no ALiBi).
+__forceinline__ __device__ float alibi_slope_raw(FwdParams const& params, int batch, int head) {
+  if (params.alibi_slopes == nullptr) return 0.f;
+  return params.alibi_slopes[batch * params.alibi_batch_stride + head] / params.softmax_scale;
+}
+
+// acc_s and tScS share a layout; tScS holds each element's (row, key) within the tile, whose first query
+// row is row0 and first key key0 within the entry of seqlen_q queries and seqlen_k keys.
+template <class TensorS, class TensorC>
+__forceinline__ __device__ void apply_alibi(TensorS& acc_s, TensorC const& tScS, float slope_raw, int row0, int key0,
+                                            int seqlen_q, int seqlen_k) {
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(acc_s); ++i) {
+    int const row = row0 + cute::get<0>(tScS(i)), key = key0 + cute::get<1>(tScS(i));
+    acc_s(i) -= slope_raw * rules::alibi_distance(row, seqlen_q, seqlen_k, key);
+  }
+}
+
+}  // namespace cutlassfa
