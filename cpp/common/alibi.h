@@ -17,14 +17,19 @@ __forceinline__ __device__ float alibi_slope_raw(FwdParams const& params, int ba
 }
 
 // acc_s and tScS share a layout; tScS holds each element's (row, key) within the tile, whose first query
-// row is row0 and first key key0 within the entry of seqlen_q queries and seqlen_k keys.
+// row is row0 and first key key0 within the entry of seqlen_q queries and seqlen_k keys. The distance of
+// element i is this thread's first element's plus a compile-time offset (the coordinates' differences
+// fold), in float: one FADD and one FFMA with |.| a score (mask.h's apply_range does the same for limits).
 template <class TensorS, class TensorC>
 __forceinline__ __device__ void apply_alibi(TensorS& acc_s, TensorC const& tScS, float slope_raw, int row0, int key0,
                                             int seqlen_q, int seqlen_k) {
+  int const r0 = cute::get<0>(tScS(0)), c0 = cute::get<1>(tScS(0));
+  // diagonal(row0 + r0) - (key0 + c0): signed; alibi_distance is its absolute value (rules.h).
+  float const first = static_cast<float>(rules::mask_diagonal(row0 + r0, seqlen_q, seqlen_k) - (key0 + c0));
   CUTE_UNROLL
   for (int i = 0; i < cute::size(acc_s); ++i) {
-    int const row = row0 + cute::get<0>(tScS(i)), key = key0 + cute::get<1>(tScS(i));
-    acc_s(i) -= slope_raw * rules::alibi_distance(row, seqlen_q, seqlen_k, key);
+    int const offset = (cute::get<0>(tScS(i)) - r0) - (cute::get<1>(tScS(i)) - c0);
+    acc_s(i) -= slope_raw * fabsf(first + static_cast<float>(offset));
   }
 }
 
