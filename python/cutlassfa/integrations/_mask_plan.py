@@ -65,6 +65,7 @@ class Plan:
     key_end: torch.Tensor | None = None  # (B,) int64: one past the last key of each entry
     query_start: torch.Tensor | None = None  # (B,) int64: varlen: first query row of each entry
     query_end: torch.Tensor | None = None  # (B,) int64: one past the last query row
+    leftpad: bool = False  # cache: some entry's keys start past 0 (read once, with the plan)
 
 
 def rows_of_visible(visible: torch.Tensor, matters: torch.Tensor | None = None) -> MaskRows:
@@ -154,7 +155,10 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
             if kind == "dense":
                 return Plan("dense", causal, window)
             runs = {"query_start": query_start[:, 0], "query_end": query_end[:, 0]} if kind == "varlen" else {}
-            return Plan(kind, causal, window, key_start[:, 0], key_end[:, 0], **runs)
+            # Whether any entry starts past key 0, decided here (planning reads values anyway) so that
+            # the layers that reuse the plan never read the device again.
+            return Plan(kind, causal, window, key_start[:, 0], key_end[:, 0], **runs,
+                        leftpad=bool((key_start > 0).any()))
     raise NotImplementedError(
         "the attention mask is not one cutlassfa can express: per batch entry it must be the layer's "
         f"{'causal' if causal else 'full'} pattern{'' if left is None else ' with its sliding window'} over one "

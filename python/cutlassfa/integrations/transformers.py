@@ -166,7 +166,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return _varlen(query, key, value, layout, options), None
     if layout.kind == "cache":
         options["cache_seqlens"] = layout.key_end.to(torch.int32)
-        if bool((layout.key_start > 0).any()):
+        if layout.leftpad:  # decided once per plan: no device read per layer
             options["cache_leftpad"] = layout.key_start.to(torch.int32)
     _require(cutlassfa.forward, options, layout)
     # Written straight into transformers' (B, Nq, Hq, d) layout: forward takes any strides of `out`.
