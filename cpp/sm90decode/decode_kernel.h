@@ -382,6 +382,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
         }
       }
     }
+    if (params.alibi_slopes != nullptr) {  // ALiBi (params.h), in raw units; slopes and diagonals per step, in
+      // this uniform branch, so that the plain kernel holds no registers for them
+      Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+      CUTE_UNROLL
+      for (int mi = 0; mi < kThreadRows; ++mi) {
+        int const r = get<0>(tScS_rc(mi, 0));
+        int const h = h_kv * params.heads_ratio + min(r, rows - 1) / nq;  // rows past `rows` are never read out
+        float const slope = params.alibi_slopes[b * params.alibi_batch_stride + h] / params.softmax_scale;
+        float const first = static_cast<float>(rules::mask_diagonal(r % nq, nq, keys) - key0);
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(scores); ++ni) {
+          scores(mi, ni) -= slope * fabsf(first - static_cast<float>(get<1>(tScS_rc(mi, ni))));
+        }
+      }
+    }
     softmax.update(acc_s, acc_o, params.softmax_scale_log2);
 
     Tensor rP = convert_type<Element>(acc_s);

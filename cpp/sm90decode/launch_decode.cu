@@ -59,7 +59,7 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   // 2 bytes an element).
   auto step_in_32_bits = [](long long row_stride) { return row_stride >= 0 && row_stride * 2 * 32 <= UINT32_MAX; };
   return halves && entry_keys && p.seqlen_q >= 1 && rows <= kSm90DecodeRows && p.window_left < 0 &&
-         !p.has_score_terms() && head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
+         p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);
 }
 

@@ -75,8 +75,8 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 // cpp/sm90decode/launch_decode.cu: the few query rows of one K/V head (seqlen_q x heads_ratio <=
 // kSm90DecodeRows) against a K/V cache, one CTA per (batch, K/V head, key split), fp16 / bf16 at
 // CUTLASSFA_SM90_DECODE_HEAD_DIMS; contiguous or paged caches (power-of-two page sizes) with or without
-// seqlens_k, causal or a right window bound, lse, splits. Not: varlen, left padding or a left window
-// bound, softcap or ALiBi, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
+// seqlens_k, causal or a right window bound, ALiBi, lse, splits. Not: varlen, left padding or a left window
+// bound, softcap, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
 // kSm90DecodeCtasPerSm is its traits' kCtasPerSm (a static_assert in launch_decode.cu ties them).
 constexpr int kSm90DecodeRows = 32;
 constexpr int kSm90DecodeCtasPerSm = 2;

@@ -115,7 +115,7 @@ struct FwdParams {
   DType dtype;
 
   // Terms of a score beyond scale * q.k (softcap, ALiBi): the general kernels' steps apply them (sm80, sm90);
-  // the warp-specialized and decode kernels take no such call (their *_covers, launch.h).
+  // the warp-specialized kernel takes no such call, the decode kernel ALiBi only (their *_covers, launch.h).
   CUTLASSFA_HOST_DEVICE bool has_score_terms() const { return softcap_pre > 0.f || alibi_slopes != nullptr; }
 };
 
