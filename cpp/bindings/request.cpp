@@ -321,7 +321,7 @@ IndexArray read_index(nb::handle value, const char* name, int device, int ndim, 
   return index;
 }
 
-// An IEEE half's bits as a float (host values of fp16 sinks).
+// An IEEE half's bits as a float (host values of fp16 per-head arguments).
 float half_bits_to_float(uint16_t h) {
   int const sign = h >> 15, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
   float const magnitude = exponent == 0    ? std::ldexp(static_cast<float>(mantissa), -24)
