@@ -97,7 +97,8 @@ def backends(device: int = 0) -> dict[str, BackendStatus]:
     return statuses
 
 
-# Mode keys of `supports`: causal, and the variants (window, softcap, KV caches, varlen, split keys).
+# Mode keys of `supports`: causal, and the variants (window, softcap, KV caches, varlen, split keys, sinks,
+# ALiBi).
 _KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks", "alibi"}
 
 
@@ -107,8 +108,9 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
 
     Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache, paged, sinks and
     alibi (bool: forward with cache_seqlens / block_table / sinks / alibi_slopes ...), varlen (bool:
-    varlen_forward), num_splits (int or None); values as forward takes them (a value that asks for nothing, such as window=(-1, -1) or
-    softcap=0, is the plain case). Other keys name features this version does not have."""
+    varlen_forward), num_splits (int or None); values as forward takes them (a value that asks for
+    nothing, such as window=(-1, -1) or softcap=0, is the plain case). Other keys name features this
+    version does not have."""
     if backend not in BACKENDS:
         return Support(False, f"unknown backend {backend!r}")
     if dtype not in _arrays.DTYPES:

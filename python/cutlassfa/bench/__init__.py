@@ -4,9 +4,10 @@ For each case (dtype, B, H, Nq, Nk, d, causal) every available cutlassfa backend
 importable, `scaled_dot_product_attention` restricted to one of its backends at a time (sdpa_flash,
 sdpa_efficient, sdpa_cudnn, sdpa_math; with --window, FlexAttention with a block mask: flex; with
 --decode and --paged, a plain read of K and V: read; FlashAttention-4 when installed: fa4; asked for, the
-same calls with attention sinks or ALiBi: tensorcore_sinks, fa4_sinks, tensorcore_alibi, ...) is timed with CUDA events: each contender's first call alone,
-warm-up rounds, then `--repeats` (default 20) rounds in which every contender makes one call in turn;
-a row's time is the median of its rounds. Inputs are rotated among copies when they would sit in L2.
+same calls with attention sinks or ALiBi: tensorcore_sinks, fa4_sinks, tensorcore_alibi, ...) is timed
+with CUDA events: each contender's first call alone, warm-up rounds, then `--repeats` (default 20) rounds
+in which every contender makes one call in turn; a row's time is the median of its rounds. Inputs are
+rotated among copies when they would sit in L2.
 
     TFLOP/s = 4 * B * H * d * (query-key pairs the mask lets through) / t
     GB/s = (q, k, v read and o written once, in bytes) / t      (the rate that bounds decode: --decode)
@@ -49,7 +50,8 @@ from .._inputs import DTYPES
 __all__ = ["ALIBI", "ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEventTimer", "CupyFrame", "DECODE_MAX_KV_BYTES",
            "DENSE", "DTYPES", "FA4", "FLEX", "Feed", "Frame", "HW4_SHAPES", "L2_FACTOR", "LLM_HEAD_DIMS", "LLM_SHAPES",
            "MAX_COPIES", "OUR_BACKENDS", "OWN", "PAGE_SIZES", "PEAKS", "READ", "Row", "Runner", "SDPA_BACKENDS",
-           "SINKS", "Settings", "TERMS", "TorchEventTimer", "TorchFrame", "TorchGraphTimer", "VARLEN_MIXES", "WallTimer",
+           "SINKS", "Settings", "TERMS", "TorchEventTimer", "TorchFrame", "TorchGraphTimer", "VARLEN_MIXES",
+           "WallTimer",
            "accuracy_bound", "add_arguments", "apply_peaks", "apply_twins", "attention_bytes", "attention_flops",
            "bench_case", "case_bytes", "case_flops", "decode_grid", "decode_quick_grid", "default_grid",
            "dense_at_mean", "fa4", "flex", "gather_pages", "kvcache_case", "main", "make_feed", "make_runners",

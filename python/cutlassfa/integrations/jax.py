@@ -81,8 +81,9 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
             raise NotImplementedError(f"{key}: array arguments are not supported for JAX arrays yet")
     # The extension's validator judges the traced call on stand-ins of its arrays (the same checks and
     # messages as an eager call).
+    array_options = {name: stand_in(a) for name, a in (arrays or {}).items()}
     name = cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
-                                   backend=backend, **{name: stand_in(a) for name, a in (arrays or {}).items()}, **modes)
+                                   backend=backend, **array_options, **modes)
     operands = tuple((name, a.ndim) for name, a in (arrays or {}).items())
     scale = _scale(softmax_scale, q.shape[-1])
     frozen_modes = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
