@@ -37,3 +37,40 @@ def kernel_names(torch, call) -> list[str]:
         call()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def assert_close_on_host(backend: str, dtype: str, out, lse, ref: np.ndarray, ref_lse: np.ndarray) -> None:
+    """As assert_matches_reference, for host arrays of any layout (out and lse as the reference's)."""
+    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
+    bound = bound_for(backend, dtype)
+    assert np.isfinite(out).all()
+    assert rel_l2(out, ref) <= bound.rel_l2, rel_l2(out, ref)
+    seen = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), ~seen)
+    assert np.abs(lse[seen] - ref_lse[seen]).max(initial=0) <= bound.lse
+
+
+def random_qkv(rng: np.random.Generator, b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype=np.float16):
+    """q (b, hq, nq, d), k and v (b, hkv, nk, d), standard normal in `dtype`."""
+    return (rng.standard_normal((b, hq, nq, d)).astype(dtype), rng.standard_normal((b, hkv, nk, d)).astype(dtype),
+            rng.standard_normal((b, hkv, nk, d)).astype(dtype))
+
+
+def to_cuda(torch, x: np.ndarray):
+    """A numpy array as a CUDA tensor (integer arrays as int32, the index arrays' dtype)."""
+    if x.dtype.kind in "iu":
+        return torch.from_numpy(x.astype(np.int32)).cuda()
+    return torch.from_numpy(x).cuda()
+
+
+# Dense shapes of the score-term tests (b, hq, hkv, nq, nk, d, options): the tile kernels (prefill,
+# Nq != Nk both ways, GQA, windows with softcap, a zero-padded head dim) and the decode kernel (a few
+# queries per K/V head), split or not by the caller.
+SCORE_TERM_SHAPES = {
+    "prefill-d64-causal-gqa": (2, 8, 2, 300, 520, 64, dict(causal=True)),
+    "prefill-d128-full": (1, 4, 4, 200, 130, 128, {}),
+    "prefill-d128-window-softcap": (2, 4, 2, 257, 400, 128, dict(window=(100, 3), softcap=20.0)),
+    "prefill-d80-padded-nq-gt-nk": (2, 4, 1, 90, 40, 80, dict(causal=True)),
+    "decode-d128-gqa": (4, 32, 4, 1, 2000, 128, {}),
+    "decode-d64-gqa-4q": (2, 16, 2, 4, 700, 64, dict(causal=True)),
+}

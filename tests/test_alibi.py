@@ -15,7 +15,8 @@ import pytest
 import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
-from gpu_results import assert_matches_reference, host64
+from gpu_results import (SCORE_TERM_SHAPES, assert_close_on_host, assert_matches_reference, host64, random_qkv,
+                         to_cuda)
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 
@@ -28,23 +29,10 @@ def _slopes(rng, heads: int, batch: int | None = None) -> np.ndarray:
     return (base[None, :] * rng.uniform(0.5, 1.5, (batch, 1))).astype(np.float32)
 
 
-def _dense(rng, b, hq, hkv, nq, nk, d, dtype=np.float16):
-    return (rng.standard_normal((b, hq, nq, d)).astype(dtype), rng.standard_normal((b, hkv, nk, d)).astype(dtype),
-            rng.standard_normal((b, hkv, nk, d)).astype(dtype))
-
-
-def _assert_close(backend, dtype, out, lse, ref, ref_lse):
-    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
-    bound = bound_for(backend, dtype)
-    assert np.isfinite(out).all()
-    assert rel_l2(out, ref) <= bound.rel_l2, rel_l2(out, ref)
-    seen = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isneginf(lse), ~seen)
-    assert np.abs(lse[seen] - ref_lse[seen]).max(initial=0) <= bound.lse
 
 
 def test_reference_is_the_formula(rng):
-    q, k, v = _dense(rng, 2, 4, 2, 5, 9, 16, np.float64)
+    q, k, v = random_qkv(rng, 2, 4, 2, 5, 9, 16, np.float64)
     slopes = _slopes(rng, 4, 2).astype(np.float64)
     out, lse = attention_reference(q, k, v, causal=True, softcap=3.0, alibi_slopes=slopes)
     for b in range(2):
@@ -61,7 +49,7 @@ def test_reference_is_the_formula(rng):
 def test_reference_cache_distances_ignore_left_padding(rng):
     """Left padding hides keys without moving the alignment: the same as the dense call on the kept keys'
     positions, written out."""
-    q, k, v = _dense(rng, 1, 2, 1, 3, 12, 8, np.float64)
+    q, k, v = random_qkv(rng, 1, 2, 1, 3, 12, 8, np.float64)
     slopes = np.array([0.5, 0.25])
     out, _ = kvcache_reference(q, k, v, cache_seqlens=np.array([10]), cache_leftpad=np.array([4]), alibi_slopes=slopes)
     for h in range(2):
@@ -78,7 +66,7 @@ def test_cpu_dense_matches_reference(rng, per_entry, splits, mode):
     shapes = {"full": (2, 4, 4, 33, 300), "causal_gqa": (2, 8, 2, 40, 260), "window_softcap_sinks": (1, 4, 1, 64, 200),
               "nq_gt_nk": (2, 4, 2, 50, 20)}
     b, hq, hkv, nq, nk = shapes[mode]
-    q, k, v = _dense(rng, b, hq, hkv, nq, nk, 32, np.float32)
+    q, k, v = random_qkv(rng, b, hq, hkv, nq, nk, 32, np.float32)
     options = {"full": {}, "causal_gqa": dict(causal=True),
                "window_softcap_sinks": dict(window=(30, 5), softcap=8.0, sinks=np.array([1.0, -np.inf, 0.5, 2.0],
                                                                                          np.float32)),
@@ -87,7 +75,7 @@ def test_cpu_dense_matches_reference(rng, per_entry, splits, mode):
     ref, ref_lse = attention_reference(q, k, v, alibi_slopes=slopes, **options)
     out, lse = cutlassfa.forward(q, k, v, alibi_slopes=slopes, num_splits=splits, backend="cpu", return_lse=True,
                                  **options)
-    _assert_close("cpu", "float32", out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", "float32", out, lse, ref, ref_lse)
     assert rel_l2(out, attention_reference(q, k, v, **options)[0]) > 1e-2  # the slopes matter here
 
 
@@ -107,7 +95,7 @@ def test_cpu_kv_cache_matches_reference(rng, paged):
     options = dict(cache_seqlens=lens, cache_leftpad=leftpad, block_table=table, k_new=k_new, v_new=v_new, causal=True)
     ref, ref_lse = kvcache_reference(q, k, v, alibi_slopes=slopes, **options)
     out, lse = cutlassfa.forward(q, k, v, alibi_slopes=slopes, backend="cpu", return_lse=True, **options)
-    _assert_close("cpu", "float16", out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", "float16", out, lse, ref, ref_lse)
 
 
 def test_cpu_varlen_matches_reference(rng):
@@ -119,7 +107,7 @@ def test_cpu_varlen_matches_reference(rng):
     ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, alibi_slopes=slopes)
     out, lse = cutlassfa.varlen_forward(q, k, v, cu_q, cu_k, causal=True, alibi_slopes=slopes, backend="cpu",
                                         return_lse=True)
-    _assert_close("cpu", "float32", out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", "float32", out, lse, ref, ref_lse)
 
 
 @pytest.mark.parametrize("slopes, error, words", [
@@ -129,7 +117,7 @@ def test_cpu_varlen_matches_reference(rng):
     (np.zeros(4, np.int64), TypeError, "alibi_slopes must be float32, float16 or bfloat16"),
 ])
 def test_bad_slopes_raise_naming_the_argument_and_write_nothing(rng, slopes, error, words):
-    q, k, v = _dense(rng, 2, 4, 2, 3, 5, 16, np.float32)
+    q, k, v = random_qkv(rng, 2, 4, 2, 3, 5, 16, np.float32)
     out = np.full(q.shape, 7.0, np.float32)
     with pytest.raises(error) as raised:
         cutlassfa.forward(q, k, v, alibi_slopes=slopes, out=out)
@@ -140,7 +128,7 @@ def test_bad_slopes_raise_naming_the_argument_and_write_nothing(rng, slopes, err
 
 def test_torch_operator_and_jax_take_the_slopes(rng):
     torch = pytest.importorskip("torch", reason="optional package torch")
-    q, k, v = _dense(rng, 2, 4, 2, 5, 9, 16, np.float32)
+    q, k, v = random_qkv(rng, 2, 4, 2, 5, 9, 16, np.float32)
     slopes = _slopes(rng, 4, 2)
     ref, _ = attention_reference(q, k, v, causal=True, alibi_slopes=slopes)
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
@@ -164,20 +152,8 @@ def test_torch_operator_and_jax_take_the_slopes(rng):
 # The GPU backends
 # --------------------------------------------------------------------------------------------------
 
-def _cuda(torch, x):
-    if x.dtype.kind in "iu":
-        return torch.from_numpy(x.astype(np.int32)).cuda()
-    return torch.from_numpy(x).cuda()
 
-
-GPU_DENSE = {
-    "prefill-d64-causal-gqa": (2, 8, 2, 300, 520, 64, dict(causal=True)),
-    "prefill-d128-full": (1, 4, 4, 200, 130, 128, {}),
-    "prefill-d128-window-softcap": (2, 4, 2, 257, 400, 128, dict(window=(100, 3), softcap=20.0)),
-    "prefill-d80-padded-nq-gt-nk": (2, 4, 1, 90, 40, 80, dict(causal=True)),
-    "decode-d128-gqa": (4, 32, 4, 1, 2000, 128, {}),
-    "decode-d64-gqa-4q": (2, 16, 2, 4, 700, 64, dict(causal=True)),
-}
+GPU_DENSE = SCORE_TERM_SHAPES
 
 
 @pytest.mark.gpu
@@ -187,11 +163,11 @@ GPU_DENSE = {
 def test_gpu_dense_matches_reference(torch, rng, need_backend, backend, shape, splits):
     need_backend(backend)
     b, hq, hkv, nq, nk, d, options = GPU_DENSE[shape]
-    q, k, v = _dense(rng, b, hq, hkv, nq, nk, d, np.float16)
+    q, k, v = random_qkv(rng, b, hq, hkv, nq, nk, d, np.float16)
     slopes = _slopes(rng, hq, b)
     ref, ref_lse = attention_reference(q, k, v, alibi_slopes=slopes, **options)
     out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")  # poisoned
-    result, lse = cutlassfa.forward(*(_cuda(torch, x) for x in (q, k, v)), alibi_slopes=_cuda(torch, slopes), out=out,
+    result, lse = cutlassfa.forward(*(to_cuda(torch, x) for x in (q, k, v)), alibi_slopes=to_cuda(torch, slopes), out=out,
                                     num_splits=splits, backend=backend, return_lse=True, **options)
     assert result is out
     assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
@@ -203,20 +179,20 @@ def test_gpu_dense_matches_reference(torch, rng, need_backend, backend, shape, s
 def test_gpu_slope_dtypes_host_values_and_sinks(torch, rng, need_backend, backend, dtype):
     need_backend(backend)
     np_dtype = cutlassfa._arrays.numpy_dtype(dtype)
-    q, k, v = _dense(rng, 2, 4, 2, 70, 150, 64, np_dtype)
+    q, k, v = random_qkv(rng, 2, 4, 2, 70, 150, 64, np_dtype)
     exact = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)  # representable in every dtype
     sinks = np.array([1.0, -np.inf, 0.5, 2.0], np.float32)
     ref, ref_lse = attention_reference(q, k, v, causal=True, alibi_slopes=exact, sinks=sinks)
-    dq, dk, dv = (_cuda(torch, x) for x in (q, k, v)) if dtype != "bfloat16" else \
+    dq, dk, dv = (to_cuda(torch, x) for x in (q, k, v)) if dtype != "bfloat16" else \
         (torch.from_numpy(x.astype(np.float32)).cuda().bfloat16() for x in (q, k, v))
     for slopes in (torch.from_numpy(exact).cuda().bfloat16(), torch.from_numpy(exact).cuda().half(), exact.tolist(),
                    exact):
-        out, lse = cutlassfa.forward(dq, dk, dv, causal=True, alibi_slopes=slopes, sinks=_cuda(torch, sinks),
+        out, lse = cutlassfa.forward(dq, dk, dv, causal=True, alibi_slopes=slopes, sinks=to_cuda(torch, sinks),
                                      backend=backend, return_lse=True)
         assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
     out, lse = cutlassfa.forward(q, k, v, causal=True, alibi_slopes=exact, sinks=sinks, backend=backend,
                                  return_lse=True)
-    _assert_close(backend, dtype, out.astype(np.float64), lse, ref, ref_lse)
+    assert_close_on_host(backend, dtype, out.astype(np.float64), lse, ref, ref_lse)
 
 
 @pytest.mark.gpu
@@ -238,10 +214,10 @@ def test_gpu_kv_cache_matches_reference(torch, rng, need_backend, backend, paged
     ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, cache_leftpad=leftpad, block_table=table,
                                      causal=True, alibi_slopes=slopes)
     for splits in (None, 4):
-        out, lse = cutlassfa.forward(*(_cuda(torch, x) for x in (q, k, v)), cache_seqlens=_cuda(torch, lens),
-                                     cache_leftpad=_cuda(torch, leftpad),
-                                     block_table=None if table is None else _cuda(torch, table), causal=True,
-                                     alibi_slopes=_cuda(torch, slopes), num_splits=splits, backend=backend,
+        out, lse = cutlassfa.forward(*(to_cuda(torch, x) for x in (q, k, v)), cache_seqlens=to_cuda(torch, lens),
+                                     cache_leftpad=to_cuda(torch, leftpad),
+                                     block_table=None if table is None else to_cuda(torch, table), causal=True,
+                                     alibi_slopes=to_cuda(torch, slopes), num_splits=splits, backend=backend,
                                      return_lse=True)
         assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
 
@@ -256,7 +232,7 @@ def test_gpu_varlen_matches_reference(torch, rng, need_backend, backend):
     k, v = (rng.standard_normal((900, 2, 64)).astype(np.float16) for _ in range(2))
     slopes = _slopes(rng, 8, 4)
     ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, alibi_slopes=slopes)
-    out, lse = cutlassfa.varlen_forward(*(_cuda(torch, x) for x in (q, k, v)), _cuda(torch, cu_q), _cuda(torch, cu_k),
+    out, lse = cutlassfa.varlen_forward(*(to_cuda(torch, x) for x in (q, k, v)), to_cuda(torch, cu_q), to_cuda(torch, cu_k),
                                         max_seqlen_q=300, max_seqlen_k=560, causal=True,
-                                        alibi_slopes=_cuda(torch, slopes), backend=backend, return_lse=True)
-    _assert_close(backend, "float16", host64(out), host64(lse), ref, ref_lse)
+                                        alibi_slopes=to_cuda(torch, slopes), backend=backend, return_lse=True)
+    assert_close_on_host(backend, "float16", host64(out), host64(lse), ref, ref_lse)

@@ -16,7 +16,8 @@ import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.merge import merge_attention
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
-from gpu_results import assert_matches_reference, host64
+from gpu_results import (SCORE_TERM_SHAPES, assert_close_on_host, assert_matches_reference, host64, random_qkv,
+                         to_cuda)
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 
@@ -30,20 +31,6 @@ def _sinks(rng, heads: int) -> np.ndarray:
     return values.astype(np.float32)
 
 
-def _dense(rng, b, hq, hkv, nq, nk, d, dtype=np.float16):
-    return (rng.standard_normal((b, hq, nq, d)).astype(dtype), rng.standard_normal((b, hkv, nk, d)).astype(dtype),
-            rng.standard_normal((b, hkv, nk, d)).astype(dtype))
-
-
-def _assert_close(backend, dtype, out, lse, ref, ref_lse):
-    """Host arrays against the reference within the backend's bounds; -inf exactly where the reference has it."""
-    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
-    bound = bound_for(backend, dtype)
-    assert np.isfinite(out).all()
-    assert rel_l2(out, ref) <= bound.rel_l2, rel_l2(out, ref)
-    seen = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isneginf(lse), ~seen)
-    assert np.abs(lse[seen] - ref_lse[seen]).max(initial=0) <= bound.lse
 
 
 # --------------------------------------------------------------------------------------------------
@@ -51,7 +38,7 @@ def _assert_close(backend, dtype, out, lse, ref, ref_lse):
 # --------------------------------------------------------------------------------------------------
 
 def test_reference_is_the_formula(rng):
-    q, k, v = _dense(rng, 2, 4, 2, 5, 7, 16, np.float64)
+    q, k, v = random_qkv(rng, 2, 4, 2, 5, 7, 16, np.float64)
     sinks = _sinks(rng, 4).astype(np.float64)
     out, lse = attention_reference(q, k, v, causal=True, sinks=sinks, softcap=3.0)
     for b in range(2):
@@ -66,7 +53,7 @@ def test_reference_is_the_formula(rng):
 
 
 def test_reference_rows_without_keys_give_the_sink(rng):
-    q, k, v = _dense(rng, 1, 3, 3, 4, 6, 8, np.float64)
+    q, k, v = random_qkv(rng, 1, 3, 3, 4, 6, 8, np.float64)
     sinks = np.array([-np.inf, 0.25, -2.0])
     out, lse = kvcache_reference(q, k, v, cache_seqlens=np.array([0]), sinks=sinks)
     assert (out == 0).all()
@@ -74,7 +61,7 @@ def test_reference_rows_without_keys_give_the_sink(rng):
 
 
 def test_minus_inf_sinks_are_no_sinks(rng):
-    q, k, v = _dense(rng, 2, 4, 2, 9, 13, 16)
+    q, k, v = random_qkv(rng, 2, 4, 2, 9, 13, 16)
     none = np.full(4, -np.inf, np.float32)
     for run in (attention_reference, lambda *a, **kw: cutlassfa.forward(*a, backend="cpu", return_lse=True, **kw)):
         out, lse = run(q, k, v, causal=True, sinks=none)
@@ -95,13 +82,13 @@ def test_cpu_dense_matches_reference(rng, dtype, splits, mode):
     shapes = {"full": (2, 4, 4, 33, 300), "causal_gqa": (2, 8, 2, 40, 260), "window_softcap": (1, 4, 1, 64, 200),
               "nq_gt_nk": (2, 4, 2, 50, 20)}
     b, hq, hkv, nq, nk = shapes[mode]
-    q, k, v = _dense(rng, b, hq, hkv, nq, nk, 32, np_dtype)
+    q, k, v = random_qkv(rng, b, hq, hkv, nq, nk, 32, np_dtype)
     options = {"full": {}, "causal_gqa": dict(causal=True), "window_softcap": dict(window=(30, 5), softcap=8.0),
                "nq_gt_nk": dict(causal=True)}[mode]
     sinks = _sinks(rng, hq)
     ref, ref_lse = attention_reference(q, k, v, sinks=sinks, **options)
     out, lse = cutlassfa.forward(q, k, v, sinks=sinks, num_splits=splits, backend="cpu", return_lse=True, **options)
-    _assert_close("cpu", dtype, out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", dtype, out, lse, ref, ref_lse)
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -122,7 +109,7 @@ def test_cpu_kv_cache_matches_reference(rng, paged):
     options = dict(cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new, causal=not paged)
     ref, ref_lse = kvcache_reference(q, k, v, sinks=sinks, **options)
     out, lse = cutlassfa.forward(q, k, v, sinks=sinks, backend="cpu", return_lse=True, **options)
-    _assert_close("cpu", "float16", out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", "float16", out, lse, ref, ref_lse)
     if not paged:
         assert (out[0] == 0).all()
         np.testing.assert_array_equal(lse[0], np.broadcast_to(sinks[:, None], (hq, nq)))
@@ -136,14 +123,14 @@ def test_cpu_varlen_matches_reference(rng):
     sinks = _sinks(rng, 4)
     ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, sinks=sinks)
     out, lse = cutlassfa.varlen_forward(q, k, v, cu_q, cu_k, causal=True, sinks=sinks, backend="cpu", return_lse=True)
-    _assert_close("cpu", "float32", out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", "float32", out, lse, ref, ref_lse)
     np.testing.assert_array_equal(lse[:, 5:30], np.broadcast_to(sinks[:, None], (4, 25)))
 
 
 def test_host_sink_dtypes_and_sequences_read_as_float32(rng):
     import ml_dtypes
 
-    q, k, v = _dense(rng, 1, 3, 3, 4, 9, 16, np.float32)
+    q, k, v = random_qkv(rng, 1, 3, 3, 4, 9, 16, np.float32)
     exact = np.array([0.5, -1.25, 2.0], np.float32)  # representable in every dtype
     expected = cutlassfa.forward(q, k, v, sinks=exact, backend="cpu")
     for sinks in (exact.astype(np.float16), exact.astype(ml_dtypes.bfloat16), exact.tolist(), tuple(exact.tolist())):
@@ -154,7 +141,7 @@ def test_three_dim_arrays_take_one_sink(rng):
     q, k, v = (rng.standard_normal((2, n, 16)).astype(np.float32) for n in (5, 8, 8))
     out, lse = cutlassfa.forward(q, k, v, sinks=[1.5], backend="cpu", return_lse=True)
     ref, ref_lse = attention_reference(q, k, v, sinks=[1.5])
-    _assert_close("cpu", "float32", out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", "float32", out, lse, ref, ref_lse)
 
 
 @pytest.mark.parametrize("sinks, error, words", [
@@ -165,7 +152,7 @@ def test_three_dim_arrays_take_one_sink(rng):
     ("sinks", TypeError, "sinks"),
 ])
 def test_bad_sinks_raise_naming_the_argument_and_write_nothing(rng, sinks, error, words):
-    q, k, v = _dense(rng, 1, 4, 2, 3, 5, 16, np.float32)
+    q, k, v = random_qkv(rng, 1, 4, 2, 3, 5, 16, np.float32)
     out = np.full(q.shape, 7.0, np.float32)
     with pytest.raises(error, match=None) as raised:
         cutlassfa.forward(q, k, v, sinks=sinks, out=out)
@@ -181,14 +168,14 @@ def test_bad_sinks_raise_naming_the_argument_and_write_nothing(rng, sinks, error
 
 @pytest.mark.parametrize("parts", [1, 2, 5])
 def test_merge_counts_the_sink_once(rng, parts):
-    q, k, v = _dense(rng, 2, 4, 2, 6, 50, 16, np.float32)
+    q, k, v = random_qkv(rng, 2, 4, 2, 6, 50, 16, np.float32)
     sinks = _sinks(rng, 4)
     cuts = np.linspace(0, 50, parts + 1).astype(int)
     pieces = [cutlassfa.forward(q, k[:, :, a:b], v[:, :, a:b], backend="cpu", return_lse=True)
               for a, b in zip(cuts, cuts[1:])]
     out, lse = merge_attention([o for o, _ in pieces], [l_ for _, l_ in pieces], sinks=sinks)
     ref, ref_lse = attention_reference(q, k, v, sinks=sinks)
-    _assert_close("cpu", "float32", out, lse, ref, ref_lse)
+    assert_close_on_host("cpu", "float32", out, lse, ref, ref_lse)
     with pytest.raises(ValueError, match="sinks must have shape"):
         merge_attention([pieces[0][0]], [pieces[0][1]], sinks=sinks[:2])
 
@@ -199,7 +186,7 @@ def test_merge_counts_the_sink_once(rng, parts):
 
 def test_torch_cpu_eager_operator_and_fake(rng):
     torch = pytest.importorskip("torch", reason="optional package torch")
-    q, k, v = (torch.from_numpy(x) for x in _dense(rng, 1, 4, 2, 5, 9, 16, np.float32))
+    q, k, v = (torch.from_numpy(x) for x in random_qkv(rng, 1, 4, 2, 5, 9, 16, np.float32))
     sinks = torch.from_numpy(_sinks(rng, 4)).bfloat16()
     ref, ref_lse = attention_reference(q.numpy(), k.numpy(), v.numpy(), causal=True, sinks=sinks.float().numpy())
     eager = cutlassfa.forward(q, k, v, causal=True, sinks=sinks, return_lse=True)
@@ -207,7 +194,7 @@ def test_torch_cpu_eager_operator_and_fake(rng):
         traced = cutlassfa.forward(q.clone().requires_grad_(), k, v, causal=True, sinks=sinks, return_lse=True)
     backend = cutlassfa.select_backend(q, k, v)  # host tensors run on the GPU where one is usable
     for out, lse in (eager, traced):
-        _assert_close(backend, "float32", out.detach().numpy(), lse.detach().numpy(), ref, ref_lse)
+        assert_close_on_host(backend, "float32", out.detach().numpy(), lse.detach().numpy(), ref, ref_lse)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -220,7 +207,7 @@ def test_torch_cpu_eager_operator_and_fake(rng):
 
 def test_torch_compile_with_sinks(rng):
     torch = pytest.importorskip("torch", reason="optional package torch")
-    q, k, v = (torch.from_numpy(x) for x in _dense(rng, 1, 4, 4, 6, 6, 16, np.float32))
+    q, k, v = (torch.from_numpy(x) for x in random_qkv(rng, 1, 4, 4, 6, 6, 16, np.float32))
     sinks = torch.from_numpy(_sinks(rng, 4))
     compiled = torch.compile(lambda q, k, v, s: cutlassfa.forward(q, k, v, causal=True, sinks=s), fullgraph=True)
     ref, _ = attention_reference(q.numpy(), k.numpy(), v.numpy(), causal=True, sinks=sinks.numpy())
@@ -230,7 +217,7 @@ def test_torch_compile_with_sinks(rng):
 def test_jax_eager_jit_and_vmap(rng):
     jax = pytest.importorskip("jax", reason="optional package jax")
     jnp = jax.numpy
-    q, k, v = _dense(rng, 2, 4, 2, 5, 7, 16, np.float32)
+    q, k, v = random_qkv(rng, 2, 4, 2, 5, 7, 16, np.float32)
     sinks = np.stack([_sinks(rng, 4), _sinks(rng, 4)])
     jq, jk, jv = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     # JAX's default device: the CPU (the cpu backend), or a GPU (where the numpy arrays would run too)
@@ -239,7 +226,7 @@ def test_jax_eager_jit_and_vmap(rng):
     eager = cutlassfa.forward(jq, jk, jv, causal=True, sinks=jnp.asarray(sinks[0]), return_lse=True)
     jitted = jax.jit(lambda s: cutlassfa.forward(jq, jk, jv, causal=True, sinks=s, return_lse=True))(sinks[0])
     for out, lse in (eager, jitted):
-        _assert_close(backend, "float32", np.asarray(out), np.asarray(lse), ref, ref_lse)
+        assert_close_on_host(backend, "float32", np.asarray(out), np.asarray(lse), ref, ref_lse)
     mapped = jax.vmap(lambda s: cutlassfa.forward(jq, jk, jv, causal=True, sinks=s))(jnp.asarray(sinks))
     for i in range(2):
         expected, _ = attention_reference(q, k, v, causal=True, sinks=sinks[i])
@@ -252,22 +239,8 @@ def test_jax_eager_jit_and_vmap(rng):
 # The GPU backends
 # --------------------------------------------------------------------------------------------------
 
-def _cuda(torch, x):
-    if x.dtype.kind in "iu":
-        return torch.from_numpy(x.astype(np.int32)).cuda()
-    return torch.from_numpy(x).cuda()
 
-
-# (b, hq, hkv, nq, nk, d, options): the tile kernels (prefill, Nq != Nk both ways, GQA, windows, softcap),
-# and the decode kernel (few queries per K/V head: GQA packing), its split combine with num_splits.
-GPU_DENSE = {
-    "prefill-d64-causal-gqa": (2, 8, 2, 300, 520, 64, dict(causal=True)),
-    "prefill-d128-full": (1, 4, 4, 200, 130, 128, {}),
-    "prefill-d128-window-softcap": (2, 4, 2, 257, 400, 128, dict(window=(100, 3), softcap=20.0)),
-    "prefill-d64-nq-gt-nk": (2, 4, 1, 90, 40, 64, dict(causal=True)),
-    "decode-d128-gqa": (4, 32, 4, 1, 2000, 128, {}),
-    "decode-d64-gqa-4q": (2, 16, 2, 4, 700, 64, dict(causal=True)),
-}
+GPU_DENSE = SCORE_TERM_SHAPES
 
 
 @pytest.mark.gpu
@@ -277,11 +250,11 @@ GPU_DENSE = {
 def test_gpu_dense_matches_reference(torch, rng, need_backend, backend, shape, splits):
     need_backend(backend)
     b, hq, hkv, nq, nk, d, options = GPU_DENSE[shape]
-    q, k, v = _dense(rng, b, hq, hkv, nq, nk, d, np.float16)
+    q, k, v = random_qkv(rng, b, hq, hkv, nq, nk, d, np.float16)
     sinks = _sinks(rng, hq)
     ref, ref_lse = attention_reference(q, k, v, sinks=sinks, **options)
     out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")  # poisoned
-    result, lse = cutlassfa.forward(*(_cuda(torch, x) for x in (q, k, v)), sinks=_cuda(torch, sinks), out=out,
+    result, lse = cutlassfa.forward(*(to_cuda(torch, x) for x in (q, k, v)), sinks=to_cuda(torch, sinks), out=out,
                                     num_splits=splits, backend=backend, return_lse=True, **options)
     assert result is out
     assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
@@ -294,10 +267,10 @@ def test_gpu_sink_dtypes_and_host_values(torch, rng, need_backend, backend, dtyp
     """bf16 / fp16 device sinks are converted on the device; host values are uploaded; fp32 inputs."""
     need_backend(backend)
     np_dtype = cutlassfa._arrays.numpy_dtype(dtype)
-    q, k, v = _dense(rng, 2, 4, 2, 70, 150, 64, np_dtype)
+    q, k, v = random_qkv(rng, 2, 4, 2, 70, 150, 64, np_dtype)
     exact = np.array([-np.inf, 0.5, 3.0, -1.25], np.float32)
     ref, ref_lse = attention_reference(q, k, v, causal=True, sinks=exact)
-    dq, dk, dv = (_cuda(torch, x) for x in (q, k, v)) if dtype != "bfloat16" else \
+    dq, dk, dv = (to_cuda(torch, x) for x in (q, k, v)) if dtype != "bfloat16" else \
         (torch.from_numpy(x.astype(np.float32)).cuda().bfloat16() for x in (q, k, v))
     for sinks in (torch.from_numpy(exact).cuda().bfloat16(), torch.from_numpy(exact).cuda().half(), exact.tolist(),
                   exact):
@@ -308,7 +281,7 @@ def test_gpu_sink_dtypes_and_host_values(torch, rng, need_backend, backend, dtyp
 
     for sinks in (exact, exact.astype(np.float16), exact.astype(ml_dtypes.bfloat16)):
         out, lse = cutlassfa.forward(q, k, v, causal=True, sinks=sinks, backend=backend, return_lse=True)
-        _assert_close(backend, dtype, out.astype(np.float64), lse, ref, ref_lse)
+        assert_close_on_host(backend, dtype, out.astype(np.float64), lse, ref, ref_lse)
 
 
 @pytest.mark.gpu
@@ -329,9 +302,9 @@ def test_gpu_kv_cache_matches_reference(torch, rng, need_backend, backend, paged
     sinks = _sinks(rng, hq)
     ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=True, sinks=sinks)
     for splits in (None, 1, 4):
-        out, lse = cutlassfa.forward(*(_cuda(torch, x) for x in (q, k, v)), cache_seqlens=_cuda(torch, lens),
-                                     block_table=None if table is None else _cuda(torch, table), causal=True,
-                                     sinks=_cuda(torch, sinks), num_splits=splits, backend=backend, return_lse=True)
+        out, lse = cutlassfa.forward(*(to_cuda(torch, x) for x in (q, k, v)), cache_seqlens=to_cuda(torch, lens),
+                                     block_table=None if table is None else to_cuda(torch, table), causal=True,
+                                     sinks=to_cuda(torch, sinks), num_splits=splits, backend=backend, return_lse=True)
         assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
         np.testing.assert_array_equal(host64(lse)[0], np.broadcast_to(sinks[:, None], (hq, nq)))
 
@@ -346,25 +319,25 @@ def test_gpu_varlen_matches_reference(torch, rng, need_backend, backend):
     k, v = (rng.standard_normal((900, 2, 64)).astype(np.float16) for _ in range(2))
     sinks = _sinks(rng, 8)
     ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, sinks=sinks)
-    out, lse = cutlassfa.varlen_forward(*(_cuda(torch, x) for x in (q, k, v)), _cuda(torch, cu_q), _cuda(torch, cu_k),
-                                        max_seqlen_q=300, max_seqlen_k=560, causal=True, sinks=_cuda(torch, sinks),
+    out, lse = cutlassfa.varlen_forward(*(to_cuda(torch, x) for x in (q, k, v)), to_cuda(torch, cu_q), to_cuda(torch, cu_k),
+                                        max_seqlen_q=300, max_seqlen_k=560, causal=True, sinks=to_cuda(torch, sinks),
                                         backend=backend, return_lse=True)
-    _assert_close(backend, "float16", host64(out), host64(lse), ref, ref_lse)  # (total, H, d) and (H, total)
+    assert_close_on_host(backend, "float16", host64(out), host64(lse), ref, ref_lse)  # (total, H, d) and (H, total)
     np.testing.assert_array_equal(host64(lse)[:, 100:400], np.broadcast_to(sinks[:, None], (8, 300)))
 
 
 @pytest.mark.gpu
 def test_gpu_no_keys_fill_gives_the_sinks(torch, rng):
-    q, k, v = _dense(rng, 2, 4, 2, 6, 0, 64)
+    q, k, v = random_qkv(rng, 2, 4, 2, 6, 0, 64)
     sinks = _sinks(rng, 4)
-    out, lse = cutlassfa.forward(*(_cuda(torch, x) for x in (q, k, v)), sinks=_cuda(torch, sinks), return_lse=True)
+    out, lse = cutlassfa.forward(*(to_cuda(torch, x) for x in (q, k, v)), sinks=to_cuda(torch, sinks), return_lse=True)
     assert (host64(out) == 0).all()
     np.testing.assert_array_equal(host64(lse), np.broadcast_to(sinks[None, :, None], (2, 4, 6)))
 
 
 @pytest.mark.gpu
 def test_gpu_sinks_on_the_device_with_host_arrays_are_refused(torch, rng):
-    q, k, v = _dense(rng, 1, 4, 2, 6, 9, 64)
+    q, k, v = random_qkv(rng, 1, 4, 2, 6, 9, 64)
     out = np.full(q.shape, 7, np.float16)
     with pytest.raises(ValueError, match=r"sinks must be on q's device \(host\), got cuda:0"):
         cutlassfa.forward(q, k, v, sinks=torch.zeros(4, device="cuda"), out=out)

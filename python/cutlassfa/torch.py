@@ -32,8 +32,7 @@ import torch
 
 import cutlassfa
 
-from .integrations import torch as _torch_integration
-from .integrations._mask_plan import MaskRows, Plan, plan, rows_of_visible
+from .integrations._mask_plan import MaskRows, Plan, packed_forward, plan, rows_of_visible
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -186,30 +185,6 @@ def _layout(rows: MaskRows, length_q: int, length_k: int) -> Plan:
     raise refusal
 
 
-def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Any, options: dict[str, Any]) -> torch.Tensor:
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Plan, options: dict[str, Any]) -> torch.Tensor:
     """Each entry's run of query rows against its run of keys, packed; the other rows give 0."""
-    if _torch_integration.must_use_op(q, k, v):
-        raise NotImplementedError("this mask needs cutlassfa.varlen_forward, which has no torch operator yet "
-                                  "(autograd, tracing)")
-    batch, heads, length_q, dim = q.shape
-    q_rows = _in_range(length_q, layout.query_start, layout.query_end)  # (B, L) bool
-    k_rows = _in_range(k.shape[2], layout.key_start, layout.key_end)
-    q_packed = q.transpose(1, 2)[q_rows]  # (total_q, H, E)
-    k_packed, v_packed = k.transpose(1, 2)[k_rows], v.transpose(1, 2)[k_rows]
-    q_lengths, k_lengths = q_rows.sum(1), k_rows.sum(1)
-    packed = _torch_integration.eager_call(
-        cutlassfa.varlen_forward, q_packed, k_packed, v_packed, _cumulative(q_lengths), _cumulative(k_lengths),
-        max_seqlen_q=int(q_lengths.max()), max_seqlen_k=int(k_lengths.max()), **options)
-    result = q.new_zeros(batch, length_q, heads, dim)
-    result[q_rows] = packed
-    return result.transpose(1, 2)
-
-
-def _in_range(n: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-    index = torch.arange(n, device=start.device)[None]
-    return (index >= start[:, None]) & (index < end[:, None])
-
-
-def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-
+    return packed_forward(q, k, v, layout, options).transpose(1, 2)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MaskRows", "Plan", "rows_of_visible", "plan"]
+__all__ = ["MaskRows", "Plan", "rows_of_visible", "plan", "packed_forward"]
 
 
 @dataclass(frozen=True)
@@ -167,3 +167,37 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
 
 def _window(left: int | None, right: int | None) -> tuple[int, int]:
     return (-1 if left is None else left, -1 if right is None else right)
+
+
+def packed_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Plan, options: dict) -> torch.Tensor:
+    """A varlen plan run: each entry's run of query rows against its run of keys, packed into one
+    `cutlassfa.varlen_forward` call (eagerly: it has no torch operator yet), unpacked. q, k, v (B, H, N, d);
+    returns (B, Nq, H, d), 0 in the rows outside the runs."""
+    import cutlassfa
+
+    from . import torch as cutlassfa_torch
+
+    if cutlassfa_torch.must_use_op(q, k, v):
+        raise NotImplementedError("this mask needs cutlassfa.varlen_forward, which has no torch operator yet "
+                                  "(torch.compile, autograd)")
+    batch, heads, nq, dim = q.shape
+    q_rows = _in_range(nq, layout.query_start, layout.query_end)  # (B, Nq) bool
+    k_rows = _in_range(k.shape[2], layout.key_start, layout.key_end)
+    q_packed = q.transpose(1, 2)[q_rows]  # (total_q, Hq, d)
+    k_packed, v_packed = k.transpose(1, 2)[k_rows], v.transpose(1, 2)[k_rows]
+    q_lengths, k_lengths = q_rows.sum(1), k_rows.sum(1)
+    packed = cutlassfa_torch.eager_call(
+        cutlassfa.varlen_forward, q_packed, k_packed, v_packed, _cumulative(q_lengths), _cumulative(k_lengths),
+        max_seqlen_q=int(q_lengths.max()), max_seqlen_k=int(k_lengths.max()), **options)
+    result = q.new_zeros(batch, nq, heads, dim)
+    result[q_rows] = packed
+    return result
+
+
+def _in_range(n: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    index = torch.arange(n, device=start.device)[None]
+    return (index >= start[:, None]) & (index < end[:, None])
+
+
+def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)

@@ -26,7 +26,7 @@ import torch
 import cutlassfa
 
 from . import torch as cutlassfa_torch
-from ._mask_plan import MaskRows, Plan, concat_rows, plan, rows_of_visible
+from ._mask_plan import MaskRows, Plan, concat_rows, packed_forward, plan, rows_of_visible
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 
@@ -178,31 +178,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Plan,
             options: dict[str, Any]) -> torch.Tensor:
     """Packs the query rows and keys of each entry, runs varlen_forward, unpacks (other rows: 0)."""
-    varlen_forward = getattr(cutlassfa, "varlen_forward", None)
-    _require(varlen_forward, options, layout)
-    if cutlassfa_torch.must_use_op(query, key, value):
-        raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd)")
-    batch, heads, nq, _ = query.shape
-    q_rows = _in_range(nq, layout.query_start, layout.query_end)  # (B, Nq) bool
-    k_rows = _in_range(key.shape[2], layout.key_start, layout.key_end)
-    q_packed = query.transpose(1, 2)[q_rows]  # (total_q, Hq, d)
-    k_packed, v_packed = key.transpose(1, 2)[k_rows], value.transpose(1, 2)[k_rows]
-    q_lengths, k_lengths = q_rows.sum(1), k_rows.sum(1)
-    packed = cutlassfa_torch.eager_call(
-        varlen_forward, q_packed, k_packed, v_packed, _cumulative(q_lengths), _cumulative(k_lengths),
-        max_seqlen_q=int(q_lengths.max()), max_seqlen_k=int(k_lengths.max()), **options)
-    result = query.new_zeros(batch, nq, heads, query.shape[3])
-    result[q_rows] = packed
-    return result
-
-
-def _in_range(n: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-    index = torch.arange(n, device=start.device)[None]
-    return (index >= start[:, None]) & (index < end[:, None])
-
-
-def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    _require(getattr(cutlassfa, "varlen_forward", None), options, layout)
+    return packed_forward(query, key, value, layout, options)
 
 
 _FEATURES = {"window": "sliding windows (window=)", "softcap": "logit softcapping (softcap=)",
