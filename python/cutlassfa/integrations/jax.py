@@ -32,7 +32,8 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
                "implemented (jax.grad / jax.jvp / jax.vjp). Use jax.nn.dot_product_attention for training")
 _TENSORCORE = ("tensorcore", "tensorcore_sm80")
 _CUDA_CORE_FALLBACK = ("large_tile", "small_tile")  # what `auto` takes when tensorcore cannot
-_ARRAY_MODES = ("sinks", "alibi_slopes")  # forward's array arguments beside q, k, v: operands of the call
+# forward's array arguments beside q, k, v that a traced call takes: operands of the call (host callback)
+_ARRAY_MODES = ("sinks", "alibi_slopes", "cache_seqlens", "cache_leftpad")
 
 
 @dataclass(frozen=True)
