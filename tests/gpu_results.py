@@ -74,3 +74,32 @@ SCORE_TERM_SHAPES = {
     "decode-d128-gqa": (4, 32, 4, 1, 2000, 128, {}),
     "decode-d64-gqa-4q": (2, 16, 2, 4, 700, 64, dict(causal=True)),
 }
+
+
+def random_cache(rng: np.random.Generator, b: int, hkv: int, capacity: int, d: int, page: int, paged: bool,
+                 dtype=np.float16):
+    """k and v caches of `capacity` keys an entry, and the block table: (b, hkv, capacity, d) and None, or
+    pools of pages (b * capacity / page, hkv, page, d) that a shuffled (b, capacity / page) table names."""
+    if not paged:
+        k, v = (rng.standard_normal((b, hkv, capacity, d)).astype(dtype) for _ in range(2))
+        return k, v, None
+    pages = b * capacity // page
+    k, v = (rng.standard_normal((pages, hkv, page, d)).astype(dtype) for _ in range(2))
+    return k, v, rng.permutation(pages).reshape(b, capacity // page).astype(np.int32)
+
+
+def check_dense_on_gpu(torch, rng: np.random.Generator, backend: str, shape: str, splits, **term) -> None:
+    """One SCORE_TERM_SHAPES case in fp16 with a score term (sinks=..., alibi_slopes=...) on CUDA tensors,
+    into a poisoned `out`, against the float64 reference."""
+    from cutlassfa import forward
+    from cutlassfa.reference import attention_reference
+
+    b, hq, hkv, nq, nk, d, options = SCORE_TERM_SHAPES[shape]
+    q, k, v = random_qkv(rng, b, hq, hkv, nq, nk, d, np.float16)
+    term = {name: value(rng, b, hq) for name, value in term.items()}  # each term: drawn for the shape
+    ref, ref_lse = attention_reference(q, k, v, **term, **options)
+    out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")  # poisoned
+    result, lse = forward(*(to_cuda(torch, x) for x in (q, k, v)), out=out, num_splits=splits, backend=backend,
+                          return_lse=True, **{name: to_cuda(torch, x) for name, x in term.items()}, **options)
+    assert result is out
+    assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)

@@ -15,8 +15,8 @@ import pytest
 import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
-from gpu_results import (SCORE_TERM_SHAPES, assert_close_on_host, assert_matches_reference, host64, random_qkv,
-                         to_cuda)
+from gpu_results import (SCORE_TERM_SHAPES, assert_close_on_host, assert_matches_reference, check_dense_on_gpu, host64,
+                         random_cache, random_qkv, to_cuda)
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 
@@ -27,8 +27,6 @@ def _slopes(rng, heads: int, batch: int | None = None) -> np.ndarray:
     if batch is None:
         return base.astype(np.float32)
     return (base[None, :] * rng.uniform(0.5, 1.5, (batch, 1))).astype(np.float32)
-
-
 
 
 def test_reference_is_the_formula(rng):
@@ -85,12 +83,7 @@ def test_cpu_kv_cache_matches_reference(rng, paged):
     q = rng.standard_normal((b, hq, nq, d)).astype(np.float16)
     lens, leftpad = np.array([20, 60, 80], np.int32), np.array([0, 11, 37], np.int32)
     k_new, v_new = (rng.standard_normal((b, hkv, 4, d)).astype(np.float16) for _ in range(2))
-    if paged:
-        k, v = (rng.standard_normal((b * cap // page, hkv, page, d)).astype(np.float16) for _ in range(2))
-        table = rng.permutation(b * cap // page).reshape(b, cap // page).astype(np.int32)
-    else:
-        k, v = (rng.standard_normal((b, hkv, cap, d)).astype(np.float16) for _ in range(2))
-        table = None
+    k, v, table = random_cache(rng, b, hkv, cap, d, page, paged)
     slopes = _slopes(rng, hq, b)
     options = dict(cache_seqlens=lens, cache_leftpad=leftpad, block_table=table, k_new=k_new, v_new=v_new, causal=True)
     ref, ref_lse = kvcache_reference(q, k, v, alibi_slopes=slopes, **options)
@@ -153,24 +146,13 @@ def test_torch_operator_and_jax_take_the_slopes(rng):
 # --------------------------------------------------------------------------------------------------
 
 
-GPU_DENSE = SCORE_TERM_SHAPES
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-@pytest.mark.parametrize("shape", list(GPU_DENSE), ids=str)
+@pytest.mark.parametrize("shape", list(SCORE_TERM_SHAPES), ids=str)
 @pytest.mark.parametrize("splits", [None, 3])
 def test_gpu_dense_matches_reference(torch, rng, need_backend, backend, shape, splits):
     need_backend(backend)
-    b, hq, hkv, nq, nk, d, options = GPU_DENSE[shape]
-    q, k, v = random_qkv(rng, b, hq, hkv, nq, nk, d, np.float16)
-    slopes = _slopes(rng, hq, b)
-    ref, ref_lse = attention_reference(q, k, v, alibi_slopes=slopes, **options)
-    out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")  # poisoned
-    result, lse = cutlassfa.forward(*(to_cuda(torch, x) for x in (q, k, v)), alibi_slopes=to_cuda(torch, slopes), out=out,
-                                    num_splits=splits, backend=backend, return_lse=True, **options)
-    assert result is out
-    assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
+    check_dense_on_gpu(torch, rng, backend, shape, splits, alibi_slopes=lambda rng, b, hq: _slopes(rng, hq, b))
 
 
 @pytest.mark.gpu
@@ -204,12 +186,7 @@ def test_gpu_kv_cache_matches_reference(torch, rng, need_backend, backend, paged
     b, hq, hkv, d, cap, page = 4, 8, 2, 128, 512, 64
     q = rng.standard_normal((b, hq, nq, d)).astype(np.float16)
     lens, leftpad = np.array([0, 37, 500, 200], np.int32), np.array([0, 5, 0, 150], np.int32)
-    if paged:
-        k, v = (rng.standard_normal((b * cap // page, hkv, page, d)).astype(np.float16) for _ in range(2))
-        table = rng.permutation(b * cap // page).reshape(b, cap // page).astype(np.int32)
-    else:
-        k, v = (rng.standard_normal((b, hkv, cap, d)).astype(np.float16) for _ in range(2))
-        table = None
+    k, v, table = random_cache(rng, b, hkv, cap, d, page, paged)
     slopes = _slopes(rng, hq, b)
     ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, cache_leftpad=leftpad, block_table=table,
                                      causal=True, alibi_slopes=slopes)

@@ -16,8 +16,8 @@ import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.merge import merge_attention
 from cutlassfa.reference import attention_reference, kvcache_reference, rel_l2, varlen_reference
-from gpu_results import (SCORE_TERM_SHAPES, assert_close_on_host, assert_matches_reference, host64, random_qkv,
-                         to_cuda)
+from gpu_results import (SCORE_TERM_SHAPES, assert_close_on_host, assert_matches_reference, check_dense_on_gpu, host64,
+                         random_cache, random_qkv, to_cuda)
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 
@@ -29,8 +29,6 @@ def _sinks(rng, heads: int) -> np.ndarray:
     if heads > 2:
         values[1] = 6.0
     return values.astype(np.float32)
-
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -97,14 +95,9 @@ def test_cpu_kv_cache_matches_reference(rng, paged):
     q = rng.standard_normal((b, hq, nq, d)).astype(np.float16)
     lens = np.array([0, 17, 96 - 8, 40], np.int32)  # entry 0 sees no key: lse = sink
     k_new, v_new = (rng.standard_normal((b, hkv, 8, d)).astype(np.float16) for _ in range(2)) if paged else (None, None)
+    k, v, table = random_cache(rng, b, hkv, cap, d, 16, paged)
     if paged:
-        page = 16
-        k, v = (rng.standard_normal((b * cap // page, hkv, page, d)).astype(np.float16) for _ in range(2))
-        table = rng.permutation(b * cap // page).reshape(b, cap // page).astype(np.int32)
         lens[0] = 1  # with the 8 appended keys, causal=False: entry 0 sees them
-    else:
-        k, v = (rng.standard_normal((b, hkv, cap, d)).astype(np.float16) for _ in range(2))
-        table = None
     sinks = _sinks(rng, hq)
     options = dict(cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new, causal=not paged)
     ref, ref_lse = kvcache_reference(q, k, v, sinks=sinks, **options)
@@ -240,24 +233,13 @@ def test_jax_eager_jit_and_vmap(rng):
 # --------------------------------------------------------------------------------------------------
 
 
-GPU_DENSE = SCORE_TERM_SHAPES
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-@pytest.mark.parametrize("shape", list(GPU_DENSE), ids=str)
+@pytest.mark.parametrize("shape", list(SCORE_TERM_SHAPES), ids=str)
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_gpu_dense_matches_reference(torch, rng, need_backend, backend, shape, splits):
     need_backend(backend)
-    b, hq, hkv, nq, nk, d, options = GPU_DENSE[shape]
-    q, k, v = random_qkv(rng, b, hq, hkv, nq, nk, d, np.float16)
-    sinks = _sinks(rng, hq)
-    ref, ref_lse = attention_reference(q, k, v, sinks=sinks, **options)
-    out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")  # poisoned
-    result, lse = cutlassfa.forward(*(to_cuda(torch, x) for x in (q, k, v)), sinks=to_cuda(torch, sinks), out=out,
-                                    num_splits=splits, backend=backend, return_lse=True, **options)
-    assert result is out
-    assert_matches_reference(backend, "float16", out, lse, ref, ref_lse)
+    check_dense_on_gpu(torch, rng, backend, shape, splits, sinks=lambda rng, b, hq: _sinks(rng, hq))
 
 
 @pytest.mark.gpu
@@ -293,12 +275,7 @@ def test_gpu_kv_cache_matches_reference(torch, rng, need_backend, backend, paged
     b, hq, hkv, d, cap, page = 4, 8, 2, 128, 512, 64
     q = rng.standard_normal((b, hq, nq, d)).astype(np.float16)
     lens = np.array([0, 37, 500, 200], np.int32)  # entry 0 sees no key (causal, no appended keys)
-    if paged:
-        k, v = (rng.standard_normal((b * cap // page, hkv, page, d)).astype(np.float16) for _ in range(2))
-        table = rng.permutation(b * cap // page).reshape(b, cap // page).astype(np.int32)
-    else:
-        k, v = (rng.standard_normal((b, hkv, cap, d)).astype(np.float16) for _ in range(2))
-        table = None
+    k, v, table = random_cache(rng, b, hkv, cap, d, page, paged)
     sinks = _sinks(rng, hq)
     ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, causal=True, sinks=sinks)
     for splits in (None, 1, 4):

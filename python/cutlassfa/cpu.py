@@ -372,7 +372,7 @@ def _alibi_log2(slopes: np.ndarray, i0: int, rows: int, nq: int, nk: int, j0: in
                 dtype: np.dtype) -> np.ndarray:
     """(nb, Hq, rows, j1 - j0): slope * log2(e) * |i + nk - nq - j| for rows i0.. and keys j0..j1 (masks.py's
     diagonal), the ALiBi term in the loop's log2 units; reshaped by the caller to the GQA-stacked rows."""
-    distance = np.abs((np.arange(i0, i0 + rows) + (nk - nq))[:, None] - np.arange(j0, j1)[None, :])
+    distance = masks.alibi_distances(nq, nk, i0, i0 + rows, j0, j1)
     return (slopes.astype(dtype) * dtype.type(_LOG2E))[:, :, None, None] * distance.astype(dtype)[None, None]
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Window", "FULL", "CAUSAL", "resolve_window", "row_range", "row_ranges", "dense_mask",
-           "TileTrips", "tile_trips", "visible_pairs", "tile_counts", "page_present"]
+           "TileTrips", "tile_trips", "visible_pairs", "tile_counts", "page_present", "alibi_distances"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,16 @@ def dense_mask(nq: int, nk: int, window: Window, leftpad: int = 0, row_start: in
     lo, hi = row_ranges(np.arange(row_start, row_stop), nq, nk, window, leftpad)
     cols = np.arange(col_start, col_stop)[None, :]
     return (cols >= lo[:, None]) & (cols < hi[:, None])
+
+
+def alibi_distances(nq: int, nk: int, row_start: int = 0, row_stop: int | None = None, col_start: int = 0,
+                    col_stop: int | None = None) -> np.ndarray:
+    """(rows, cols) int64 |i + offset - j| for rows [row_start, row_stop) and keys [col_start, col_stop)
+    (default: all): each key's distance from the row's diagonal, what ALiBi multiplies by the slope (the
+    statement of cpp/include/cutlassfa/rules.h's alibi_distance)."""
+    row_stop = nq if row_stop is None else row_stop
+    col_stop = nk if col_stop is None else col_stop
+    return np.abs((np.arange(row_start, row_stop) + (nk - nq))[:, None] - np.arange(col_start, col_stop)[None, :])
 
 
 def visible_pairs(nq: int, nk: int, window: Window, leftpad: int = 0) -> int:

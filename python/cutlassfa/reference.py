@@ -168,9 +168,8 @@ def _dense(q4: np.ndarray, k4: np.ndarray, v4: np.ndarray, scale: float, window:
                 keep = np.broadcast_to(present, (i1 - i0, nk))
                 mask = keep if mask is None else mask & keep
             bias = None
-            if alibi is not None:  # -slope * |i + Nk - Nq - j| (masks.py's diagonal)
-                distance = np.abs((np.arange(i0, i1) + (nk - nq))[:, None] - np.arange(nk)[None, :])
-                bias = -alibi[b0:b1].reshape(b1 - b0, hkv, group, 1, 1) * distance
+            if alibi is not None:  # -slope * |i + Nk - Nq - j|
+                bias = -alibi[b0:b1].reshape(b1 - b0, hkv, group, 1, 1) * masks.alibi_distances(nq, nk, i0, i1)
             o, l_ = _exact_block(qb, kb, vb, scale, softcap, mask, sink_block, bias)
             out[b0:b1, :, i0:i1] = o.reshape(b1 - b0, hq, i1 - i0, d)
             lse[b0:b1, :, i0:i1] = l_.reshape(b1 - b0, hq, i1 - i0)
@@ -400,7 +399,7 @@ def naive_same_precision(
             s = rnd(np.float32(cap) * np.tanh(s / np.float32(cap)))
         slopes = _alibi(alibi_slopes, b, hq)
         if slopes is not None:  # the ALiBi term in float32, the sum rounded
-            distance = np.abs((np.arange(nq) + (nk - nq))[:, None] - np.arange(nk)[None, :]).astype(np.float32)
+            distance = masks.alibi_distances(nq, nk).astype(np.float32)
             s = rnd(s - slopes.astype(np.float32).reshape(b, hkv, group, 1, 1) * distance)
         mask = masks.dense_mask(nq, nk, win)
         visible = mask.any(axis=-1)[:, None]
