@@ -13,6 +13,7 @@ int dtype_from_dlpack(uint8_t code, uint8_t bits) {
   if (code == dlpack::kFloat && bits == 32) return static_cast<int>(DType::kFloat32);
   if (code == dlpack::kFloat && bits == 16) return static_cast<int>(DType::kFloat16);
   if (code == dlpack::kBfloat && bits == 16) return static_cast<int>(DType::kBFloat16);
+  if (code == dlpack::kFloat8E4M3FN && bits == 8) return static_cast<int>(DType::kFloat8E4M3);
   return -1;
 }
 
@@ -21,6 +22,7 @@ const char* dtype_label(int dtype) {
     case 0: return "float32";
     case 1: return "float16";
     case 2: return "bfloat16";
+    case 3: return "float8_e4m3fn";
   }
   return "";
 }
@@ -132,6 +134,7 @@ int dtype_of_name(const std::string& name) {
   if (name == "float32") return static_cast<int>(DType::kFloat32);
   if (name == "float16") return static_cast<int>(DType::kFloat16);
   if (name == "bfloat16") return static_cast<int>(DType::kBFloat16);
+  if (name == "float8_e4m3fn") return static_cast<int>(DType::kFloat8E4M3);
   return -1;
 }
 

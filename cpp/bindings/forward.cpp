@@ -19,7 +19,7 @@
 namespace cutlassfa::bindings {
 namespace {
 
-int item_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+int item_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : dtype == DType::kFloat8E4M3 ? 1 : 2; }
 
 // One output (O or lse) while it is being produced: what goes back to Python, and where to write.
 struct Output {
@@ -260,11 +260,11 @@ void allocate_output(Output& o, const Call& c, bool lse, nb::handle alloc) {
   o.view = output_view(p, strides, lse);
 }
 
-// Host index values and host per-head floats (sinks, ALiBi slopes) copied to the device in one buffer of
+// Host index values and host per-head floats (sinks, ALiBi slopes, descales) copied to the device in one buffer of
 // the workspace pool, and fp16 / bf16 device floats converted to float32 in another each; all released in
 // stream order after the launches that read them.
 struct IndexUpload {
-  static constexpr int kMaxFloats = 2;
+  static constexpr int kMaxFloats = 4;
   void* buffer = nullptr;
   void* converted[kMaxFloats] = {};
   size_t failed_bytes = 0;
@@ -348,17 +348,20 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
   const Problem& p = c.problem;
   CallTensors t;
   if (c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given || c.sinks.given ||
-      c.alibi_slopes.given) {
+      c.alibi_slopes.given || c.k_descale.given || c.v_descale.given) {
     const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
     const int* pointers[5] = {};
-    const FloatArray* floats[2] = {&c.sinks, &c.alibi_slopes};
-    const float* float_pointers[2] = {};
+    const FloatArray* floats[4] = {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale};
+    const float* float_pointers[4] = {};
     *what = "cutlassfa index upload";
-    cudaError_t const err = uploads.upload(indices, 5, pointers, floats, 2, float_pointers, stream);
+    cudaError_t const err = uploads.upload(indices, 5, pointers, floats, 4, float_pointers, stream);
     if (err != cudaSuccess) return err;
     t.sinks = float_pointers[0];
     t.alibi_slopes = float_pointers[1];
     t.alibi_batch_stride = c.alibi_slopes.row_stride;
+    t.k_descale = float_pointers[2], t.v_descale = float_pointers[3];
+    t.k_descale_strides = {c.k_descale.row_stride, c.k_descale.head_stride, 0};
+    t.v_descale_strides = {c.v_descale.row_stride, c.v_descale.head_stride, 0};
     t.cu_seqlens_q = pointers[0], t.cu_seqlens_k = pointers[1], t.seqlens_k = pointers[2];
     t.leftpad_k = pointers[3], t.block_table = pointers[4];
     t.block_table_stride = c.block_table.row_stride;
@@ -518,16 +521,16 @@ void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
   constexpr int kDevice = 0;
   DeviceGuard guard(kDevice);
   cudaStream_t const stream = cudaStreamPerThread;
-  int const bytes = item_bytes(p.dtype);
+  int const bytes = item_bytes(p.dtype), kv_bytes = item_bytes(static_cast<DType>(c.k.dtype));
   bool const append = c.k_new.has_value();
   size_t total = 0;
   std::vector<HostCopy> copies;
   copies.push_back(host_copy(c.q.data, padded_view(c.q), bytes, &total, true, false));
-  copies.push_back(host_copy(c.k.data, padded_view(c.k), bytes, &total, true, append));
-  copies.push_back(host_copy(c.v.data, padded_view(c.v), bytes, &total, true, append));
+  copies.push_back(host_copy(c.k.data, padded_view(c.k), kv_bytes, &total, true, append));
+  copies.push_back(host_copy(c.v.data, padded_view(c.v), kv_bytes, &total, true, append));
   if (append) {
-    copies.push_back(host_copy(c.k_new->data, padded_view(*c.k_new), bytes, &total, true, false));
-    copies.push_back(host_copy(c.v_new->data, padded_view(*c.v_new), bytes, &total, true, false));
+    copies.push_back(host_copy(c.k_new->data, padded_view(*c.k_new), kv_bytes, &total, true, false));
+    copies.push_back(host_copy(c.v_new->data, padded_view(*c.v_new), kv_bytes, &total, true, false));
   }
   size_t const inputs_end = total;
   copies.push_back(host_copy(o.data, o.view, bytes, &total, false, true));

@@ -56,14 +56,14 @@ cutlassfa::bindings::Request request(nb::handle q, nb::handle k, nb::handle v, n
                                      nb::handle scale, nb::handle window, nb::handle softcap, nb::handle cache_seqlens,
                                      nb::handle cache_leftpad, nb::handle block_table, nb::handle k_new,
                                      nb::handle v_new, nb::handle num_splits, nb::handle sinks, nb::handle alibi_slopes,
-                                     nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle max_seqlen_q,
-                                     nb::handle max_seqlen_k) {
+                                     nb::handle k_descale, nb::handle v_descale, nb::handle cu_seqlens_q,
+                                     nb::handle cu_seqlens_k, nb::handle max_seqlen_q, nb::handle max_seqlen_k) {
   cutlassfa::bindings::Request r;
   r.q = q, r.k = k, r.v = v, r.out = out, r.causal = causal, r.scale = scale_or_default(scale);
   r.window = window, r.softcap = softcap;
   r.cache_seqlens = cache_seqlens, r.cache_leftpad = cache_leftpad, r.block_table = block_table;
   r.k_new = k_new, r.v_new = v_new, r.num_splits = num_splits, r.sinks = sinks;
-  r.alibi_slopes = alibi_slopes;
+  r.alibi_slopes = alibi_slopes, r.k_descale = k_descale, r.v_descale = v_descale;
   r.cu_seqlens_q = cu_seqlens_q, r.cu_seqlens_k = cu_seqlens_k;
   r.max_seqlen_q = max_seqlen_q, r.max_seqlen_k = max_seqlen_k;
   return r;
@@ -73,15 +73,18 @@ cutlassfa::bindings::Request request(nb::handle q, nb::handle k, nb::handle v, n
   "window"_a.none() = nb::none(), "softcap"_a.none() = nb::none(), "cache_seqlens"_a.none() = nb::none(),           \
       "cache_leftpad"_a.none() = nb::none(), "block_table"_a.none() = nb::none(), "k_new"_a.none() = nb::none(),   \
       "v_new"_a.none() = nb::none(), "num_splits"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),            \
-      "alibi_slopes"_a.none() = nb::none(), "cu_seqlens_q"_a.none() = nb::none(),                                  \
-      "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a.none() = nb::none(), "max_seqlen_k"_a.none() = nb::none()
+      "alibi_slopes"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),  \
+      "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),                                  \
+      "max_seqlen_q"_a.none() = nb::none(), "max_seqlen_k"_a.none() = nb::none()
 #define CUTLASSFA_OPTION_PARAMS                                                                                   \
   nb::handle window, nb::handle softcap, nb::handle cache_seqlens, nb::handle cache_leftpad, nb::handle block_table, \
       nb::handle k_new, nb::handle v_new, nb::handle num_splits, nb::handle sinks, nb::handle alibi_slopes,         \
-      nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle max_seqlen_q, nb::handle max_seqlen_k
+      nb::handle k_descale, nb::handle v_descale, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,                \
+      nb::handle max_seqlen_q, nb::handle max_seqlen_k
 #define CUTLASSFA_REQUEST                                                                                          \
   request(q, k, v, out, causal, scale, window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new,  \
-          num_splits, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+          num_splits, sinks, alibi_slopes, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,          \
+          max_seqlen_k)
 
 #if CUTLASSFA_HAS_CUDA
 nb::dict device_properties(int device) {
@@ -151,6 +154,7 @@ NB_MODULE(_C, m) {
   head_dims["large_tile"] = int_tuple({CUTLASSFA_LARGE_TILE_HEAD_DIMS});
   head_dims["sm80"] = int_tuple({CUTLASSFA_SM80_HEAD_DIMS});
   head_dims["sm90"] = int_tuple({CUTLASSFA_SM90_HEAD_DIMS});
+  head_dims["sm90decode"] = int_tuple({CUTLASSFA_SM90_DECODE_HEAD_DIMS});
   m.attr("head_dims") = head_dims;
   m.attr("BACKEND_AUTO") = cutlassfa::bindings::kBackendAuto;
   m.attr("BACKEND_CPU") = cutlassfa::bindings::kBackendCpu;

@@ -12,6 +12,8 @@
 #include "cutlassfa/config.h"
 #if CUTLASSFA_HAS_CUDA
 #include <cuda_runtime.h>
+
+#include "cutlassfa/launch.h"
 #endif
 
 namespace cutlassfa::bindings {
@@ -82,15 +84,25 @@ void describe_qkv(Call& c, const Request& r, int rank, const char* layout) {
     if (rank == 0 ? (a.ndim != 3 && a.ndim != 4) : a.ndim != rank) {
       value_error(std::string(names[i]) + " must be " + layout + ", got shape " + shape_text(a));
     }
-    if (a.dtype < 0) {
-      type_error(std::string(names[i]) + " has dtype " + a.dtype_name + "; expected one of float32, float16, bfloat16");
+    bool const cache = i > 0;  // k and v may be an fp8 KV cache
+    if (a.dtype < 0 || (!cache && a.dtype == static_cast<int>(DType::kFloat8E4M3))) {
+      type_error(std::string(names[i]) + " has dtype " + dtype_text(a) + "; expected one of float32, float16, bfloat16" +
+                 (cache ? " (or float8_e4m3fn for a KV cache with float16 / bfloat16 q)" : ""));
     }
   }
   if (!(c.q.ndim == c.k.ndim && c.k.ndim == c.v.ndim)) {
     value_error("q, k and v must have the same rank, got shapes " + shape_text(c.q) + ", " + shape_text(c.k) + ", " +
                 shape_text(c.v));
   }
-  if (!(c.q.dtype == c.k.dtype && c.k.dtype == c.v.dtype)) {
+  // An fp8 cache (params.h kv_fp8): k and v float8_e4m3fn, q fp16 / bf16; else one dtype for all three.
+  bool const fp8 = c.k.dtype == static_cast<int>(DType::kFloat8E4M3) || c.v.dtype == static_cast<int>(DType::kFloat8E4M3);
+  if (fp8 && c.k.dtype != c.v.dtype) {
+    type_error("k and v must have the same dtype, got " + c.k.dtype_name + " and " + c.v.dtype_name);
+  }
+  if (fp8 && c.q.dtype == static_cast<int>(DType::kFloat32)) {
+    type_error("q must be float16 or bfloat16 with a float8_e4m3fn KV cache, got " + c.q.dtype_name);
+  }
+  if (!fp8 && !(c.q.dtype == c.k.dtype && c.k.dtype == c.v.dtype)) {
     type_error("q, k and v must have the same dtype, got " + c.q.dtype_name + ", " + c.k.dtype_name + ", " +
                c.v.dtype_name);
   }
@@ -104,6 +116,7 @@ void describe_qkv(Call& c, const Request& r, int rank, const char* layout) {
   for (int i = 0; i < 3; ++i) check_row_contiguous(*arrays[i], names[i]);
   c.problem.rank = c.q.ndim;
   c.problem.dtype = static_cast<DType>(c.q.dtype);
+  c.problem.kv_fp8 = fp8;
   c.device = c.q.device;
 }
 
@@ -333,12 +346,13 @@ float half_bits_to_float(uint16_t h) {
 // A per-head float argument: None, or (heads,) (or, when `batch` >= 0, (batch, heads)) floats of float32,
 // float16 or bfloat16 on q's device, or host values. `what` says what one value is (for the messages).
 FloatArray read_per_head(nb::handle value, const char* name, const char* what, int64_t heads, int64_t batch,
-                         int device) {
+                         int device, bool one_value = false) {
   FloatArray array;
   if (!given(value)) return array;
   array.given = true;
   nb::object held;
-  if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value)) {
+  bool const number = PyFloat_Check(value.ptr()) || (PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr()));
+  if (nb::isinstance<nb::list>(value) || nb::isinstance<nb::tuple>(value) || (one_value && number)) {
     try {
       held = nb::module_::import_("numpy").attr("asarray")(value, "float32");
     } catch (const nb::python_error&) {
@@ -348,16 +362,22 @@ FloatArray read_per_head(nb::handle value, const char* name, const char* what, i
   }
   ArrayRef const a = describe(value, name);
   bool const per_entry = a.ndim == 2 && batch >= 0;
-  if (!(a.ndim == 1 && a.shape[0] == heads) && !(per_entry && a.shape[0] == batch && a.shape[1] == heads)) {
+  bool const single = one_value && a.ndim == 0;  // one value for every head (and entry)
+  if (!single && !(a.ndim == 1 && a.shape[0] == heads) && !(per_entry && a.shape[0] == batch && a.shape[1] == heads)) {
     int64_t const both[2] = {batch, heads};
-    std::string const shapes = "(" + num(heads) + ",)" + (batch >= 0 ? " or " + tuple_text(both, 2) : "");
+    std::string const shapes = std::string(one_value ? "() (a float), " : "") + "(" + num(heads) + ",)" +
+                               (batch >= 0 ? " or " + tuple_text(both, 2) : "");
     value_error(std::string(name) + " must have shape " + shapes + ", " + what + ", got " + shape_text(a));
   }
-  if (a.dtype < 0) type_error(std::string(name) + " must be float32, float16 or bfloat16, got dtype " + dtype_text(a));
+  if (a.dtype < 0 || a.dtype == static_cast<int>(DType::kFloat8E4M3)) {
+    type_error(std::string(name) + " must be float32, float16 or bfloat16, got dtype " + dtype_text(a));
+  }
   array.rows = per_entry ? static_cast<int>(batch) : 1;
-  array.heads = static_cast<int>(heads);
+  array.heads = single ? 1 : static_cast<int>(heads);
+  array.head_stride = single ? 0 : 1;
+  heads = array.heads;
   DType const dtype = static_cast<DType>(a.dtype);
-  int64_t const head_stride = a.strides[a.ndim - 1], row_stride = per_entry ? a.strides[0] : 0;
+  int64_t const head_stride = single ? 0 : a.strides[a.ndim - 1], row_stride = per_entry ? a.strides[0] : 0;
   if (a.on_host()) {
     // The item size from the dtype: numpy's bfloat16 (ml_dtypes) has no DLPack type to take it from.
     int64_t const itemsize = dtype == DType::kFloat32 ? 4 : 2;
@@ -626,15 +646,52 @@ bool tensorcore_accepts(const Call& c) {
   const Problem& p = c.problem;
   if (!(p.scale > 0.f)) return false;
   if (c.device < 0) return true;
-  int const bytes = p.dtype == DType::kFloat32 ? 4 : 2;
-  auto aligned = [&](const ArrayRef& a, int extent, int heads, int seqlen) {
+  int const bytes = p.dtype == DType::kFloat32 ? 4 : 2, kv_bytes = p.kv_fp8 ? 1 : bytes;
+  auto aligned = [&](const ArrayRef& a, int extent, int heads, int seqlen, int item_bytes) {
     TensorStrides const s = c.strides(a);
-    return tensor_aligned16(a.data, s.batch, s.head, s.row, extent, heads, seqlen, bytes);
+    return tensor_aligned16(a.data, s.batch, s.head, s.row, extent, heads, seqlen, item_bytes);
   };
   int const kv_extent = p.kv_extent_or_batch();
   int const kv_rows = p.kv_rows_or_seqlen();
-  return aligned(c.q, p.batch, p.heads_q, p.seqlen_q) && aligned(c.k, kv_extent, p.heads_kv, kv_rows) &&
-         aligned(c.v, kv_extent, p.heads_kv, kv_rows) && (!c.out || aligned(*c.out, p.batch, p.heads_q, p.seqlen_q));
+  return aligned(c.q, p.batch, p.heads_q, p.seqlen_q, bytes) && aligned(c.k, kv_extent, p.heads_kv, kv_rows, kv_bytes) &&
+         aligned(c.v, kv_extent, p.heads_kv, kv_rows, kv_bytes) &&
+         (!c.out || aligned(*c.out, p.batch, p.heads_q, p.seqlen_q, bytes));
+}
+
+// Why `which` does not run a call with an fp8 cache on `device` ("" when it does): the decode kernel takes
+// them, on both tensor-core backends, and nothing else does (launch.h sm90_decode_covers, asked with the
+// call's own params).
+std::string fp8_cache_refusal(const Call& c, Backend which, int device) {
+#if CUTLASSFA_HAS_CUDA
+#define CUTLASSFA_TEXT(...) #__VA_ARGS__
+#define CUTLASSFA_LIST_TEXT(list) CUTLASSFA_TEXT(list)
+  std::string const limits =
+      "float8_e4m3fn KV caches run on the decode kernel (sm_90 and up; backend tensorcore): at most " +
+      num(kSm90DecodeRows) + " query rows per K/V head (Nq x Hq / Hkv), head dims " +
+      CUTLASSFA_LIST_TEXT(CUTLASSFA_SM90_DECODE_HEAD_DIMS) +
+      ", no cache_leftpad, no left window bound, no softcap, power-of-two page sizes, 16-byte aligned arrays; "
+      "host arrays run the rest on the cpu backend";
+#undef CUTLASSFA_LIST_TEXT
+#undef CUTLASSFA_TEXT
+#else
+  std::string const limits = "float8_e4m3fn KV caches run on the decode kernel of a CUDA build, or on the cpu backend";
+#endif
+  if (which != Backend::kTensorCore && which != Backend::kTensorCoreSm80) return limits;
+  if (!backend_unavailable_reason(which, device).empty()) return limits;
+#if CUTLASSFA_HAS_CUDA
+  if (!(c.problem.scale > 0.f) || !tensorcore_accepts(c)) return limits;
+  // The params as the launch builds them, with the index arrays present where given (their values do not
+  // matter to what the kernel covers).
+  static int const kGiven = 0;
+  CallTensors t;  // host arrays run from compact device copies: no pointer of theirs to align
+  if (c.device >= 0) t.q = c.q.data, t.k = c.k.data, t.v = c.v.data;
+  t.q_strides = c.strides(c.q), t.k_strides = c.strides(c.k), t.v_strides = c.strides(c.v);
+  t.seqlens_k = c.cache_seqlens.given ? &kGiven : nullptr;
+  t.leftpad_k = c.cache_leftpad.given ? &kGiven : nullptr;
+  t.block_table = c.block_table.given ? &kGiven : nullptr;
+  if (sm90_decode_covers(make_params(c.problem, t), device_capability(device))) return "";
+#endif
+  return limits;
 }
 
 }  // namespace
@@ -689,6 +746,23 @@ Call validate(const Request& r) {
   c.sinks = read_per_head(r.sinks, "sinks", "one per query head", p.heads_q, -1, c.device);
   c.alibi_slopes = read_per_head(r.alibi_slopes, "alibi_slopes", "one per query head (and batch entry)", p.heads_q,
                                  p.batch, c.device);
+  if (p.kv_fp8 && !kv_cache) {
+    type_error(std::string(varlen ? "varlen_forward" : "forward") + " takes float8_e4m3fn k and v as a KV cache " +
+               "only (pass cache_seqlens, or block_table); fp8 attention over dense or packed arrays is not supported");
+  }
+  c.k_descale = read_per_head(r.k_descale, "k_descale", "one per K/V head (and batch entry)", p.heads_kv, p.batch,
+                              c.device, true);
+  c.v_descale = read_per_head(r.v_descale, "v_descale", "one per K/V head (and batch entry)", p.heads_kv, p.batch,
+                              c.device, true);
+  for (const FloatArray* descale : {&c.k_descale, &c.v_descale}) {
+    const char* name = descale == &c.k_descale ? "k_descale" : "v_descale";
+    if (descale->given && !p.kv_fp8) {
+      value_error(std::string(name) + " scales a float8_e4m3fn KV cache; k and v have dtype " + c.k.dtype_name);
+    }
+    for (float x : descale->values) {
+      if (!std::isfinite(x)) value_error(std::string(name) + " must be finite, got " + std::to_string(x));
+    }
+  }
   if (given(r.num_splits)) {
     if (!is_int(r.num_splits)) type_error("num_splits must be an int or None, got " + type_label(r.num_splits));
     int64_t const splits = int_value(r.num_splits);
@@ -714,6 +788,7 @@ int resolve_backend(const Call& c, int backend) {
   }
   auto runs = [&](int b) {
     Backend const which = static_cast<Backend>(b);
+    if (p.kv_fp8) return fp8_cache_refusal(c, which, device).empty();
     return backend_unavailable_reason(which, device).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
            (which != Backend::kTensorCore || tensorcore_accepts(c));
   };
@@ -723,6 +798,7 @@ int resolve_backend(const Call& c, int backend) {
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
     if (c.device < 0) return kBackendCpu;
+    if (p.kv_fp8) value_error(fp8_cache_refusal(c, Backend::kTensorCore, device));
     std::string const refusal = head_dim_refusal(Backend::kNaive, p.head_dim, p.dtype);
     if (!refusal.empty() && backend_unavailable_reason(Backend::kNaive, device).empty()) {
       value_error("no GPU backend runs head dim " + num(p.head_dim) + ": " + refusal + " (compiled head dims: " +
@@ -735,6 +811,11 @@ int resolve_backend(const Call& c, int backend) {
   std::string const reason = backend_unavailable_reason(which, device);
   if (!reason.empty()) {
     throw std::runtime_error(std::string("backend '") + backend_label(backend) + "' is not available: " + reason);
+  }
+  if (p.kv_fp8) {
+    std::string const refusal = fp8_cache_refusal(c, which, device);
+    if (!refusal.empty()) value_error(std::string("backend '") + backend_label(backend) + "': " + refusal);
+    return backend;
   }
   std::string const refusal = head_dim_refusal(which, p.head_dim, p.dtype);
   if (!refusal.empty()) {

@@ -36,6 +36,7 @@ struct Request {
   nb::handle max_seqlen_q, max_seqlen_k;    // None or ints
   nb::handle sinks;                         // None, or (Hq,) floats
   nb::handle alibi_slopes;                  // None, or (Hq,) or (B, Hq) floats
+  nb::handle k_descale, v_descale;          // None, or a float, (Hkv,) or (B, Hkv) floats (fp8 caches)
 };
 
 // An int32 index argument: an array on q's device read in place, or host values (numpy, a sequence of
@@ -52,8 +53,9 @@ struct IndexArray {
   bool known() const { return on_host() || read_back; }
 };
 
-// A per-head float argument (params.h): attention sinks (Hq,), ALiBi slopes (Hq,) or (B, Hq). On q's
-// device (float32 read in place, fp16 / bf16 converted at launch), or host values (copied).
+// A per-head float argument (params.h): attention sinks (Hq,), ALiBi slopes (Hq,) or (B, Hq), fp8 caches'
+// descales (one value, (Hkv,) or (B, Hkv)). On q's device (float32 read in place, fp16 / bf16 converted at
+// launch), or host values (copied).
 struct FloatArray {
   bool given = false;
   const void* device_data = nullptr;  // on q's device, rows contiguous; nullptr for host values
@@ -61,6 +63,7 @@ struct FloatArray {
   std::vector<float> values;   // host values, (rows, heads) row-major
   int rows = 0, heads = 0;     // (rows, heads): rows 1 for a (heads,) array
   long long row_stride = 0;    // elements between rows where the kernels read them (0: one row for all)
+  long long head_stride = 1;   // 0: one value for every head
   bool on_host() const { return given && device_data == nullptr; }
 };
 
@@ -78,7 +81,7 @@ struct Call {
   std::optional<ArrayRef> out;
   std::optional<ArrayRef> k_new, v_new;
   IndexArray cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table;
-  FloatArray sinks, alibi_slopes;
+  FloatArray sinks, alibi_slopes, k_descale, v_descale;
   int device = -1;  // -1: host arrays
 
   // (B, H, N) strides in elements of one of q, k, v, out (rank 3: head stride 0; varlen: batch stride 0).

@@ -22,6 +22,7 @@ inline bool tensor_aligned16(const void* ptr, long long batch_stride, long long 
 inline bool tensorcore_aligned(const FwdParams& p) {
   int const in_bytes = p.dtype == DType::kFloat32 ? 4 : 2;
   int const out_bytes = in_bytes;
+  int const kv_bytes = p.kv_fp8 ? 1 : in_bytes;
   // A paged cache: the batch strides step over num_pages pages of page_size rows.
   int const kv_batches = p.block_table != nullptr ? p.num_pages : p.batch;
   int const kv_rows = p.block_table != nullptr ? p.page_size : p.seqlen_k;
@@ -29,9 +30,9 @@ inline bool tensorcore_aligned(const FwdParams& p) {
          tensor_aligned16(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.batch, p.heads_q, p.seqlen_q,
                           in_bytes) &&
          tensor_aligned16(p.k, p.k_batch_stride, p.k_head_stride, p.k_row_stride, kv_batches, p.heads_kv, kv_rows,
-                          in_bytes) &&
+                          kv_bytes) &&
          tensor_aligned16(p.v, p.v_batch_stride, p.v_head_stride, p.v_row_stride, kv_batches, p.heads_kv, kv_rows,
-                          in_bytes) &&
+                          kv_bytes) &&
          tensor_aligned16(p.o, p.o_batch_stride, p.o_head_stride, p.o_row_stride, p.batch, p.heads_q, p.seqlen_q,
                           out_bytes);
 }

@@ -14,7 +14,12 @@
 //  - two CTAs per multiprocessor, so one CTA's first loads overlap another's last steps;
 //  - a paged cache's block-table entries reach shared memory by cp.async two steps ahead of the copies
 //    that need them, so no K/V address waits on a global read.
+// An fp8 (e4m3) cache (params.h kv_fp8) streams half the bytes: its steps land in a ring of fp8 slots and
+// are widened to fp16 in shared memory (one pair of slots a warp) before the MMAs, which then run in fp16
+// whatever q's dtype (e4m3 is exact in fp16; a bf16 Q tile is scaled by a power of two into fp16's range).
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include <cute/tensor.hpp>
 
@@ -32,9 +37,13 @@ namespace cutlassfa::sm80 {
 
 using namespace cute;
 
-template <int kHeadDim_, class Element_, int kRows_>
+template <int kHeadDim_, class Element_, int kRows_, bool kFp8Cache_ = false>
 struct DecodeTraits {
-  using Element = Element_;
+  using Element = Element_;  // of q and o
+  static constexpr bool kFp8Cache = kFp8Cache_;
+  using CacheElement = std::conditional_t<kFp8Cache, cutlass::float_e4m3_t, Element>;  // of k and v
+  using MmaElement = std::conditional_t<kFp8Cache, cutlass::half_t, Element>;          // of the MMA operands
+  static constexpr int kChunkElems = 16 / int(sizeof(CacheElement));  // elements of a 16-byte copy
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kRows_;  // query rows: 16 or 32 (m16n8k16 slabs)
   static_assert(kRows == 16 || kRows == 32);
@@ -47,12 +56,13 @@ struct DecodeTraits {
   // so a narrower head does not pay more steps (softmax, barriers) per byte.
   static constexpr int kWarpKeys = 2048 / kHeadDim;
   static constexpr int kBlockN = kWarpKeys * kNWarps;  // keys per CTA step
-  // 24 KB of K and V in each warp's ring; 100 KB a CTA with Q, two CTAs a multiprocessor.
-  static constexpr int kStages = 3;
+  // 24 KB of K and V in each warp's ring; 100 KB a CTA with Q, two CTAs a multiprocessor. An fp8 ring: 16 KB
+  // in four stages, beside the warp's 8 KB of widened K and V.
+  static constexpr int kStages = kFp8Cache ? 4 : 3;
   static constexpr int kCtasPerSm = 2;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzle rows");
 
-  using MmaAtom = std::conditional_t<cute::is_same_v<Element, cutlass::half_t>,
+  using MmaAtom = std::conditional_t<cute::is_same_v<MmaElement, cutlass::half_t>,
                                      MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>, MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>>;
   using TiledMma = TiledMMA<MmaAtom, Layout<Shape<_1, _1, _1>>, Tile<_16, _16, _16>>;  // one warp
 
@@ -66,20 +76,26 @@ struct DecodeTraits {
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
   // The swizzle atoms are stacked along the rows first (tile_to_shape's order): row r + 8 of a slot is
   // row r of the next atom, the same swizzle pattern 8 x 64 elements further (the copies rely on it).
-  static constexpr int kEightRowsElems = 8 * 64;
-  static_assert(SmemLayoutKV{}(8, 0) == kEightRowsElems && SmemLayoutKV{}(13, 40) == SmemLayoutKV{}(5, 40) + kEightRowsElems);
-  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  static_assert(SmemLayoutKV{}(8, 0) == 8 * 64 && SmemLayoutKV{}(13, 40) == SmemLayoutKV{}(5, 40) + 8 * 64);
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, MmaElement>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, MmaElement>;
+  // The ring's slots as the copies fill them: the MMA's swizzled layout, or for fp8 plain rows (a lane
+  // reads whole 16-byte chunks of them to widen, and 8 lanes of a row cover all banks).
+  using SmemLayoutStage =
+      std::conditional_t<kFp8Cache, Layout<Shape<Int<kWarpKeys>, Int<kHeadDim>>, Stride<Int<kHeadDim>, _1>>, SmemLayoutKV>;
 
   static constexpr int kSlotElems = kWarpKeys * kHeadDim;  // one K or V slot of a warp's ring
-  static constexpr int kSmemQ = kRows * kHeadDim * int(sizeof(Element));
-  static constexpr int kSmemRing = kNWarps * kStages * 2 * kSlotElems * int(sizeof(Element));
+  static constexpr int kStageSlotBytes = kSlotElems * int(sizeof(CacheElement));
+  static constexpr int kEightRowsElems = SmemLayoutStage{}(8, 0);  // a stage slot's rows r and r + 8 (the copies)
+  static constexpr int kSmemQ = kRows * kHeadDim * int(sizeof(MmaElement));
+  static constexpr int kSmemRing = kNWarps * kStages * 2 * kStageSlotBytes;
+  static constexpr int kSmemWide = kFp8Cache ? kNWarps * 2 * kSlotElems * int(sizeof(MmaElement)) : 0;
   // The merge of the warps' results (O rows, lse_s, then each row's lse) reuses the ring.
   static constexpr int kMergeRowStride = kHeadDim + 4;  // floats; breaks the bank pattern of the row writes
   static constexpr int kSmemMerge = (kNWarps * kRows * (kMergeRowStride + 1) + kRows) * int(sizeof(float));
   // Paged caches: each warp's block-table entries of kStages steps (a step's keys touch at most kWarpKeys
   // pages).
-  static constexpr int kSmemTableOffset = kSmemQ + (kSmemRing > kSmemMerge ? kSmemRing : kSmemMerge);
+  static constexpr int kSmemTableOffset = kSmemQ + (kSmemRing + kSmemWide > kSmemMerge ? kSmemRing + kSmemWide : kSmemMerge);
   // Then each warp's word a stage: bit r set when key r of the step lies on a page that does not exist.
   static constexpr int kSmemMissingOffset = kSmemTableOffset + kNWarps * kStages * kWarpKeys * int(sizeof(int));
   static constexpr int kSmemSize = kSmemMissingOffset + kNWarps * kStages * int(sizeof(unsigned));
@@ -112,12 +128,70 @@ __forceinline__ __device__ void cp_async_4_zfill(void* smem, const void* gmem, b
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
 }
 
+// 16 e4m3 values (a 16-byte chunk) as 16 halves (two chunks), exactly.
+__forceinline__ __device__ void widen_e4m3x16(uint4 raw, uint4& lo, uint4& hi) {
+  auto pair = [](uint32_t two) {
+    __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
+  };
+  lo = make_uint4(pair(raw.x & 0xffffu), pair(raw.x >> 16), pair(raw.y & 0xffffu), pair(raw.y >> 16));
+  hi = make_uint4(pair(raw.z & 0xffffu), pair(raw.z >> 16), pair(raw.w & 0xffffu), pair(raw.w >> 16));
+}
+
+// A bf16 Q tile into fp16 shared memory for the fp8 cache's fp16 MMAs: scaled by 2^e so that its largest
+// magnitude lies in [2^13, 2^14) (fp16 then holds every bf16 value above 2^-24 of it exactly, and the
+// products with e4m3's at most 448 stay far from float's range), zero rows past `rows`. Returns e; the
+// whole CTA calls it (one max over the tile).
+template <class Traits, class TensorQ, class Element>
+__device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& params, int rows, int nq) {
+  constexpr int kChunksPerRow = Traits::kHeadDim / 8, kChunks = Traits::kRows * kChunksPerRow;
+  constexpr int kThreadChunks = (kChunks + Traits::kNThreads - 1) / Traits::kNThreads;
+  __shared__ unsigned amax_bits;  // the tile's largest magnitude as float bits (ordered as the floats are)
+  uint4 chunks[kThreadChunks];
+  float amax = 0.f;
+  CUTE_UNROLL
+  for (int i = 0; i < kThreadChunks; ++i) {
+    int const c = threadIdx.x + i * Traits::kNThreads, r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+    chunks[i] = make_uint4(0, 0, 0, 0);
+    if (c < kChunks && r < rows) {
+      chunks[i] = *reinterpret_cast<const uint4*>(q + (r / nq) * params.q_head_stride + (r % nq) * params.q_row_stride + col);
+    }
+    const Element* x = reinterpret_cast<const Element*>(&chunks[i]);
+    CUTE_UNROLL
+    for (int j = 0; j < 8; ++j) { amax = fmaxf(amax, fabsf(static_cast<float>(x[j]))); }
+  }
+  if (threadIdx.x == 0) { amax_bits = 0u; }
+  __syncthreads();
+  atomicMax(&amax_bits, __float_as_uint(amax));
+  __syncthreads();
+  float const tile_max = __uint_as_float(amax_bits);
+  int exponent = 0;
+  if (tile_max > 0.f && isfinite(tile_max)) {
+    int tile_exponent;
+    frexpf(tile_max, &tile_exponent);  // tile_max < 2^tile_exponent
+    exponent = 14 - tile_exponent;
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < kThreadChunks; ++i) {
+    int const c = threadIdx.x + i * Traits::kNThreads, r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+    if (c >= kChunks) { continue; }
+    const Element* x = reinterpret_cast<const Element*>(&chunks[i]);
+    CUTE_UNROLL
+    for (int j = 0; j < 8; ++j) { sQ(r, col + j) = cutlass::half_t(ldexpf(static_cast<float>(x[j]), exponent)); }
+  }
+  return exponent;
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_kernel(const FwdParams params) {
   using Element = typename Traits::Element;
+  using CacheElement = typename Traits::CacheElement;
+  using MmaElement = typename Traits::MmaElement;
   constexpr int kHeadDim = Traits::kHeadDim, kRows = Traits::kRows, kNWarps = Traits::kNWarps;
   constexpr int kWarpKeys = Traits::kWarpKeys, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
-  constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+  constexpr int kChunksPerRow = kHeadDim / Traits::kChunkElems;  // 16-byte chunks of a K / V row
+  // A bf16 Q against an fp8 cache: converted to fp16 (scaled) by plain loads, not copied.
+  constexpr bool kConvertQ = Traits::kFp8Cache && !cute::is_same_v<Element, MmaElement>;
 
   extern __shared__ __align__(128) char smem[];
   int const tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
@@ -142,11 +216,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   int const last_key_min = last_key(0);  // row 0 (query 0) sees the fewest
 
   // ---- Shared memory -------------------------------------------------------------------------------------
-  Element* const q_smem = reinterpret_cast<Element*>(smem);
-  Element* const ring = q_smem + kRows * kHeadDim + warp * kStages * 2 * Traits::kSlotElems;
+  MmaElement* const q_smem = reinterpret_cast<MmaElement*>(smem);
+  char* const ring = smem + Traits::kSmemQ + warp * kStages * 2 * Traits::kStageSlotBytes;  // this warp's stages
   Tensor sQ = make_tensor(make_smem_ptr(q_smem), typename Traits::SmemLayoutQ{});
-  auto slot_k = [&](int s) { return make_tensor(make_smem_ptr(ring + (2 * s) * Traits::kSlotElems), typename Traits::SmemLayoutKV{}); };
-  auto slot_v = [&](int s) { return make_tensor(make_smem_ptr(ring + (2 * s + 1) * Traits::kSlotElems), typename Traits::SmemLayoutKV{}); };
+  auto stage_k = [&](int s) {  // the stage slots, as the copies fill them
+    return make_tensor(make_smem_ptr(reinterpret_cast<CacheElement*>(ring + 2 * s * Traits::kStageSlotBytes)),
+                       typename Traits::SmemLayoutStage{});
+  };
+  auto stage_v = [&](int s) {
+    return make_tensor(make_smem_ptr(reinterpret_cast<CacheElement*>(ring + (2 * s + 1) * Traits::kStageSlotBytes)),
+                       typename Traits::SmemLayoutStage{});
+  };
+  // The K and V slots the MMAs read: the stage itself, or (fp8) the warp's widened pair.
+  MmaElement* const wide = reinterpret_cast<MmaElement*>(smem + Traits::kSmemQ + Traits::kSmemRing) + warp * 2 * Traits::kSlotElems;
+  auto mma_k_ptr = [&](int s) {
+    return Traits::kFp8Cache ? wide : reinterpret_cast<MmaElement*>(ring + 2 * s * Traits::kStageSlotBytes);
+  };
+  auto mma_v_ptr = [&](int s) {
+    return Traits::kFp8Cache ? wide + Traits::kSlotElems : reinterpret_cast<MmaElement*>(ring + (2 * s + 1) * Traits::kStageSlotBytes);
+  };
+  auto slot_k = [&](int s) { return make_tensor(make_smem_ptr(mma_k_ptr(s)), typename Traits::SmemLayoutKV{}); };
 
   // ---- Loads ---------------------------------------------------------------------------------------------
   // A paged cache (rules.h): key p is row p % page_size of page block_table[b][p / page_size]; a page
@@ -175,12 +264,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   // Q: every thread, zero rows past `rows` (their scores are never read out).
   const Element* const q = static_cast<const Element*>(params.q) + b * params.q_batch_stride +
                            static_cast<long long>(h_kv) * params.heads_ratio * params.q_head_stride;
-  CUTE_UNROLL
-  for (int c = tidx; c < kRows * kChunksPerRow; c += Traits::kNThreads) {
-    int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-    bool const valid = r < rows;
-    const Element* src = valid ? q + (r / nq) * params.q_head_stride + (r % nq) * params.q_row_stride + col : q;
-    cp_async_16_zfill(&sQ(r, col), src, valid);
+  constexpr int kQChunksPerRow = kHeadDim / 8;
+  if constexpr (!kConvertQ) {
+    CUTE_UNROLL
+    for (int c = tidx; c < kRows * kQChunksPerRow; c += Traits::kNThreads) {
+      int const r = c / kQChunksPerRow, col = c % kQChunksPerRow * 8;
+      bool const valid = r < rows;
+      const Element* src = valid ? q + (r / nq) * params.q_head_stride + (r % nq) * params.q_row_stride + col : q;
+      cp_async_16_zfill(&sQ(r, col), src, valid);
+    }
   }
   if (paged) {  // the first steps' entries, before their copies
     CUTE_UNROLL
@@ -204,22 +296,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   constexpr int kRowsPerPass = 32 / kChunksPerRow;
   constexpr int kPasses = kWarpKeys / kRowsPerPass;
   constexpr int kPeriod = 8 / kRowsPerPass;  // passes of one swizzle pattern
-  constexpr int kSlotBytes = Traits::kSlotElems * int(sizeof(Element));
-  constexpr int kEightRowsBytes = Traits::kEightRowsElems * int(sizeof(Element));
+  constexpr int kSlotBytes = Traits::kStageSlotBytes;
+  constexpr int kEightRowsBytes = Traits::kEightRowsElems * int(sizeof(CacheElement));
   static_assert(32 % kChunksPerRow == 0 && kPasses % kPeriod == 0 && kPasses % 2 == 0);
-  int const lane_row = lane / kChunksPerRow, lane_col = lane % kChunksPerRow * 8;
+  int const lane_row = lane / kChunksPerRow, lane_col = lane % kChunksPerRow * Traits::kChunkElems;
   uint32_t const ring_k0 = static_cast<uint32_t>(__cvta_generic_to_shared(ring));  // slot 0's K
   uint32_t swizzled[kPeriod];  // this lane's first kPeriod chunks, bytes from a slot's start
   CUTE_UNROLL
   for (int j = 0; j < kPeriod; ++j) {
-    swizzled[j] = static_cast<uint32_t>(__cvta_generic_to_shared(&slot_k(0)(lane_row + kRowsPerPass * j, lane_col))) - ring_k0;
+    swizzled[j] = static_cast<uint32_t>(__cvta_generic_to_shared(&stage_k(0)(lane_row + kRowsPerPass * j, lane_col))) - ring_k0;
   }
   // Passes [first, first + count) of the step in `slot`, from k_src / v_src (this lane's chunk of pass
   // `first`'s rows) on at the byte strides below; the passes whose row is not below `rows_left` are
   // zero-filled (the source is ignored, not read). One form for every step: with a separate form for
   // full steps the compiler ran both, predicated.
-  long long const k_row_bytes = params.k_row_stride * int(sizeof(Element));
-  long long const v_row_bytes = params.v_row_stride * int(sizeof(Element));
+  long long const k_row_bytes = params.k_row_stride * int(sizeof(CacheElement));
+  long long const v_row_bytes = params.v_row_stride * int(sizeof(CacheElement));
   uint32_t const k_pass_bytes = static_cast<uint32_t>(kRowsPerPass * k_row_bytes);  // < 2^32 (launch_decode.cu)
   uint32_t const v_pass_bytes = static_cast<uint32_t>(kRowsPerPass * v_row_bytes);
   auto copy_passes = [&](int slot, const char* k_src, const char* v_src, auto first, auto count,
@@ -236,7 +328,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     }
   };
   // Every pass of a step whose rows follow one another at row_stride from k_rows / v_rows (its first row).
-  auto copy_rows = [&](int slot, const Element* k_rows, const Element* v_rows, int rows_left) __attribute__((always_inline)) {
+  auto copy_rows = [&](int slot, const CacheElement* k_rows, const CacheElement* v_rows, int rows_left) __attribute__((always_inline)) {
     const char* const k_src = reinterpret_cast<const char*>(k_rows + lane_col) + lane_row * k_row_bytes;
     const char* const v_src = reinterpret_cast<const char*>(v_rows + lane_col) + lane_row * v_row_bytes;
     copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, rows_left);
@@ -244,11 +336,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
 
   // (A paged cache's batch strides are its page strides.)
   int const kv_batch = paged ? 0 : b;
-  const Element* const k_head = static_cast<const Element*>(params.k) + kv_batch * params.k_batch_stride + h_kv * params.k_head_stride;
-  const Element* const v_head = static_cast<const Element*>(params.v) + kv_batch * params.v_batch_stride + h_kv * params.v_head_stride;
+  const CacheElement* const k_head =
+      static_cast<const CacheElement*>(params.k) + kv_batch * params.k_batch_stride + h_kv * params.k_head_stride;
+  const CacheElement* const v_head =
+      static_cast<const CacheElement*>(params.v) + kv_batch * params.v_batch_stride + h_kv * params.v_head_stride;
   // A missing page's copies are zero-fills (their source is not read); they still get an address in the cache.
   auto page_or_0 = [&](int entry) { return rules::page_index_valid(entry, params.num_pages) ? entry : 0; };
-  auto page_rows = [&](int entry, long long row0, long long batch_stride, long long row_stride, const Element* head) {
+  auto page_rows = [&](int entry, long long row0, long long batch_stride, long long row_stride, const CacheElement* head) {
     return head + page_or_0(entry) * batch_stride + row0 * row_stride;
   };
   auto load_step = [&](int step) __attribute__((always_inline)) {
@@ -280,19 +374,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       auto half = [&](int e, auto first) __attribute__((always_inline)) {
         bool const missing = !rules::page_index_valid(entries[e], params.num_pages);
         long long const page = page_or_0(entries[e]);
-        long long const k_page = page * params.k_batch_stride * int(sizeof(Element));
-        long long const v_page = page * params.v_batch_stride * int(sizeof(Element));
+        long long const k_page = page * params.k_batch_stride * int(sizeof(CacheElement));
+        long long const v_page = page * params.v_batch_stride * int(sizeof(CacheElement));
         copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, missing ? 0 : rows_left);
       };
       half(0, Int<0>{});
       half(1, Int<kPasses / 2>{});
     } else {  // smaller pages: a page per row
       int const first_page = rules::page_slot_of_key_pow2(key0, page_shift);
-      Tensor sK = slot_k(slot);
-      Tensor sV = slot_v(slot);
+      Tensor sK = stage_k(slot);
+      Tensor sV = stage_v(slot);
       CUTE_UNROLL
       for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
-        int const r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+        int const r = c / kChunksPerRow, col = c % kChunksPerRow * Traits::kChunkElems;
         bool valid = r < rows_left;
         long long page = 0, row = 0;
         if (valid) {
@@ -322,7 +416,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   auto thr_mma = tiled_mma.get_thread_slice(lane);
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, kRows / 16, d / 16)
   Tensor tSrK = thr_mma.partition_fragment_B(slot_k(0));  // (MMA, kWarpKeys / 8, d / 16)
-  Tensor tOrVt = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(ring), typename Traits::SmemLayoutVtNoSwizzle{}));
+  Tensor tOrVt = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(mma_v_ptr(0)), typename Traits::SmemLayoutVtNoSwizzle{}));
   Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kHeadDim>>{});  // (MMA, kRows / 16, d / 8)
   clear(acc_o);
   auto smem_tiled_copy_Q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
@@ -331,6 +425,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(lane);
   auto smem_tiled_copy_V = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
   auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(lane);
+
+  // Scores in the MMA's units: q.k, or with an fp8 cache (q 2^q_exponent).k_fp8, which the descale and the
+  // exponent take back to q.k (params.h). The plain kernel reads its scales from the params where it uses
+  // them (a register held across the loop cost its d = 128, 32-row instantiation 24 bytes of spills).
+  float fp8_scale = 0.f;
+  if constexpr (Traits::kFp8Cache) {
+    int q_exponent = 0;
+    if constexpr (kConvertQ) { q_exponent = load_q_as_fp16<Traits>(sQ, q, params, rows, nq); }
+    float const k_descale = params.k_descale == nullptr ? 1.f
+                            : params.k_descale[b * params.k_descale_batch_stride + h_kv * params.k_descale_head_stride];
+    fp8_scale = ldexpf(params.softmax_scale * k_descale, -q_exponent);
+  }
+  auto score_scale = [&] { return Traits::kFp8Cache ? fp8_scale : params.softmax_scale; };
+  auto score_scale_log2 = [&] { return Traits::kFp8Cache ? fp8_scale * 1.4426950408889634f : params.softmax_scale_log2; };
 
   // Q (the oldest group) has landed once kStages - 1 groups are left; every thread loaded part of it.
   cute::cp_async_wait<kStages - 1>();
@@ -359,6 +467,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     cute::cp_async_fence();
 
     int const slot = step % kStages;
+    if constexpr (Traits::kFp8Cache) {  // the step's fp8 K and V, widened into the warp's MMA slots
+      constexpr int kLaneChunks = kWarpKeys * kChunksPerRow / 32;  // of K, and as many of V
+      static_assert(kLaneChunks * 32 == kWarpKeys * kChunksPerRow);
+      Tensor wK = slot_k(0);
+      CUTE_UNROLL
+      for (int i = 0; i < kLaneChunks; ++i) {
+        int const c = lane + 32 * i, r = c / kChunksPerRow, col = c % kChunksPerRow * 16;
+        uint4 k_lo, k_hi, v_lo, v_hi;
+        widen_e4m3x16(*reinterpret_cast<const uint4*>(ring + 2 * slot * Traits::kStageSlotBytes + c * 16), k_lo, k_hi);
+        widen_e4m3x16(*reinterpret_cast<const uint4*>(ring + (2 * slot + 1) * Traits::kStageSlotBytes + c * 16), v_lo, v_hi);
+        // (The V slot follows the K slot: the same offsets, kSlotElems further.)
+        MmaElement* const lo = &wK(r, col);
+        MmaElement* const hi = &wK(r, col + 8);
+        *reinterpret_cast<uint4*>(lo) = k_lo;
+        *reinterpret_cast<uint4*>(hi) = k_hi;
+        *reinterpret_cast<uint4*>(lo + Traits::kSlotElems) = v_lo;
+        *reinterpret_cast<uint4*>(hi + Traits::kSlotElems) = v_hi;
+      }
+      __syncwarp();
+    }
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, kRows / 16, kWarpKeys / 8)
     clear(acc_s);
     Tensor tSsK = smem_thr_copy_K.partition_S(slot_k(slot));
@@ -389,7 +517,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       for (int mi = 0; mi < kThreadRows; ++mi) {
         int const r = get<0>(tScS_rc(mi, 0));
         int const h = h_kv * params.heads_ratio + min(r, rows - 1) / nq;  // rows past `rows` are never read out
-        float const slope = params.alibi_slopes[b * params.alibi_batch_stride + h] / params.softmax_scale;
+        float const slope = params.alibi_slopes[b * params.alibi_batch_stride + h] / score_scale();
         float const first = static_cast<float>(rules::mask_diagonal(r % nq, nq, keys) - key0);
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) {
@@ -397,17 +525,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
         }
       }
     }
-    softmax.update(acc_s, acc_o, params.softmax_scale_log2);
+    softmax.update(acc_s, acc_o, score_scale_log2());
 
-    Tensor rP = convert_type<Element>(acc_s);
+    Tensor rP = convert_type<MmaElement>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, kRows / 16, kWarpKeys / 16)
-    Tensor sVt = make_tensor(make_smem_ptr(ring + (2 * slot + 1) * Traits::kSlotElems), typename Traits::SmemLayoutVt{});
+    Tensor sVt = make_tensor(make_smem_ptr(mma_v_ptr(slot)), typename Traits::SmemLayoutVt{});
     Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
   }
 
   // ---- Merge the warps by their lse, then write o / lse (or this split's partials) -----------------------
-  Tensor lse = softmax.finalize(acc_o, params.softmax_scale);  // O_w normalized; lse_w natural log
+  Tensor lse = softmax.finalize(acc_o, score_scale());  // O_w normalized; lse_w natural log
   cute::cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring
   float* const merge_o = reinterpret_cast<float*>(smem + Traits::kSmemQ);  // [warp][row][kMergeRowStride]
@@ -450,6 +578,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   __syncthreads();
 
   bool const partial = params.num_splits > 1;
+  float const v_descale = !Traits::kFp8Cache || params.v_descale == nullptr ? 1.f
+                          : params.v_descale[b * params.v_descale_batch_stride + h_kv * params.v_descale_head_stride];
   long long const rows_all = static_cast<long long>(params.batch) * params.heads_q * nq;  // of o_accum
   for (int e = tidx; e < rows * kHeadDim; e += Traits::kNThreads) {
     int const r = e / kHeadDim, col = e % kHeadDim;
@@ -459,6 +589,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       float const weight = merge_lse[w * kRows + r];
       if (weight != 0.f) { out += weight * merge_o[(w * kRows + r) * Traits::kMergeRowStride + col]; }
     }
+    if constexpr (Traits::kFp8Cache) { out *= v_descale; }
     float const row_lse = merge_row_lse[r];
     int const h = h_kv * params.heads_ratio + r / nq, i = r % nq;
     long long const row = (static_cast<long long>(b) * params.heads_q + h) * nq + i;

@@ -1,6 +1,6 @@
 // launch_sm90_decode: what the decode kernel (cpp/sm90decode/decode_kernel.h) covers, its tile, and its
-// launch. Its few instantiations (fp16 / bf16 x CUTLASSFA_SM90_DECODE_HEAD_DIMS x 16 / 32 rows) compile
-// here, in one object.
+// launch. Its few instantiations (fp16 / bf16 q x fp16 / bf16 or fp8 caches x CUTLASSFA_SM90_DECODE_HEAD_DIMS
+// x 16 / 32 rows) compile here, in one object.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -28,9 +28,9 @@ static_assert(DecodeTraitsOf<64, cutlass::half_t>::kRows == kSm90DecodeRows);
 
 bool one_slab(const FwdParams& params) { return static_cast<long long>(params.seqlen_q) * params.heads_ratio <= 16; }
 
-template <int kHeadDim, class Element, int kRows>
+template <int kHeadDim, class Element, int kRows, bool kFp8Cache>
 cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
-  using Traits = sm80::DecodeTraits<kHeadDim, Element, kRows>;
+  using Traits = sm80::DecodeTraits<kHeadDim, Element, kRows, kFp8Cache>;
   static_assert(Traits::kCtasPerSm == kSm90DecodeCtasPerSm, "the split heuristic's CTAs a multiprocessor");
   auto kernel = &sm80::decode_kernel<Traits>;
   if constexpr (Traits::kSmemSize > 48 * 1024) {
@@ -56,7 +56,7 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
                           (p.block_table == nullptr || p.page_size_log2 >= 0);
   long long const rows = static_cast<long long>(p.seqlen_q) * p.heads_ratio;
   // A copy pass's rows span less than 4 GB (its stride is a 32-bit register; a step is at most 32 rows,
-  // 2 bytes an element).
+  // at most 2 bytes an element).
   auto step_in_32_bits = [](long long row_stride) { return row_stride >= 0 && row_stride * 2 * 32 <= UINT32_MAX; };
   return halves && entry_keys && p.seqlen_q >= 1 && rows <= kSm90DecodeRows && p.window_left < 0 &&
          p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
@@ -82,8 +82,12 @@ cudaError_t launch_sm90_decode(const FwdParams& params, cudaStream_t stream) {
     using Element = decltype(element);
     return head_dim_switch<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
-      return one_slab(params) ? run_decode<kHeadDim, Element, 16>(params, stream)
-                              : run_decode<kHeadDim, Element, kSm90DecodeRows>(params, stream);
+      if (params.kv_fp8) {
+        return one_slab(params) ? run_decode<kHeadDim, Element, 16, true>(params, stream)
+                                : run_decode<kHeadDim, Element, kSm90DecodeRows, true>(params, stream);
+      }
+      return one_slab(params) ? run_decode<kHeadDim, Element, 16, false>(params, stream)
+                              : run_decode<kHeadDim, Element, kSm90DecodeRows, false>(params, stream);
     });
   });
 }

@@ -58,6 +58,7 @@ cudaError_t launch(const FwdParams& params, const AppendKV& append, cudaStream_t
 }  // namespace
 
 cudaError_t launch_append_kv(const FwdParams& params, const AppendKV& append, cudaStream_t stream) {
+  if (params.kv_fp8) return launch<unsigned char>(params, append, stream);  // fp8 caches: bytes copied as they are
   switch (params.dtype) {
     case DType::kFloat32: return launch<float>(params, append, stream);
     case DType::kFloat16: return launch<__half>(params, append, stream);

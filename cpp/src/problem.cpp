@@ -70,6 +70,10 @@ FwdParams make_params(const Problem& p, const CallTensors& t) {
     params.num_pages = p.num_pages;
   }
   params.dtype = p.dtype;
+  params.kv_fp8 = p.kv_fp8;
+  params.k_descale = t.k_descale, params.v_descale = t.v_descale;
+  params.k_descale_batch_stride = t.k_descale_strides.batch, params.k_descale_head_stride = t.k_descale_strides.head;
+  params.v_descale_batch_stride = t.v_descale_strides.batch, params.v_descale_head_stride = t.v_descale_strides.head;
   return params;
 }
 

@@ -99,7 +99,8 @@ def backends(device: int = 0) -> dict[str, BackendStatus]:
 
 # Mode keys of `supports`: causal, and the variants (window, softcap, KV caches, varlen, split keys, sinks,
 # ALiBi).
-_KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks", "alibi"}
+_KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks", "alibi",
+                "fp8_cache"}
 
 
 def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode: Any) -> Support:
@@ -107,7 +108,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     this machine (CUDA `device` for GPU backends) in the given mode, and if not, why.
 
     Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache, paged, sinks and
-    alibi (bool: forward with cache_seqlens / block_table / sinks / alibi_slopes ...), varlen (bool:
+    alibi (bool: forward with cache_seqlens / block_table / sinks / alibi_slopes ...), fp8_cache (bool: a
+    float8_e4m3fn KV cache with q of `dtype`; on the GPU also limited by the call's rows, see forward), varlen (bool:
     varlen_forward), num_splits (int or None); values as forward takes them (a value that asks for
     nothing, such as window=(-1, -1) or softcap=0, is the plain case). Other keys name features this
     version does not have."""
@@ -129,6 +131,9 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     # Every backend takes every mode (host arrays run where device arrays do) for the head dims it has
     # kernels for. num_splits > 1 is a schedule of the tensor-core backends; the CUDA-core ones run the
     # keys in one pass, with the same result up to rounding.
+    fp8_cache = bool(mode.get("fp8_cache", False))
+    if fp8_cache and (dtype == "float32" or mode.get("varlen") or mode.get("softcap")):
+        return Support(False, "a float8_e4m3fn KV cache takes float16 / bfloat16 q, no varlen batch and no softcap")
     if backend == "cpu":
         refusal = _head_dim_refusal(head_dim)
         return Support(not refusal, refusal)
@@ -137,14 +142,30 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
+    if fp8_cache:
+        return _fp8_cache_support(backend, int(head_dim), device, mode)
     refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype)
     return Support(not refusal, refusal)
+
+
+def _fp8_cache_support(backend: str, head_dim: int, device: int, mode: dict[str, Any]) -> Support:
+    """fp8 caches on a GPU backend: the decode kernel's (sm_90) head dims, no left window bound (forward's
+    docstring says which calls it takes)."""
+    if backend not in ("tensorcore", "tensorcore_sm80") or _C.device_properties(device)["compute_capability"][0] < 9:
+        return Support(False, "float8_e4m3fn KV caches run on the tensor-core decode kernel (sm_90 and up) and the "
+                              "cpu backend")
+    if head_dim not in _C.head_dims["sm90decode"]:
+        return Support(False, f"the decode kernel has head dims {_C.head_dims['sm90decode']}, not {head_dim}")
+    window = mode.get("window")
+    if window is not None and window[0] >= 0:
+        return Support(False, "the decode kernel takes no left window bound")
+    return Support(True)
 
 
 def _check_modes(mode: dict[str, Any]) -> None:
     """The values of a `supports` mode, checked as `forward` checks them (the extension's validator on
     a one-element probe for window, softcap and num_splits)."""
-    for key in ("kv_cache", "paged", "varlen", "sinks", "alibi"):
+    for key in ("kv_cache", "paged", "varlen", "sinks", "alibi", "fp8_cache"):
         if key in mode:
             _flag(mode[key], key)
     options = {key: mode[key] for key in ("window", "softcap", "num_splits") if key in mode}
@@ -265,14 +286,14 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scal
 
 _NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no option given"
 _OPTION_NAMES = ("window", "softcap", "cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "num_splits",
-                 "sinks", "alibi_slopes")
+                 "sinks", "alibi_slopes", "k_descale", "v_descale")
 
 
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
             window: tuple[int, int] | None = None, softcap: float = _NO_SOFTCAP, cache_seqlens: Any = None,
             cache_leftpad: Any = None, block_table: Any = None, k_new: Any = None, v_new: Any = None,
-            num_splits: int | None = None, sinks: Any = None, alibi_slopes: Any = None, backend: str = "auto",
-            return_lse: bool = False, out: Any = None) -> Any:
+            num_splits: int | None = None, sinks: Any = None, alibi_slopes: Any = None, k_descale: Any = None,
+            v_descale: Any = None, backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
     """Attention forward pass: softmax(scale · q kᵀ) v, computed blockwise without materializing the
     N×N score matrix (except by the `naive` backend).
 
@@ -309,6 +330,14 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     checks them, for debugging): the kernels clamp lengths to the capacity and leftpad to the length,
     mask the keys behind a page index outside [0, num_pages) (never read), and drop appended keys past
     the capacity or on such a page.
+    FP8 KV caches: k and v (and k_new, v_new) of float8_e4m3fn (torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn)
+    with q of float16 or bfloat16, in a KV-cache call (cache_seqlens or block_table given). k_descale /
+    v_descale: float32 dequantization scales, each a float (per tensor), (Hkv,) (per K/V head) or (B, Hkv)
+    (per entry and head; on q's device or host values); None is 1. The result is attention(q, k * k_descale,
+    v * v_descale) with float32 accumulation, in q's dtype. On the GPU they run on the decode kernel (sm_90:
+    at most 32 query rows per K/V head, Nq x Hq / Hkv, head dims 64 and 128, no cache_leftpad, left window
+    bound or softcap, power-of-two page sizes; `supports(..., fp8_cache=True)`); host arrays run other calls
+    on the cpu backend.
     num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
     pass fills the GPU; a call with none of the options above and at most 64 fp16 / bf16 queries chooses
     the same way, other such calls run one pass) or n >= 1 parts of the keys (at most one per 128 keys
@@ -329,9 +358,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
         softmax_scale = _scale(softmax_scale)
     plain = (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
              and block_table is None and k_new is None and v_new is None and num_splits is None and sinks is None
-             and alibi_slopes is None)
+             and alibi_slopes is None and k_descale is None and v_descale is None)
     options = () if plain else (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits,
-                                sinks, alibi_slopes)
+                                sinks, alibi_slopes, k_descale, v_descale)
 
     module = type(q).__module__
     if module.startswith("torch"):
@@ -392,7 +421,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     _require_extension()
     alloc, stream = (_arrays.cupy_empty, _arrays.cupy_stream(q)) if module.startswith("cupy") else (None, -1)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    options = (window, softcap) + (None,) * 6 + (sinks, alibi_slopes)
+    options = (window, softcap) + (None,) * 6 + (sinks, alibi_slopes, None, None)
     result = _C.forward(q, k, v, out, causal, scale, code, return_lse, alloc, stream, False, *options, *varlen)
     if result is None:
         result = _forward_cpu(q, k, v, out, causal, scale, return_lse, options, varlen)
@@ -444,7 +473,7 @@ def _host_index(value: Any) -> Any:
 
 def _host_floats(value: Any) -> np.ndarray:
     """A float argument (sinks) as the cpu backend reads it: float32 numpy (the extension has validated it)."""
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, int, float)):
         return np.asarray(value, np.float32)
     return np.asarray(_arrays.host_numpy(value), np.float32)
 
@@ -460,8 +489,8 @@ def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | 
     if out is None:
         out = _arrays.empty_host_like(like, q.shape, q.dtype.name)
     out_np = _arrays.host_numpy(out)
-    window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits, sinks, alibi_slopes = (
-        options or (None, _NO_SOFTCAP) + (None,) * 8)
+    (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits, sinks, alibi_slopes,
+     k_descale, v_descale) = options or (None, _NO_SOFTCAP) + (None,) * 10
     common = dict(causal=causal, softmax_scale=scale, window=window, softcap=softcap or 0.0,
                   sinks=None if sinks is None else _host_floats(sinks),
                   alibi_slopes=None if alibi_slopes is None else _host_floats(alibi_slopes), return_lse=True,
@@ -476,6 +505,8 @@ def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | 
                                          block_table=_host_index(block_table),
                                          k_new=None if k_new is None else _arrays.host_numpy(k_new),
                                          v_new=None if v_new is None else _arrays.host_numpy(v_new),
+                                         k_descale=None if k_descale is None else _host_floats(k_descale),
+                                         v_descale=None if v_descale is None else _host_floats(v_descale),
                                          num_splits=num_splits, **common)
     else:
         view4 = (lambda a: a[:, None]) if q.ndim == 3 else (lambda a: a)

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import masks
-from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
+from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs, per_head_descale
 from ._options import kvcache_layout, varlen_layout
 from .merge import merged_float32
 from .masks import Window, resolve_window
@@ -132,6 +132,8 @@ def kvcache_forward_cpu(
     num_splits: int | None = None,
     return_lse: bool = False,
     out: np.ndarray | None = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
     block_n: int = 128,
     block_m: int = 128,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -152,6 +154,11 @@ def kvcache_forward_cpu(
             :func:`forward_cpu`, aligned
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         out: optional (B, Hq, Nq, d) array of q's dtype to write into.
+        k_descale, v_descale: None (1), or float32 dequantization scales of the caches and of k_new /
+            v_new, as FlashAttention-3's: a scalar, (Hkv,) or (B, Hkv); the keys and values of entry b
+            and head h are read as k * k_descale[b, h] and v * v_descale[b, h] (e.g. float8_e4m3fn
+            caches with a float16 / bfloat16 q; the output keeps q's dtype). The caches store the
+            quantized values, and appended keys are written as they come.
 
     The arguments are those the extension validated (`cutlassfa.forward(..., backend="cpu")` is the
     checked entry). block_table values are taken as the kernels take a device table: keys behind an
@@ -167,21 +174,27 @@ def kvcache_forward_cpu(
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
     scale = _scale(d, softmax_scale)
     slopes = _slopes(alibi_slopes, b, hq)
+    hkv = k_cache.shape[1]
+    k_scales, v_scales = (per_head_descale(x, b, hkv) for x in (k_descale, v_descale))
     entries = []
     for i in range(b):
         length = int(args.cache_seqlens[i]) + args.n_new
         leftpad = int(args.cache_leftpad[i])
+        k_scale, v_scale = _part(k_scales, i, i + 1), _part(v_scales, i, i + 1)  # (1, Hkv) or None
         # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the
         # same as starting the keys there, L_b - leftpad of them, as FlashAttention does.
         if args.paged:
-            keys = PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length)
+            keys = PagedKeys(k_cache, v_cache, args.block_table[i], args.page_size, leftpad, length,
+                             k_scale=k_scale, v_scale=v_scale)
         else:
-            keys = DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length])
+            keys = DenseKeys(k_cache[i : i + 1, :, leftpad:length], v_cache[i : i + 1, :, leftpad:length],
+                             k_scale=k_scale, v_scale=v_scale)
         # Picked before appending, so that a refusal (a scale overflowing float64) writes nothing: from
-        # the keys already in the cache and the new ones.
+        # the keys already in the cache and the new ones (descaled as the cache's).
         k_max, v_max = keys.max_abs(int(args.cache_seqlens[i]) - leftpad)
         if k_new is not None:
-            k_max, v_max = max(k_max, max_abs(k_new[i])), max(v_max, max_abs(v_new[i]))
+            k_max = max(k_max, max_abs(k_new[i : i + 1], k_scale))
+            v_max = max(v_max, max_abs(v_new[i : i + 1], v_scale))
         dtype = _compute_dtype(max_abs(q[i]), k_max, v_max, d, length - leftpad, scale, cap)
         entries.append((keys, length - leftpad, leftpad, dtype))
     if k_new is not None:

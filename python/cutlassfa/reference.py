@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import masks
+from ._kv_sources import per_head_descale
 from ._options import kvcache_layout, varlen_layout
 from .masks import Window, resolve_window
 
@@ -227,6 +228,8 @@ def kvcache_reference(
     softcap: float = 0.0,
     sinks: Any = None,
     alibi_slopes: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of q against a KV cache, in float64. Never modifies k_cache / v_cache.
 
@@ -244,6 +247,9 @@ def kvcache_reference(
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         block_table values are taken as the kernels take a device table: keys (cached or new) behind
             an entry outside [0, num_pages) count as masked (masks.page_present).
+        k_descale, v_descale: None (1), or float32 dequantization scales (FlashAttention-3's): a scalar,
+            (Hkv,) or (B, Hkv). Entry b's keys and values of head h, cached and new, are
+            k * k_descale[b, h] and v * v_descale[b, h] in float64 (e.g. float8_e4m3fn caches).
 
     Returns:
         (out float64 (B, Hq, Nq, d), lse float64 (B, Hq, Nq)).
@@ -256,6 +262,7 @@ def kvcache_reference(
     sink = _sinks(sinks, hq)
     slopes = _alibi(alibi_slopes, b, hq)
     scale = _default_scale(d, softmax_scale)
+    k_scales, v_scales = (per_head_descale(x, b, k_cache.shape[1]) for x in (k_descale, v_descale))
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
     for i in range(b):
@@ -263,6 +270,11 @@ def kvcache_reference(
         if k_new is not None:
             keys = np.concatenate([keys, np.asarray(k_new[i], dtype=np.float64)], axis=1)
             values = np.concatenate([values, np.asarray(v_new[i], dtype=np.float64)], axis=1)
+        # Not in place: a float64 contiguous cache's entry is a view of the cache.
+        if k_scales is not None:
+            keys = keys * k_scales[i].astype(np.float64)[:, None, None]
+        if v_scales is not None:
+            values = values * v_scales[i].astype(np.float64)[:, None, None]
         # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the same
         # as dropping them, which leaves (L_b - leftpad) - Nq counted from the first kept key.
         lp = int(args.cache_leftpad[i])

@@ -12,7 +12,8 @@
 
 namespace cutlassfa {
 
-enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+// kFloat8E4M3 (float8_e4m3fn) is a KV-cache dtype only (FwdParams::kv_fp8): q and o stay fp16 / bf16.
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat8E4M3 = 3 };
 
 // The widest head dim any backend takes (the validator's bound; the kernels are compiled up to it).
 constexpr int kMaxHeadDim = 256;
@@ -112,7 +113,17 @@ struct FwdParams {
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
 
-  DType dtype;
+  DType dtype;  // of q and o (and of k and v unless kv_fp8)
+
+  // FP8 KV caches: k and v (and the appended keys) are float8 e4m3, q and o fp16 / bf16 (`dtype`). Key j of
+  // entry b and K/V head h is k[...] * k_descale[b * k_descale_batch_stride + h * k_descale_head_stride] (float32
+  // on the device; strides 0 for one scale per tensor; nullptr: 1), v likewise. The decode kernel takes such
+  // calls (launch.h); the planner sends them nowhere else.
+  bool kv_fp8 = false;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  long long k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  long long v_descale_batch_stride = 0, v_descale_head_stride = 0;
 
   // Terms of a score beyond scale * q.k (softcap, ALiBi): the general kernels' steps apply them (sm80, sm90);
   // the warp-specialized kernel takes no such call, the decode kernel ALiBi only (their *_covers, launch.h).

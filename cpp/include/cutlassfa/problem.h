@@ -44,7 +44,8 @@ struct Problem {
   bool kv_cache = false;
   bool paged = false;
   int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
-  DType dtype = DType::kFloat32;
+  DType dtype = DType::kFloat32;  // of q and out
+  bool kv_fp8 = false;            // k and v (and k_new, v_new) are float8 e4m3 caches (params.h)
   int kv_extent = -1;  // dim 0 of k and v as the kernels index it (pages of a paged cache); -1: batch
   int kv_rows = -1;    // rows of one k / v entry (keys per page of a paged cache); -1: seqlen_k
   int page_size = 0, num_pages = 0;
@@ -88,6 +89,10 @@ struct CallTensors {
   const float* sinks = nullptr;         // (heads_q,) float32
   const float* alibi_slopes = nullptr;  // (heads_q,) or rows of alibi_batch_stride per entry, float32
   long long alibi_batch_stride = 0;
+  // FP8 caches' descales (params.h): float32, strides (batch, head) in elements.
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  TensorStrides k_descale_strides, v_descale_strides;
 };
 
 // The one FwdParams builder: sizes, scale (softmax_scale_log2 is computed here and nowhere else),
