@@ -119,13 +119,16 @@ KernelTile kernel_tile(Kernel kernel, const FwdParams& params) {
 // A split holds at least kMinKeysPerSplit keys (a step or two of every warp): a small cache split
 // finer finishes sooner (B 1, 32:4 heads, 2k keys, d 128: 16 splits 10.4 us, 4 splits 13.8 us).
 // H200, bf16, CUDA graphs, inputs rotated past L2; bench/NOTES-variants.md "Decode split counts".
+// An fp8 cache (half the bytes a key, and its widening on top of the math) takes two CTAs a multiprocessor
+// always: with one, its four warps kept DRAM 34 % busy (H200, ncu, B 8, 32:8 heads, 128k keys).
 int decode_num_splits(int sms, const FwdParams& params) {
   constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;
   long long const ctas = static_cast<long long>(params.batch) * params.heads_kv;
   long long const slots = static_cast<long long>(sms) * kSm90DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
   bool const two_slabs = static_cast<long long>(params.seqlen_q) * params.heads_ratio > 16;
-  bool const two_per_sm = two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm;
+  bool const two_per_sm =
+      params.kv_fp8 || (two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm);
   long long const splits = (two_per_sm ? slots : sms) / ctas;
   long long const most = std::max(1, params.seqlen_k / kMinKeysPerSplit);
   return static_cast<int>(std::max(1ll, std::min(splits, most)));
