@@ -111,6 +111,27 @@ def test_other_fp8_formats_are_refused(rng):
                           backend="cpu")
 
 
+def test_torch_operator_and_jax_take_fp8_caches(rng):
+    """PyTorch CPU tensors (eager and torch.compile, through the operator) and JAX arrays (under jax.jit)
+    reach the cpu backend with the same result."""
+    torch = pytest.importorskip("torch", reason="optional package torch")
+    q, k, v, args = _call(rng)
+    lens = args["cache_seqlens"]
+    vd = np.array([0.1, 0.2], np.float32)
+    ref, _ = kvcache_reference(q, k, v, cache_seqlens=lens, k_descale=0.3, v_descale=vd)
+    tq, tk, tv = torch.from_numpy(q), *(torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn) for x in (k, v))
+
+    def call(q, k, v, lens):
+        return cutlassfa.forward(q, k, v, cache_seqlens=lens, k_descale=0.3, v_descale=torch.from_numpy(vd))
+
+    for run in (call, torch.compile(call, fullgraph=True)):
+        assert rel_l2(run(tq, tk, tv, torch.from_numpy(lens)).float().numpy(), ref) <= 2e-3
+    jax = pytest.importorskip("jax", reason="optional package jax")
+    traced = jax.jit(lambda q, k, v, lens: cutlassfa.forward(q, k, v, cache_seqlens=lens, k_descale=0.3, v_descale=vd))
+    out = traced(*(jax.numpy.asarray(x) for x in (q, k, v, lens)))
+    assert rel_l2(np.asarray(out, np.float64), ref) <= 2e-3
+
+
 def test_supports_says_where_fp8_caches_run():
     assert cutlassfa.supports("cpu", "bfloat16", 128, kv_cache=True, fp8_cache=True)
     refused = cutlassfa.supports("cpu", "float32", 128, kv_cache=True, fp8_cache=True)

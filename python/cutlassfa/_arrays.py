@@ -27,12 +27,12 @@ def framework_of(array: Any) -> str | None:
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
-    if dtype == "bfloat16":
+    if dtype in ("bfloat16", "float8_e4m3fn"):  # numpy's through ml_dtypes
         try:
             import ml_dtypes
         except ImportError:
-            raise TypeError("bfloat16 numpy arrays need the ml_dtypes package (pip install ml_dtypes)") from None
-        return np.dtype(ml_dtypes.bfloat16)
+            raise TypeError(f"{dtype} numpy arrays need the ml_dtypes package (pip install ml_dtypes)") from None
+        return np.dtype(getattr(ml_dtypes, dtype))
     return np.dtype(dtype)
 
 
@@ -84,8 +84,8 @@ def _is_torch(array: Any) -> bool:
 
 
 def host_numpy(array: Any) -> np.ndarray:
-    """A numpy view (no copy) of a host array: numpy itself, or a PyTorch CPU tensor (bfloat16 through
-    ml_dtypes, which numpy lacks)."""
+    """A numpy view (no copy) of a host array: numpy itself, or a PyTorch CPU tensor (bfloat16 and
+    float8_e4m3fn through ml_dtypes, which numpy lacks)."""
     if not _is_torch(array):
         return array
     import torch
@@ -93,6 +93,8 @@ def host_numpy(array: Any) -> np.ndarray:
     array = array.detach()  # the cpu backend has no autograd: PyTorch routes calls that need it elsewhere
     if array.dtype == torch.bfloat16:
         return array.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    if array.dtype == torch.float8_e4m3fn:
+        return array.view(torch.uint8).numpy().view(numpy_dtype("float8_e4m3fn"))
     return array.numpy()
 
 
@@ -112,6 +114,8 @@ def torch_from_numpy(array: np.ndarray) -> Any:
 
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    if array.dtype.name == "float8_e4m3fn":
+        return torch.from_numpy(array.view(np.uint8)).view(torch.float8_e4m3fn)
     return torch.from_numpy(array)
 
 

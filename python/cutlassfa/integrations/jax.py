@@ -33,7 +33,7 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
 _TENSORCORE = ("tensorcore", "tensorcore_sm80")
 _CUDA_CORE_FALLBACK = ("large_tile", "small_tile")  # what `auto` takes when tensorcore cannot
 # forward's array arguments beside q, k, v that a traced call takes: operands of the call (host callback)
-_ARRAY_MODES = ("sinks", "alibi_slopes", "cache_seqlens", "cache_leftpad")
+_ARRAY_MODES = ("sinks", "alibi_slopes", "cache_seqlens", "cache_leftpad", "k_descale", "v_descale")
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,13 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
 # batches and KV-cache appends (k_new / v_new write into the cache, a mutation the schema would have to
 # declare) are not operators yet: they run eagerly only.
 _MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None,
-                                   "block_table": None, "num_splits": None, "sinks": None, "alibi_slopes": None}
+                                   "block_table": None, "num_splits": None, "sinks": None, "alibi_slopes": None,
+                                   "k_descale": None, "v_descale": None}
 _FORWARD_SCHEMA = (
     "forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, str backend='auto', "
     "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None, "
-    "Tensor? block_table=None, int? num_splits=None, Tensor? sinks=None, Tensor? alibi_slopes=None) -> "
-    "(Tensor out, Tensor lse)"
+    "Tensor? block_table=None, int? num_splits=None, Tensor? sinks=None, Tensor? alibi_slopes=None, "
+    "Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor out, Tensor lse)"
 )
 # The backward of `forward`: an operator that raises when it runs, so that tracing a training graph
 # (torch.compile traces the backward ahead of time) still works and only running the backward fails.
@@ -107,6 +108,9 @@ def op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
     if unknown:
         raise NotImplementedError(f"cutlassfa.forward: {unknown[0]!r} is not supported through "
                                   "torch.ops.cutlassfa.forward (torch.compile, autograd) yet")
+    for name in ("k_descale", "v_descale"):  # one float per tensor: a 0-d tensor in the schema
+        if isinstance(modes.get(name), (int, float)):
+            modes[name] = torch.tensor(float(modes[name]), dtype=torch.float32, device=q.device)
     result, lse = torch.ops.cutlassfa.forward.default(q, k, v, causal, softmax_scale, backend,
                                                       **{**_MODE_DEFAULTS, **modes})
     if out is not None:
@@ -165,10 +169,12 @@ def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
                   cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                   num_splits: int | None = None, sinks: torch.Tensor | None = None,
-                  alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  alibi_slopes: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+                  v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     given = {"window": None if window is None else tuple(window), "softcap": softcap,
              "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad, "block_table": block_table,
-             "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes}
+             "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes, "k_descale": k_descale,
+             "v_descale": v_descale}
     modes = {name: value for name, value in given.items() if not _is_default(name, value)}
     _state.inside_op = True
     try:
@@ -188,12 +194,14 @@ def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
                   cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                   num_splits: int | None = None, sinks: torch.Tensor | None = None,
-                  alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  alibi_slopes: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+                  v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes of the results (out like q, compact; lse float32 q.shape[:-1]). The extension's
     validator judges the call on stand-ins of the fake tensors' shapes and dtypes (index values read as
     zeros), so that a traced call fails where it is written, with the eager call's messages."""
     given = {"window": window, "softcap": softcap, "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad,
-             "block_table": block_table, "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes}
+             "block_table": block_table, "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes,
+             "k_descale": k_descale, "v_descale": v_descale}
     options = {name: stand_in(value) for name, value in given.items() if not _is_default(name, value)}
     cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
                              backend=backend, **options)

@@ -1,0 +1,11 @@
+import torch, cutlassfa, sys
+b, hq, hkv, keys, d = 8, 32, 8, 131072, 128
+q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(b, hkv, keys, d, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+lens = torch.full((b,), keys, dtype=torch.int32, device="cuda")
+for _ in range(3):
+    cutlassfa.forward(q, k, v, cache_seqlens=lens)
+    cutlassfa.forward(q, k8, v8, cache_seqlens=lens, k_descale=0.5)
+torch.cuda.synchronize()
