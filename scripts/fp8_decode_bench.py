@@ -84,7 +84,6 @@ def case(b: int, hq: int, hkv: int, keys: int, page: int | None, d: int = 128) -
     row = dict(b=b, hq=hq, hkv=hkv, keys=keys, page=page, d=d, ms=ms, bf16_cache_mb=2 * fp8_bytes / 2**20,
                speedup=ms["bf16"] / ms["fp8"], of_read_fp8=ms["read_fp8"] / ms["fp8"],
                fp8_tb_s=fp8_bytes / ms["fp8"] / 1e9, rel_l2_vs_bf16=error)
-    del q, k, v, k8, v8
     return row
 
 

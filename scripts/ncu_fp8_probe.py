@@ -1,4 +1,10 @@
-import torch, cutlassfa, sys
+"""One bf16-cache and one fp8-cache decode call (B 8, 32:8 heads, 128k keys, d 128) after warm-ups, for ncu:
+    ncu --kernel-name regex:decode_kernel --launch-skip 4 --launch-count 2 --set full python scripts/ncu_fp8_probe.py
+"""
+import torch
+
+import cutlassfa
+
 b, hq, hkv, keys, d = 8, 32, 8, 131072, 128
 q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(b, hkv, keys, d, device="cuda", dtype=torch.bfloat16)

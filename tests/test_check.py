@@ -99,7 +99,8 @@ def test_advertised_configuration_outside_the_matrix_fails(monkeypatch, capsys):
     assert len(compiled) == 3 * 2 - 1  # d 32, 128, 256 advertised, x causal, but for the one covered
     assert any("d=256" in gap for gap in compiled) and not any("d=64 " in gap for gap in gaps)
     # and every padded head dim and variant, which these two cases do not cover either
-    assert len(gaps) == len(compiled) + len(check.variants.padded_head_dims()) + len(check.variants.SPECS)
+    takes = sum(check.variants.takes(spec, "float32") for spec in check.variants.SPECS)
+    assert len(gaps) == len(compiled) + len(check.variants.padded_head_dims()) + takes
     results = check.run_check([Backend("cpu", _cpu)], cases, seed=0)
     assert check.report(results, seed=0, gaps=gaps) == 1
     assert "which no case of the matrix covers" in capsys.readouterr().out
@@ -233,9 +234,13 @@ def test_unchecked_bfloat16_without_ml_dtypes_is_stated_and_fails(monkeypatch, c
     code = check.main(["--quick", "--backends", "cpu", "--seed", "3", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 1 and "PASSED" not in out
-    bf16 = sum(c.dtype == "bfloat16" for c in check.build_cases(quick=True))
-    assert f"{bf16} advertised cases not checked" in out and "ml_dtypes" in out
-    assert f"checked per backend: cpu {len(check.build_cases(quick=True)) - bf16}" in out
+    # bfloat16 cases, and the float16 ones with an fp8 cache (float8_e4m3fn arrays come from ml_dtypes too)
+    cases = check.build_cases(quick=True)
+    bf16 = sum(c.dtype == "bfloat16" for c in cases)
+    fp8 = sum(c.dtype == "float16" and c.variant is not None and c.variant.fp8_cache for c in cases)
+    assert f"{bf16} advertised cases not checked: bfloat16" in out
+    assert f"{fp8} advertised cases not checked: float8" in out
+    assert f"checked per backend: cpu {len(cases) - bf16 - fp8}" in out
 
 
 def test_cupy_inputs_without_bfloat16_are_unchecked_not_passed(capsys):

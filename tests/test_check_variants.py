@@ -19,7 +19,7 @@ from cutlassfa.check import Advertised, Backend, variants
 from cutlassfa.check.cases import configurations
 
 CPU = check.public_backend("cpu", "numpy")
-MODE_KEYS = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks", "alibi"}
+MODE_KEYS = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "num_splits", "sinks", "alibi", "fp8_cache"}
 
 
 def _variant_cases(quick=True, dtypes=check.DTYPES, kinds=None):
@@ -49,12 +49,14 @@ def test_matrix_holds_every_variant_mode_the_cpu_backend_advertises(quick):
     assert {k for c in cases for k in c.mode} == MODE_KEYS == set(cutlassfa._api._KNOWN_MODES)
     assert all(CPU.advertises(c) for c in cases)
     # every (dtype, variant) in the matrix, and nothing the cpu backend advertises left out
+    # (an fp8 cache takes half-precision q only)
     assert {(c.dtype, c.variant.name) for c in cases if c.variant} == {
-        (dt, spec.variant.name) for dt in check.DTYPES for spec in variants.SPECS}
+        (dt, spec.variant.name) for dt in check.DTYPES for spec in variants.SPECS if variants.takes(spec, dt)}
     assert check.coverage_gaps("cpu", CPU.advertises, cases, check.DTYPES) == []
     # each variant mode names something and is a mode `supports` takes
     for spec in variants.SPECS:
-        assert spec.variant.mode and cutlassfa.supports("cpu", "float32", 64, causal=spec.causal, **spec.variant.mode)
+        dtype = "float16" if spec.variant.fp8_cache else "float32"
+        assert spec.variant.mode and cutlassfa.supports("cpu", dtype, 64, causal=spec.causal, **spec.variant.mode)
 
 
 def test_matrix_holds_the_windows_softcaps_caches_and_batches_asked_for():
@@ -102,9 +104,10 @@ def test_padded_head_dims_neighbour_every_compiled_width_of_every_family():
 def test_quick_matrix_stays_small():
     quick, full = check.build_cases(quick=True), check.build_cases(quick=False)
     added = [c for c in quick if c.variant is not None or c.d not in cutlassfa.HEAD_DIMS]
-    # each (dtype, variant) once, each (dtype, padded head dim) once; the budget grew with the sink and ALiBi
-    # variants (the CPU's quick run: 236 cases in 12-33 s)
-    assert len(added) == len(check.DTYPES) * (len(variants.SPECS) + len(variants.padded_head_dims())) <= 96
+    # each (dtype, variant) once (fp8 caches: half-precision dtypes only), each (dtype, padded head dim) once;
+    # the budget grew with the sink, ALiBi and fp8-cache variants (the CPU's quick run: 240 cases in 3-33 s)
+    fp8_specs = sum(spec.variant.fp8_cache for spec in variants.SPECS)
+    assert len(added) == len(check.DTYPES) * (len(variants.SPECS) + len(variants.padded_head_dims())) - fp8_specs <= 96
     assert len(quick) <= 250 and len(full) > 3 * len(quick)
     assert max(Counter((c.dtype, c.variant.name) for c in quick if c.variant).values()) == 1
 
@@ -127,7 +130,7 @@ def test_every_backend_on_a_gpu_touches_every_variant_in_quick(monkeypatch):
             backend = check.public_backend(name, "torch")
             assert check.coverage_gaps(name, backend.advertises, cases, check.DTYPES) == [], (name, quick)
             touched = {(c.dtype, c.variant.name) for c in cases if c.variant and backend.advertises(c)}
-            assert len(touched) == len(check.DTYPES) * len(variants.SPECS)
+            assert len(touched) == sum(variants.takes(spec, dt) for dt in check.DTYPES for spec in variants.SPECS)
 
 
 def test_a_variant_advertised_but_not_in_the_matrix_is_a_gap():

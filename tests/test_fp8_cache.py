@@ -83,7 +83,8 @@ def test_cpu_backend_computes_the_dequantized_attention(rng):
 ])
 def test_bad_fp8_calls_raise_naming_the_argument(rng, change, error, words):
     q, k, v, args = _call(rng)
-    casts = {"e4m3": lambda x: x.astype(E4M3), "f16": lambda x: x.astype(np.float16), "f32": lambda x: x.astype(np.float32)}
+    casts = {"e4m3": lambda x: x.astype(E4M3), "f16": lambda x: x.astype(np.float16),
+             "f32": lambda x: x.astype(np.float32)}
     if change.get("q") in casts:
         q = casts[change.pop("q")](q)
     if change.get("v") in casts:
@@ -215,10 +216,9 @@ def test_gpu_bf16_queries_of_any_magnitude(torch, rng, need_backend, magnitude):
     k, v, _ = fp8_cache(rng, b, hkv, cap, d, None)
     scale = 1.0 / (magnitude * np.sqrt(d))  # scores of the order of one whatever the magnitude
     ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=np.full(b, cap), softmax_scale=scale, k_descale=0.25)
-    out, lse = cutlassfa.forward(_cuda_q(torch, q), *(torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn)
-                                                      for x in (k, v)),
-                                 cache_seqlens=np.full(b, cap, np.int32), softmax_scale=scale, k_descale=0.25,
-                                 return_lse=True)
+    dk, dv = (torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn) for x in (k, v))
+    out, lse = cutlassfa.forward(_cuda_q(torch, q), dk, dv, cache_seqlens=np.full(b, cap, np.int32),
+                                 softmax_scale=scale, k_descale=0.25, return_lse=True)
     assert_matches_reference("tensorcore", "bfloat16", out, lse, ref, ref_lse)
 
 

@@ -455,6 +455,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   CUTE_UNROLL
   for (int mi = 0; mi < kThreadRows; ++mi) { last_key_row[mi] = last_key(get<0>(tScS_rc(mi, 0))); }
 
+  // fp8: K or V (`which` 0 / 1) of the stage in `slot`, widened into the warp's MMA slot of it. Lane l widens
+  // 16-byte chunks l + 32 i; a lane whose chunk lies in the odd 64-column half of the swizzled slot writes
+  // its two halves in the other order, so that a store's 8 lanes hit distinct banks.
+  auto widen = [&](int slot, int which) __attribute__((always_inline)) {
+    constexpr int kLaneChunks = kWarpKeys * kChunksPerRow / 32;
+    static_assert(kLaneChunks * 32 == kWarpKeys * kChunksPerRow);
+    Tensor wide_slot = make_tensor(make_smem_ptr(which == 0 ? mma_k_ptr(slot) : mma_v_ptr(slot)), typename Traits::SmemLayoutKV{});
+    const char* const stage = ring + (2 * slot + which) * Traits::kStageSlotBytes;
+    CUTE_UNROLL
+    for (int i = 0; i < kLaneChunks; ++i) {
+      int const c = lane + 32 * i, r = c / kChunksPerRow, col = c % kChunksPerRow * 16;
+      uint4 lo, hi;
+      widen_e4m3x16(*reinterpret_cast<const uint4*>(stage + c * 16), lo, hi);
+      bool const swap = col / 64 % 2;  // (selects, not an indexed pair: that would live in local memory)
+      *reinterpret_cast<uint4*>(&wide_slot(r, col + (swap ? 8 : 0))) = swap ? hi : lo;
+      *reinterpret_cast<uint4*>(&wide_slot(r, col + (swap ? 0 : 8))) = swap ? lo : hi;
+    }
+  };
+  // fp8: a step's K is widened at the end of the step before (its conversion overlaps that step's PV), its V
+  // after its own S MMAs (overlapping their latency and the softmax): step 0's K first.
+  if constexpr (Traits::kFp8Cache) {
+    if (steps > 0) {
+      cute::cp_async_wait<kStages - 2>();
+      __syncwarp();
+      widen(0, 0);
+    }
+  }
+
   OnlineSoftmax<kThreadRows> softmax;
   // ---- K/V loop: the warp's own ring, no CTA barrier ----------------------------------------------------
   for (int step = 0; step < steps; ++step) {
@@ -467,26 +495,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     cute::cp_async_fence();
 
     int const slot = step % kStages;
-    if constexpr (Traits::kFp8Cache) {  // the step's fp8 K and V, widened into the warp's MMA slots
-      constexpr int kLaneChunks = kWarpKeys * kChunksPerRow / 32;  // of K, and as many of V
-      static_assert(kLaneChunks * 32 == kWarpKeys * kChunksPerRow);
-      Tensor wK = slot_k(0);
-      CUTE_UNROLL
-      for (int i = 0; i < kLaneChunks; ++i) {
-        int const c = lane + 32 * i, r = c / kChunksPerRow, col = c % kChunksPerRow * 16;
-        uint4 k_lo, k_hi, v_lo, v_hi;
-        widen_e4m3x16(*reinterpret_cast<const uint4*>(ring + 2 * slot * Traits::kStageSlotBytes + c * 16), k_lo, k_hi);
-        widen_e4m3x16(*reinterpret_cast<const uint4*>(ring + (2 * slot + 1) * Traits::kStageSlotBytes + c * 16), v_lo, v_hi);
-        // (The V slot follows the K slot: the same offsets, kSlotElems further.)
-        MmaElement* const lo = &wK(r, col);
-        MmaElement* const hi = &wK(r, col + 8);
-        *reinterpret_cast<uint4*>(lo) = k_lo;
-        *reinterpret_cast<uint4*>(hi) = k_hi;
-        *reinterpret_cast<uint4*>(lo + Traits::kSlotElems) = v_lo;
-        *reinterpret_cast<uint4*>(hi + Traits::kSlotElems) = v_hi;
-      }
-      __syncwarp();
-    }
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, kRows / 16, kWarpKeys / 8)
     clear(acc_s);
     Tensor tSsK = smem_thr_copy_K.partition_S(slot_k(slot));
@@ -495,6 +503,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     } else {
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
               smem_thr_copy_K);
+    }
+
+    if constexpr (Traits::kFp8Cache) {
+      widen(slot, 1);
+      __syncwarp();  // V widened by every lane; every lane is past this step's K reads
     }
 
     int const key0 = step_key0(step);
@@ -532,6 +545,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     Tensor sVt = make_tensor(make_smem_ptr(mma_v_ptr(slot)), typename Traits::SmemLayoutVt{});
     Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+    if constexpr (Traits::kFp8Cache) {
+      if (step + 1 < steps) {  // the next step's K (its group is the oldest left; the loop's top syncs the warp)
+        cute::cp_async_wait<kStages - 2>();
+        __syncwarp();
+        widen((step + 1) % kStages, 0);
+      }
+    }
   }
 
   // ---- Merge the warps by their lse, then write o / lse (or this split's partials) -----------------------

@@ -151,7 +151,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
 def _fp8_cache_support(backend: str, head_dim: int, device: int, mode: dict[str, Any]) -> Support:
     """fp8 caches on a GPU backend: the decode kernel's (sm_90) head dims, no left window bound (forward's
     docstring says which calls it takes)."""
-    if backend not in ("tensorcore", "tensorcore_sm80") or _C.device_properties(device)["compute_capability"][0] < 9:
+    capability = _C.device_properties(device)["compute_capability"]
+    if backend not in ("tensorcore", "tensorcore_sm80") or capability[0] < 9:
         return Support(False, "float8_e4m3fn KV caches run on the tensor-core decode kernel (sm_90 and up) and the "
                               "cpu backend")
     if head_dim not in _C.head_dims["sm90decode"]:

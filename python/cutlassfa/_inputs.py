@@ -41,7 +41,8 @@ class Variant:
     case's Nk) or paged (pages of page_size keys, capacity >= the case's Nk), with n_new keys appended
     through k_new / v_new and cache_leftpad when given. kind "varlen": varlen_forward over sequences of
     seqlens_q / seqlens_k (B of them). sinks: one attention-sink logit per query head; alibi: ALiBi slopes
-    per (entry, query head) (any kind)."""
+    per (entry, query head) (any kind). fp8_cache (kvcache): k, v, k_new and v_new float8_e4m3fn with
+    descales per (entry, K/V head)."""
 
     name: str
     kind: str = "dense"
@@ -56,6 +57,7 @@ class Variant:
     seqlens_k: tuple[int, ...] = ()
     sinks: bool = False
     alibi: bool = False
+    fp8_cache: bool = False
 
     @property
     def mode(self) -> dict[str, Any]:
@@ -77,6 +79,8 @@ class Variant:
             mode["sinks"] = True
         if self.alibi:
             mode["alibi"] = True
+        if self.fp8_cache:
+            mode["fp8_cache"] = True
         return mode
 
 
@@ -131,7 +135,7 @@ class Case:
 def numpy_dtype(dtype: str) -> np.dtype:
     """numpy dtype for a dtype name; bfloat16 needs ml_dtypes (raises Unsupported without it: a case the
     gate cannot build, rather than the API's TypeError)."""
-    if dtype != "bfloat16":
+    if dtype not in ("bfloat16", "float8_e4m3fn"):
         return np.dtype(dtype)
     try:
         return _arrays.numpy_dtype(dtype)
@@ -142,7 +146,8 @@ def numpy_dtype(dtype: str) -> np.dtype:
 def torch_dtype(dtype: str) -> Any:
     import torch
 
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "float8_e4m3fn": torch.float8_e4m3fn}[dtype]
 
 
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -192,8 +197,8 @@ def to_framework(x32: np.ndarray, dtype: str, framework: str) -> Any:
 
         return torch.from_numpy(np.ascontiguousarray(x32)).to(device="cuda", dtype=torch_dtype(dtype))
     if framework == "cupy":
-        if dtype == "bfloat16":
-            raise Unsupported("CuPy has no bfloat16 arrays")
+        if dtype in ("bfloat16", "float8_e4m3fn"):
+            raise Unsupported(f"CuPy has no {dtype} arrays")
         import cupy
 
         return cupy.asarray(x32.astype(dtype))

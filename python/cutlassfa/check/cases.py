@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .._inputs import DTYPES, Case
 from .support import Advertised
-from .variants import SPECS, padded_head_dims, probes, variant_cases
+from .variants import SPECS, padded_head_dims, probes, takes, variant_cases
 
 SEQLENS_FULL = ((1, 1), (77, 77), (128, 128), (257, 257), (1, 257), (77, 257), (257, 128))
 HEADS_FULL = ((4, 4), (4, 1))
@@ -104,6 +104,8 @@ def configurations(dtypes: Sequence[str]) -> list[tuple[tuple[Any, ...], str, li
         configs.append((("padded", dt, d), f"{dt} d={d} (zero-padded)",
                         [Case(dt, 1, 1, 1, 1, 1, d, causal) for causal in (False, True)]))
     for dt, spec in itertools.product(dtypes, SPECS):
+        if not takes(spec, dt):
+            continue
         found = probes(dt, spec)
         configs.append((("variant", dt, spec.variant.name), f"{dt} {spec.variant.name} {found[0].mode}", found))
     return configs

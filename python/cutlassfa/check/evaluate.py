@@ -72,6 +72,7 @@ class CaseInputs:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     index: dict[str, np.ndarray] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    kv_dtype: str | None = None  # of k, v, k_new and v_new when not the case's (an fp8 cache)
 
 
 def make_inputs(case: Case, seed: int, index: int) -> CaseInputs:
@@ -84,7 +85,7 @@ def make_inputs(case: Case, seed: int, index: int) -> CaseInputs:
         made = variant_inputs(case, rng)
         naive_err = None if made.naive is None else reference.rel_l2(made.naive, made.ref_out)
         return CaseInputs(made.q, made.k, made.v, made.ref_out, made.ref_lse, naive_err, made.arrays, made.index,
-                          made.options)
+                          made.options, made.kv_dtype)
     q, k, v = case_values(case, rng)
     ref_out, ref_lse = reference.attention_reference(q, k, v, causal=case.causal)
     naive_err = None
@@ -106,8 +107,13 @@ def evaluate(backend: Backend, case: Case, inputs: CaseInputs) -> Result:
 
     fw = backend.framework
     try:
-        q, k, v = (to_framework(x, case.dtype, fw) for x in (inputs.q, inputs.k, inputs.v))
-        extra = {name: to_framework(x, case.dtype, fw) for name, x in inputs.arrays.items()}
+        kv_dtype = inputs.kv_dtype or case.dtype
+        q = to_framework(inputs.q, case.dtype, fw)
+        k, v = (to_framework(x, kv_dtype, fw) for x in (inputs.k, inputs.v))
+        # Descales in float32, as users pass them; k_new / v_new in the cache's dtype; the rest in the case's.
+        extra = {name: to_framework(x, "float32" if name.endswith("descale") else
+                                    kv_dtype if name in ("k_new", "v_new") else case.dtype, fw)
+                 for name, x in inputs.arrays.items()}
     except Unsupported as error:  # the harness cannot feed this backend this dtype here
         return Result(backend.name, case, "unchecked", reasons=[str(error)])
     extra.update({name: index_to_framework(x, fw) for name, x in inputs.index.items()}, **inputs.options)

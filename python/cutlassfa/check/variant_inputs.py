@@ -36,6 +36,7 @@ class VariantInputs:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     index: dict[str, np.ndarray] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    kv_dtype: str | None = None  # of k, v, k_new and v_new when not the case's (an fp8 cache)
 
 
 def _mask_options(case: Case, rng: np.random.Generator) -> dict[str, Any]:
@@ -85,6 +86,11 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.nd
     return round_to(rng.standard_normal(shape), dtype)
 
 
+def _draw_e4m3(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Standard normal values times 4 rounded to float8_e4m3fn, as float32 (`dtype` unused: the cache's own)."""
+    return (rng.standard_normal(shape) * 4).astype(numpy_dtype("float8_e4m3fn")).astype(np.float32)
+
+
 def _dense(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     from cutlassfa import reference
 
@@ -106,9 +112,10 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     seqlens = np.array(var.cache_seqlens, np.int32)
     leftpad = np.array(var.cache_leftpad or (0,) * b, np.int32)
     q = _draw(rng, (b, case.H, case.Nq, d), dt)
+    draw_kv = _draw_e4m3 if var.fp8_cache else _draw
     # Each entry's keys and values: the cache part, then the n_new appended ones.
-    keys = [_draw(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
-    values = [_draw(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
+    keys = [draw_kv(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
+    values = [draw_kv(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
     index: dict[str, np.ndarray] = {"cache_seqlens": seqlens}
     if var.cache_leftpad:
         index["cache_leftpad"] = leftpad
@@ -116,14 +123,14 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         per_entry = case.Nk // var.page_size
         pages = b * per_entry + 1  # one page no entry uses
         table = rng.permutation(pages)[: b * per_entry].reshape(b, per_entry).astype(np.int32)
-        k_cache, v_cache = _draw(rng, (pages, hk, var.page_size, d), dt), _draw(rng, (pages, hk, var.page_size, d), dt)
+        k_cache, v_cache = (draw_kv(rng, (pages, hk, var.page_size, d), dt) for _ in range(2))
         for i, n in enumerate(seqlens):
             at = np.arange(n)
             k_cache[table[i, at // var.page_size], :, at % var.page_size] = keys[i][:, :n].transpose(1, 0, 2)
             v_cache[table[i, at // var.page_size], :, at % var.page_size] = values[i][:, :n].transpose(1, 0, 2)
         index["block_table"] = table
     else:
-        k_cache, v_cache = _draw(rng, (b, hk, case.Nk, d), dt), _draw(rng, (b, hk, case.Nk, d), dt)
+        k_cache, v_cache = (draw_kv(rng, (b, hk, case.Nk, d), dt) for _ in range(2))
         for i, n in enumerate(seqlens):
             k_cache[i, :, :n], v_cache[i, :, :n] = keys[i][:, :n], values[i][:, :n]
     arrays = {}
@@ -131,17 +138,25 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         arrays = {"k_new": np.stack([x[:, n:] for x, n in zip(keys, seqlens)]),
                   "v_new": np.stack([x[:, n:] for x, n in zip(values, seqlens)])}
     masking = _mask_options(case, rng)
+    # fp8: descales per (entry, K/V head), multiples of 1/32.
+    descales = {name: rng.integers(2, 12, (b, hk)).astype(np.float32) / 32 for name in ("k_descale", "v_descale")} \
+        if var.fp8_cache else {}
     ref_out, ref_lse = reference.kvcache_reference(q, k_cache, v_cache, causal=case.causal, **index, **arrays,
-                                                   **masking)
+                                                   **masking, **descales)
     naive = None
-    if half is not None:
-        naive = np.concatenate([reference.naive_same_precision(q[i:i + 1], keys[i][None, :, lp:], values[i][None, :, lp:],
-                                                               half, causal=case.causal, **_entry(masking, i))
+    if half is not None:  # the yardstick on each entry's dequantized keys
+        if descales:
+            keys = [x * descales["k_descale"][i][:, None, None] for i, x in enumerate(keys)]
+            values = [x * descales["v_descale"][i][:, None, None] for i, x in enumerate(values)]
+        naive = np.concatenate([reference.naive_same_precision(q[i:i + 1], keys[i][None, :, lp:],
+                                                               values[i][None, :, lp:], half, causal=case.causal,
+                                                               **_entry(masking, i))
                                 for i, lp in enumerate(leftpad)])
     options, sink_array = _forward_options(masking)
     if var.num_splits is not None:
         options["num_splits"] = var.num_splits
-    return VariantInputs(q, k_cache, v_cache, ref_out, ref_lse, naive, {**arrays, **sink_array}, index, options)
+    return VariantInputs(q, k_cache, v_cache, ref_out, ref_lse, naive, {**arrays, **sink_array, **descales}, index,
+                         options, kv_dtype="float8_e4m3fn" if var.fp8_cache else None)
 
 
 def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:

@@ -66,6 +66,11 @@ _KVCACHE = (
          ((4, 1, 1), (4, 2, 4))),
     Spec(Variant("kvcache-alibi", "kvcache", cache_seqlens=(120, 40, 257), cache_leftpad=(0, 17, 200), page_size=7,
                  n_new=2, num_splits=3, alibi=True), True, ((4, 2, 2), (4, 4, 1))),
+    # fp8 caches: the decode kernel's calls (a few rows per K/V head, power-of-two pages, no left padding).
+    Spec(Variant("kvcache-fp8", "kvcache", cache_seqlens=(77, 0, 200), n_new=2, fp8_cache=True), True,
+         ((4, 1, 4), (4, 4, 1))),
+    Spec(Variant("kvcache-fp8-paged-splits", "kvcache", cache_seqlens=(1000, 33), page_size=16, num_splits=3,
+                 sinks=True, alibi=True, fp8_cache=True), False, ((4, 2, 1), (4, 1, 4))),
 )
 # varlen: ragged lengths, one sequence without queries, one without keys (its rows see nothing), one
 # with more queries than keys (causal: its first rows see nothing), one of length 1.
@@ -84,6 +89,8 @@ SPECS = _DENSE + _KVCACHE + _VARLEN
 # backend on every dtype (small_tile runs up to 192, the tensor-core backends fp32 up to 128), so that
 # the one quick case of a (dtype, variant) is advertised wherever the variant is.
 QUICK_HEAD_DIMS = (64, 128, 40, 96, 32, 80, 112)
+# fp8 caches run on the GPU at the decode kernel's head dims only: their quick cases take those.
+FP8_QUICK_HEAD_DIMS = (128, 64)
 # Preferred padded head dims (padded_head_dims adds one wherever a compiled width is left without a
 # padded neighbour): 8 and 40 pad to 32 / 64, 80 to 96 or 128, 112 to 128, 136 to 192 or 256, 200 to 256.
 PREFERRED_PADDED = (8, 40, 80, 112, 136, 200)
@@ -146,11 +153,19 @@ def case_of(spec: Spec, dtype: str, d: int, shape: tuple[int, ...]) -> Case:
     return Case(dtype, len(v.seqlens_q), h, hk, max(v.seqlens_q), max(v.seqlens_k), d, spec.causal, variant=v)
 
 
+def takes(spec: Spec, dtype: str) -> bool:
+    """Whether the spec's variant takes q of `dtype` (an fp8 cache: half precision only)."""
+    return not (spec.variant.fp8_cache and dtype == "float32")
+
+
 def variant_cases(quick: bool, dtypes: Sequence[str]) -> list[Case]:
-    """Every spec on every dtype: once (quick) or on every head dim of variant_head_dims (full)."""
+    """Every spec on every dtype it takes: once (quick) or on every head dim of variant_head_dims (full)."""
     cases = []
     for index, (dtype, spec) in enumerate(itertools.product(dtypes, SPECS)):
-        dims = (QUICK_HEAD_DIMS[index % len(QUICK_HEAD_DIMS)],) if quick else variant_head_dims()
+        if not takes(spec, dtype):
+            continue
+        quick_dims = FP8_QUICK_HEAD_DIMS if spec.variant.fp8_cache else QUICK_HEAD_DIMS
+        dims = (quick_dims[index % len(quick_dims)],) if quick else variant_head_dims()
         for j, d in enumerate(dims):
             cases.append(case_of(spec, dtype, d, spec.shapes[(index + j) % len(spec.shapes)]))
     return cases
