@@ -485,14 +485,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
 
   OnlineSoftmax<kThreadRows> softmax;
   // ---- K/V loop: the warp's own ring, no CTA barrier ----------------------------------------------------
-  for (int step = 0; step < steps; ++step) {
-    cute::cp_async_wait<kStages - 2>();
-    __syncwarp();  // step's K / V, copied by every lane, are visible; every lane is done with step - 1's slot
+  // The loads of step + kStages - 1 (into the stage step - 1 used, and its block-table entries). An fp8 cache
+  // issues them after the step's S MMAs: the kernel is then bound by its instructions' latency, not by
+  // memory, and a paged cache's table reads before the copies would stall the step.
+  auto load_ahead = [&](int step) __attribute__((always_inline)) {
     if (step + kStages - 1 < steps) {
-      if (paged) { load_table(step + 2 * (kStages - 1)); }  // into the slot of step + 1, read last step
+      if (paged) { load_table(step + 2 * (kStages - 1)); }  // into the slot last read by load_step(step - 1)
       load_step(step + kStages - 1);
     }
     cute::cp_async_fence();
+  };
+  for (int step = 0; step < steps; ++step) {
+    cute::cp_async_wait<kStages - 2>();
+    __syncwarp();  // step's K / V, copied by every lane, are visible; every lane is done with step - 1's slot
+    if constexpr (!Traits::kFp8Cache) { load_ahead(step); }
 
     int const slot = step % kStages;
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, kRows / 16, kWarpKeys / 8)
@@ -508,6 +514,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     if constexpr (Traits::kFp8Cache) {
       widen(slot, 1);
       __syncwarp();  // V widened by every lane; every lane is past this step's K reads
+      load_ahead(step);
     }
 
     int const key0 = step_key0(step);
