@@ -2,8 +2,8 @@
 k * k_descale, v * v_descale) in q's dtype. The validator's rules on the CPU (every build); the decode kernel on
 the GPU against the float64 reference of the dequantized cache (contiguous and paged caches, GQA, causal,
 split keys, every descale form, sinks, ALiBi, appended keys, host arrays, extreme q magnitudes), and the
-calls it does not take refused before anything is written. compute-sanitizer runs this file on the GPU
-machine."""
+calls it does not take (and the other backends) on a dequantized copy. compute-sanitizer runs this file on
+the GPU machine."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def test_torch_operator_and_jax_take_fp8_caches(rng):
 
 
 def test_supports_says_where_fp8_caches_run():
-    assert cutlassfa.supports("cpu", "bfloat16", 128, kv_cache=True, fp8_cache=True)
+    assert cutlassfa.supports("cpu", "bfloat16", 128, kv_cache=True, fp8_cache=True, softcap=3.0)
     refused = cutlassfa.supports("cpu", "float32", 128, kv_cache=True, fp8_cache=True)
     assert not refused and "float16 / bfloat16" in refused.reason
 
@@ -269,30 +269,45 @@ def test_gpu_host_arrays(need_backend, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case, words", [
-    (dict(cache_leftpad=np.array([1, 0], np.int32)), "no cache_leftpad"),
-    (dict(window=(8, 0)), "no left window bound"),
-    (dict(softcap=20.0), "no softcap"),
-    (dict(nq=40), "query rows per K/V head"),
-    (dict(d=96), "head dims"),
-])
-def test_gpu_calls_the_decode_kernel_does_not_take_write_nothing(torch, rng, need_backend, case, words):
-    need_backend("tensorcore")
-    case = dict(case)
-    b, hq, hkv, nq, cap, d = 2, 8, 2, case.pop("nq", 1), 128, case.pop("d", 64)
-    q = torch.randn(b, hq, nq, d, device="cuda", dtype=torch.float16)
-    k = torch.randn(b, hkv, cap, d, device="cuda").to(torch.float8_e4m3fn)
-    before = k.view(torch.uint8).clone()
-    out = torch.full_like(q, float("nan"))
-    new = torch.ones(b, hkv, 1, d, device="cuda").to(torch.float8_e4m3fn)
-    options = {name: (to_cuda(torch, x) if isinstance(x, np.ndarray) else x) for name, x in case.items()}
-    with pytest.raises(ValueError, match=words):
-        cutlassfa.forward(q, k, k, cache_seqlens=torch.tensor([5, 9], dtype=torch.int32, device="cuda"), k_new=new,
-                          v_new=new, out=out, **options)
-    assert torch.equal(k.view(torch.uint8), before) and out.isnan().all()
-    with pytest.raises(ValueError, match="decode kernel"):
-        cutlassfa.forward(q, k, k, cache_seqlens=torch.tensor([5, 9], dtype=torch.int32, device="cuda"),
-                          backend="large_tile")
+@pytest.mark.parametrize("backend", ["tensorcore", "large_tile"])
+@pytest.mark.parametrize("case", ["leftpad", "window", "softcap", "rows", "head_dim", "page", "paged_softcap"])
+def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backend, case):
+    """What the decode kernel does not take (left padding, a left window bound, softcap, more than 32 rows
+    per K/V head, head dim 96, a page size of 7) and the other backends run the cache dequantized into q's
+    dtype: the same result, keys appended into the fp8 cache first."""
+    need_backend(backend)
+    b, hq, hkv, nq, cap, d, page = 3, 8, 2, 1, 112, 64, None
+    options = {}
+    if case == "leftpad":
+        options["cache_leftpad"] = np.array([0, 5, 30], np.int32)
+    elif case == "window":
+        options["window"] = (20, 0)
+    elif case in ("softcap", "paged_softcap"):
+        options["softcap"] = 3.0
+    if case == "rows":
+        nq = 40
+    if case == "head_dim":
+        d = 96
+    if case in ("page", "paged_softcap"):
+        page = 7 if case == "page" else 16
+    q = _q(rng, (b, hq, nq, d), "bfloat16")
+    k, v, table = fp8_cache(rng, b, hkv, cap, d, page)
+    k_new, v_new = fp8(rng, (b, hkv, 2, d)), fp8(rng, (b, hkv, 2, d))
+    lens = np.array([40, 70, cap - 2], np.int32)
+    kd, vd = descales(rng, "entry", b, hkv)
+    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
+                                     causal=True, k_descale=kd, v_descale=vd, **options)
+    as_fp8 = lambda x: torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn)  # noqa: E731
+    dk = as_fp8(k)
+    out, lse = cutlassfa.forward(_cuda_q(torch, q), dk, as_fp8(v), cache_seqlens=to_cuda(torch, lens),
+                                 block_table=None if table is None else to_cuda(torch, table), k_new=as_fp8(k_new),
+                                 v_new=as_fp8(v_new), causal=True, k_descale=to_cuda(torch, kd),
+                                 v_descale=to_cuda(torch, vd), backend=backend, return_lse=True,
+                                 **{name: to_cuda(torch, x) if isinstance(x, np.ndarray) else x
+                                    for name, x in options.items()})
+    assert_matches_reference(backend, "bfloat16", out, lse, ref, ref_lse)
+    if table is None:  # the appended keys are in the fp8 cache itself
+        np.testing.assert_array_equal(dk.view(torch.uint8).cpu().numpy()[1, :, 70:72], k_new[1].view(np.uint8))
 
 
 @pytest.mark.gpu

@@ -392,7 +392,26 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
   }
   // num_splits=None: a call with an option chooses as kChooseSplits, a plain one as kDefaultSplits.
   int const requested = p.num_splits > 0 ? p.num_splits : p.variant ? kChooseSplits : kDefaultSplits;
-  return run_plan(make_plan(backend, device, params, requested), params, stream);
+  Plan const plan = make_plan(backend, device, params, requested);
+  if (!params.kv_fp8 || plan.kernel == Kernel::kSm90Decode) return run_plan(plan, params, stream);
+  // An fp8 cache the decode kernel does not take: the other kernels run a dequantized copy (launch.h).
+  void* buffer = nullptr;
+  size_t const bytes = dequantized_kv_bytes(params);
+  cudaError_t err = workspace_alloc(&buffer, bytes, stream);
+  if (err != cudaSuccess) {
+    uploads.failed_bytes = bytes;
+    return err;
+  }
+  size_t const half = static_cast<size_t>(params.batch) * params.heads_kv * params.seqlen_k * params.head_dim * 2;
+  char* const base = static_cast<char*>(buffer);
+  DequantizedKV const copy{base, base + half, reinterpret_cast<int*>(base + 2 * half)};
+  *what = "cutlassfa fp8 cache dequantization";
+  err = launch_dequantize_kv(params, copy, stream);
+  FwdParams const copied = dequantized_params(params, copy);
+  *what = "cutlassfa kernel launch";
+  if (err == cudaSuccess) err = run_plan(make_plan(backend, device, copied, requested), copied, stream);
+  cudaError_t const freed = workspace_free(buffer, stream);
+  return err != cudaSuccess ? err : freed;
 }
 
 // The stream to launch on: `stream_arg` when given (>= 0), else the framework's current stream

@@ -12,8 +12,6 @@
 #include "cutlassfa/config.h"
 #if CUTLASSFA_HAS_CUDA
 #include <cuda_runtime.h>
-
-#include "cutlassfa/launch.h"
 #endif
 
 namespace cutlassfa::bindings {
@@ -658,42 +656,6 @@ bool tensorcore_accepts(const Call& c) {
          (!c.out || aligned(*c.out, p.batch, p.heads_q, p.seqlen_q, bytes));
 }
 
-// Why `which` does not run a call with an fp8 cache on `device` ("" when it does): the decode kernel takes
-// them, on both tensor-core backends, and nothing else does (launch.h sm90_decode_covers, asked with the
-// call's own params).
-std::string fp8_cache_refusal(const Call& c, Backend which, int device) {
-#if CUTLASSFA_HAS_CUDA
-#define CUTLASSFA_TEXT(...) #__VA_ARGS__
-#define CUTLASSFA_LIST_TEXT(list) CUTLASSFA_TEXT(list)
-  std::string const limits =
-      "float8_e4m3fn KV caches run on the decode kernel (sm_90 and up; backend tensorcore): at most " +
-      num(kSm90DecodeRows) + " query rows per K/V head (Nq x Hq / Hkv), head dims " +
-      CUTLASSFA_LIST_TEXT(CUTLASSFA_SM90_DECODE_HEAD_DIMS) +
-      ", no cache_leftpad, no left window bound, no softcap, power-of-two page sizes, 16-byte aligned arrays; "
-      "host arrays run the rest on the cpu backend";
-#undef CUTLASSFA_LIST_TEXT
-#undef CUTLASSFA_TEXT
-#else
-  std::string const limits = "float8_e4m3fn KV caches run on the decode kernel of a CUDA build, or on the cpu backend";
-#endif
-  if (which != Backend::kTensorCore && which != Backend::kTensorCoreSm80) return limits;
-  if (!backend_unavailable_reason(which, device).empty()) return limits;
-#if CUTLASSFA_HAS_CUDA
-  if (!(c.problem.scale > 0.f) || !tensorcore_accepts(c)) return limits;
-  // The params as the launch builds them, with the index arrays present where given (their values do not
-  // matter to what the kernel covers).
-  static int const kGiven = 0;
-  CallTensors t;  // host arrays run from compact device copies: no pointer of theirs to align
-  if (c.device >= 0) t.q = c.q.data, t.k = c.k.data, t.v = c.v.data;
-  t.q_strides = c.strides(c.q), t.k_strides = c.strides(c.k), t.v_strides = c.strides(c.v);
-  t.seqlens_k = c.cache_seqlens.given ? &kGiven : nullptr;
-  t.leftpad_k = c.cache_leftpad.given ? &kGiven : nullptr;
-  t.block_table = c.block_table.given ? &kGiven : nullptr;
-  if (sm90_decode_covers(make_params(c.problem, t), device_capability(device))) return "";
-#endif
-  return limits;
-}
-
 }  // namespace
 
 std::string shape_text(const ArrayRef& a) { return tuple_text(a.shape, recorded(a)); }
@@ -788,7 +750,6 @@ int resolve_backend(const Call& c, int backend) {
   }
   auto runs = [&](int b) {
     Backend const which = static_cast<Backend>(b);
-    if (p.kv_fp8) return fp8_cache_refusal(c, which, device).empty();
     return backend_unavailable_reason(which, device).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
            (which != Backend::kTensorCore || tensorcore_accepts(c));
   };
@@ -798,7 +759,6 @@ int resolve_backend(const Call& c, int backend) {
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
     if (c.device < 0) return kBackendCpu;
-    if (p.kv_fp8) value_error(fp8_cache_refusal(c, Backend::kTensorCore, device));
     std::string const refusal = head_dim_refusal(Backend::kNaive, p.head_dim, p.dtype);
     if (!refusal.empty() && backend_unavailable_reason(Backend::kNaive, device).empty()) {
       value_error("no GPU backend runs head dim " + num(p.head_dim) + ": " + refusal + " (compiled head dims: " +
@@ -811,11 +771,6 @@ int resolve_backend(const Call& c, int backend) {
   std::string const reason = backend_unavailable_reason(which, device);
   if (!reason.empty()) {
     throw std::runtime_error(std::string("backend '") + backend_label(backend) + "' is not available: " + reason);
-  }
-  if (p.kv_fp8) {
-    std::string const refusal = fp8_cache_refusal(c, which, device);
-    if (!refusal.empty()) value_error(std::string("backend '") + backend_label(backend) + "': " + refusal);
-    return backend;
   }
   std::string const refusal = head_dim_refusal(which, p.head_dim, p.dtype);
   if (!refusal.empty()) {

@@ -139,7 +139,7 @@ __forceinline__ __device__ void widen_e4m3x16(uint4 raw, uint4& lo, uint4& hi) {
 }
 
 // A bf16 Q tile into fp16 shared memory for the fp8 cache's fp16 MMAs: scaled by 2^e so that its largest
-// magnitude lies in [2^13, 2^14) (fp16 then holds every bf16 value above 2^-24 of it exactly, and the
+// magnitude lies in [2^13, 2^14) (fp16 then holds exactly every bf16 value down to 2^-27 of it, and the
 // products with e4m3's at most 448 stay far from float's range), zero rows past `rows`. Returns e; the
 // whole CTA calls it (one max over the tile).
 template <class Traits, class TensorQ, class Element>

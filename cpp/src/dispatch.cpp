@@ -79,9 +79,6 @@ Kernel tensorcore_kernel(Backend backend, int device, int capability, const FwdP
   // A few query rows per K/V head against a cache: the decode kernel (both backends: it is an mma.sync
   // kernel, and decode is bound by memory, not by the MMA).
   if (sm90_decode_covers(params, capability)) return Kernel::kSm90Decode;
-  // fp8 caches: the decode kernel only (the validator refused the calls it does not cover; its launcher
-  // refuses them too).
-  if (params.kv_fp8) return Kernel::kSm90Decode;
   if (backend == Backend::kTensorCoreSm80) return Kernel::kSm80;
   // The narrower head dims (d <= 32) run on mma.sync even on sm_90 (wgmma_head_dim).
   if (tensorcore_family(device) != Family::kWgmma || !wgmma_head_dim(params.head_dim)) return Kernel::kSm80;

@@ -109,7 +109,7 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
 
     Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache, paged, sinks and
     alibi (bool: forward with cache_seqlens / block_table / sinks / alibi_slopes ...), fp8_cache (bool: a
-    float8_e4m3fn KV cache with q of `dtype`; on the GPU also limited by the call's rows, see forward), varlen (bool:
+    float8_e4m3fn KV cache with q of `dtype`), varlen (bool:
     varlen_forward), num_splits (int or None); values as forward takes them (a value that asks for
     nothing, such as window=(-1, -1) or softcap=0, is the plain case). Other keys name features this
     version does not have."""
@@ -132,8 +132,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     # kernels for. num_splits > 1 is a schedule of the tensor-core backends; the CUDA-core ones run the
     # keys in one pass, with the same result up to rounding.
     fp8_cache = bool(mode.get("fp8_cache", False))
-    if fp8_cache and (dtype == "float32" or mode.get("varlen") or mode.get("softcap")):
-        return Support(False, "a float8_e4m3fn KV cache takes float16 / bfloat16 q, no varlen batch and no softcap")
+    if fp8_cache and (dtype == "float32" or mode.get("varlen")):
+        return Support(False, "a float8_e4m3fn KV cache takes float16 / bfloat16 q, in a KV-cache call (not varlen)")
     if backend == "cpu":
         refusal = _head_dim_refusal(head_dim)
         return Support(not refusal, refusal)
@@ -142,25 +142,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
-    if fp8_cache:
-        return _fp8_cache_support(backend, int(head_dim), device, mode)
     refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype)
     return Support(not refusal, refusal)
-
-
-def _fp8_cache_support(backend: str, head_dim: int, device: int, mode: dict[str, Any]) -> Support:
-    """fp8 caches on a GPU backend: the decode kernel's (sm_90) head dims, no left window bound (forward's
-    docstring says which calls it takes)."""
-    capability = _C.device_properties(device)["compute_capability"]
-    if backend not in ("tensorcore", "tensorcore_sm80") or capability[0] < 9:
-        return Support(False, "float8_e4m3fn KV caches run on the tensor-core decode kernel (sm_90 and up) and the "
-                              "cpu backend")
-    if head_dim not in _C.head_dims["sm90decode"]:
-        return Support(False, f"the decode kernel has head dims {_C.head_dims['sm90decode']}, not {head_dim}")
-    window = mode.get("window")
-    if window is not None and window[0] >= 0:
-        return Support(False, "the decode kernel takes no left window bound")
-    return Support(True)
 
 
 def _check_modes(mode: dict[str, Any]) -> None:
@@ -335,10 +318,11 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     with q of float16 or bfloat16, in a KV-cache call (cache_seqlens or block_table given). k_descale /
     v_descale: float32 dequantization scales, each a float (per tensor), (Hkv,) (per K/V head) or (B, Hkv)
     (per entry and head; on q's device or host values); None is 1. The result is attention(q, k * k_descale,
-    v * v_descale) with float32 accumulation, in q's dtype. On the GPU they run on the decode kernel (sm_90:
-    at most 32 query rows per K/V head, Nq x Hq / Hkv, head dims 64 and 128, no cache_leftpad, left window
-    bound or softcap, power-of-two page sizes; `supports(..., fp8_cache=True)`); host arrays run other calls
-    on the cpu backend.
+    v * v_descale) with float32 accumulation, in q's dtype. The decode kernel (sm_90: at most 32 query rows
+    per K/V head, Nq x Hq / Hkv, head dims 64 and 128, no cache_leftpad, left window bound or softcap,
+    power-of-two page sizes) reads the fp8 bytes; every other call and backend runs on a dequantized copy of
+    the cache in q's dtype (a workspace of B x Hkv x capacity x d x 2 bytes for K and for V, freed after the
+    call).
     num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
     pass fills the GPU; a call with none of the options above and at most 64 fp16 / bf16 queries chooses
     the same way, other such calls run one pass) or n >= 1 parts of the keys (at most one per 128 keys

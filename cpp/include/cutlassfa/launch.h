@@ -73,7 +73,8 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 
 // The decode kernel (mma.sync, run on sm_90 and up: two 100 KB CTAs a multiprocessor),
 // cpp/sm90decode/launch_decode.cu: the few query rows of one K/V head (seqlen_q x heads_ratio <=
-// kSm90DecodeRows) against a K/V cache, one CTA per (batch, K/V head, key split), fp16 / bf16 at
+// kSm90DecodeRows) against a K/V cache, one CTA per (batch, K/V head, key split), fp16 / bf16 q with a cache
+// of q's dtype or fp8 (e4m3, params.h kv_fp8; the only kernel that takes those) at
 // CUTLASSFA_SM90_DECODE_HEAD_DIMS; contiguous or paged caches (power-of-two page sizes) with or without
 // seqlens_k, causal or a right window bound, ALiBi, lse, splits. Not: varlen, left padding or a left window
 // bound, softcap, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
@@ -100,6 +101,19 @@ struct AppendKV {
 // entry b; a position past the capacity (seqlen_k) or through a page index outside [0, num_pages) is
 // dropped. params.seqlens_k itself is not modified. cpp/src/append_kv.cu.
 cudaError_t launch_append_kv(const FwdParams& params, const AppendKV& append, cudaStream_t stream);
+
+// FP8 caches on the kernels other than the decode kernel (cpp/src/dequantize_kv.cu): the cache dequantized
+// (descales applied) into a compact copy of q's dtype, (B, Hkv, seqlen_k, d), or for a paged cache a pool of
+// B x pages-an-entry pages and a table naming them (-1 where the original names no page), in one workspace
+// buffer of dequantized_kv_bytes; dequantized_params are the call's params on the copy (kv_fp8 off).
+struct DequantizedKV {
+  void* k;
+  void* v;
+  int* block_table;  // paged caches only
+};
+size_t dequantized_kv_bytes(const FwdParams& params);
+FwdParams dequantized_params(const FwdParams& params, const DequantizedKV& copy);
+cudaError_t launch_dequantize_kv(const FwdParams& params, const DequantizedKV& copy, cudaStream_t stream);
 
 // Merges the num_splits partial results of o_accum / lse_accum into params.o and params.lse (when not
 // nullptr) by their lse; at most kMaxCombinedSplits splits. cpp/src/split_combine.cu.
