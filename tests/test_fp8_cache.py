@@ -274,7 +274,10 @@ def test_gpu_host_arrays(need_backend, rng):
 def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backend, case):
     """What the decode kernel does not take (left padding, a left window bound, softcap, more than 32 rows
     per K/V head, head dim 96, a page size of 7) and the other backends run the cache dequantized into q's
-    dtype: the same result, keys appended into the fp8 cache first."""
+    dtype, keys appended into the fp8 cache first: the attention of that copy (k * k_descale rounded to
+    bf16: the one rounding this path adds, against the decode kernel's exact fp32 descale)."""
+    from cutlassfa._inputs import round_to
+
     need_backend(backend)
     b, hq, hkv, nq, cap, d, page = 3, 8, 2, 1, 112, 64, None
     options = {}
@@ -294,9 +297,10 @@ def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backen
     k, v, table = fp8_cache(rng, b, hkv, cap, d, page)
     k_new, v_new = fp8(rng, (b, hkv, 2, d)), fp8(rng, (b, hkv, 2, d))
     lens = np.array([40, 70, cap - 2], np.int32)
-    kd, vd = descales(rng, "entry", b, hkv)
-    ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
-                                     causal=True, k_descale=kd, v_descale=vd, **options)
+    kd, vd = descales(rng, "head", b, hkv)
+    copy = lambda x, s: round_to(x.astype(np.float32) * s[None, :, None, None], "bfloat16")  # noqa: E731
+    ref, ref_lse = kvcache_reference(q, copy(k, kd), copy(v, vd), cache_seqlens=lens, block_table=table,
+                                     k_new=copy(k_new, kd), v_new=copy(v_new, vd), causal=True, **options)
     as_fp8 = lambda x: torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn)  # noqa: E731
     dk = as_fp8(k)
     out, lse = cutlassfa.forward(_cuda_q(torch, q), dk, as_fp8(v), cache_seqlens=to_cuda(torch, lens),
