@@ -117,8 +117,8 @@ struct FwdParams {
 
   // FP8 KV caches: k and v (and the appended keys) are float8 e4m3, q and o fp16 / bf16 (`dtype`). Key j of
   // entry b and K/V head h is k[...] * k_descale[b * k_descale_batch_stride + h * k_descale_head_stride] (float32
-  // on the device; strides 0 for one scale per tensor; nullptr: 1), v likewise. The decode kernel takes such
-  // calls (launch.h); the planner sends them nowhere else.
+  // on the device; strides 0 for one scale per tensor; nullptr: 1), v likewise. The decode kernel reads them;
+  // every other kernel runs a copy dequantized into `dtype` (launch.h, dequantized_params: kv_fp8 off).
   bool kv_fp8 = false;
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
