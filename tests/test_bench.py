@@ -1208,3 +1208,21 @@ def test_varlen_quick_grid_on_gpu(tmp_path, torch, need_backend):
     assert all(r["status"] != "error" for r in sdpa), sdpa
     assert any(r["status"] == "ok" and r["mode"] == "varlen" for r in sdpa), sdpa
     assert all(r["status"] == "ok" for r in rows if r["backend"] == "read")
+
+
+def test_fp8_cache_rows_are_checked_against_the_dequantized_cache(tmp_path):
+    """A `<backend>_fp8` row runs K and V as an e4m3 cache (dense cases as full caches) and is held to the
+    reference of the dequantized values, which differs from the plain one by the quantization."""
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "2,4:2,4,130,64", "--shape", "1,4,3,96,32", "--causal", "both", "--backends",
+                 "cpu,cpu_fp8", "--repeats", "3", "--warmup", "1", "--no-progress", "--json", str(path)])
+    assert code == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["backend"] for r in rows} == {"cpu", "cpu_fp8"}
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-3 for r in rows), rows
+    case = bench.select_cases(_args(["--shape", "2,4:2,4,130,64"]))[0]
+    q, k, v = (np.random.default_rng(i).standard_normal(shape).astype(np.float16)
+               for i, shape in enumerate([(2, 4, 4, 64), (2, 2, 130, 64), (2, 2, 130, 64)]))
+    fp8 = bench.reference_sample(case, q, k, v, kv_values=bench.runners.fp8_roundtrip)
+    assert 1e-3 < rel_l2(fp8, bench.reference_sample(case, q, k, v)) < 5e-2
+    assert bench.split_term("tensorcore_fp8") == ("tensorcore", "fp8_cache")

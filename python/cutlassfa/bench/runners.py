@@ -4,8 +4,9 @@ sliding windows (which no SDPA backend skips: a dense mask computes all N^2 pair
 block mask (`flex`); FlashAttention-4 (`fa4`, flash_attn.cute, when installed). `read` is no attention: a
 plain read of K and V, the same-run bandwidth ceiling of decode. Rows named `<row>_sinks` (tensorcore_sinks,
 fa4_sinks, ...) make the same call with attention sinks, `<row>_alibi` with ALiBi slopes (`term_values`, one
-per query head, on the device), so that a score term's cost is timed interleaved with the plain call and
-the peers'.
+per query head, on the device), `<row>_fp8` (ours) against an fp8 (e4m3) copy of K and V as a KV cache
+(`fp8_roundtrip`: the values times FP8_SCALE, descale 1 / FP8_SCALE per K/V head), so that a term's cost is
+timed interleaved with the plain call and the peers'.
 
 Ours and read are fed the case's own arrays (feeds.py): a paged case's page pools with cache_seqlens and
 block_table, a varlen batch's packed arrays with cu_seqlens_q and cu_seqlens_k. The anchors are fed the
@@ -35,8 +36,13 @@ SDPA_BACKENDS = {
 }
 FLEX = "flex"  # torch.nn.attention.flex_attention, compiled, with a block mask of the case's mask
 FA4 = "fa4"  # FlashAttention-4's flash_attn.cute.flash_attn_func ((B, N, H, d) views of the dense arrays)
-SINKS, ALIBI = "_sinks", "_alibi"  # suffixes of rows that add attention sinks (ours, fa4) / ALiBi (ours)
-TERMS = {SINKS: "sinks", ALIBI: "alibi_slopes"}  # row suffix -> forward's argument
+SINKS, ALIBI, FP8 = "_sinks", "_alibi", "_fp8"  # rows with attention sinks (ours, fa4) / ALiBi / an fp8 cache (ours)
+FP8_CACHE = "fp8_cache"  # the fp8 rows' term: not an argument of forward, K and V as an e4m3 cache
+TERMS = {SINKS: "sinks", ALIBI: "alibi_slopes", FP8: FP8_CACHE}  # row suffix -> forward's argument (or FP8_CACHE)
+# The fp8 rows' cache: K and V times FP8_SCALE rounded to e4m3, k_descale = v_descale = 1 / FP8_SCALE (a power
+# of two: the dequantized values are the e4m3 ones scaled exactly). The bench's values, ~N(0, 1), stay far
+# inside e4m3's range (448) and mostly above its subnormals (2^-6).
+FP8_SCALE = 32.0
 ANCHORS = tuple(SDPA_BACKENDS) + (FLEX, FA4, FA4 + SINKS)
 READ = "read"  # no attention: K and V streamed once by torch sums, the bandwidth ceiling of a decode row
 ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,) + tuple(name + suffix for suffix in TERMS for name in OUR_BACKENDS)
@@ -86,6 +92,31 @@ def term_values(case: Case, term: str) -> np.ndarray:
     return (2.0 ** (-8.0 * np.arange(1, case.H + 1) / case.H)).astype(np.float32)
 
 
+def fp8_roundtrip(x: np.ndarray) -> np.ndarray:
+    """Host values as the fp8 rows' caches hold them, dequantized (float64): the reference of those rows."""
+    from .._arrays import numpy_dtype
+
+    e4m3 = (np.asarray(x, np.float32) * np.float32(FP8_SCALE)).astype(numpy_dtype("float8_e4m3fn"))
+    return e4m3.astype(np.float64) / FP8_SCALE
+
+
+def _fp8_cache(k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """k and v as the fp8 rows' e4m3 caches, and their (Hkv,) descale, on k's device and framework."""
+    heads = k.shape[-3] if k.ndim == 4 else 1
+    if type(k).__module__.startswith("torch"):
+        import torch
+
+        descale = torch.full((heads,), 1.0 / FP8_SCALE, dtype=torch.float32, device=k.device)
+        return (*((x.float() * FP8_SCALE).to(torch.float8_e4m3fn) for x in (k, v)), descale)
+    if isinstance(k, np.ndarray):
+        from .._arrays import numpy_dtype
+
+        e4m3 = numpy_dtype("float8_e4m3fn")
+        return (*((x.astype(np.float32) * np.float32(FP8_SCALE)).astype(e4m3) for x in (k, v)),
+                np.full(heads, 1.0 / FP8_SCALE, np.float32))
+    raise Unsupported("the fp8 rows take PyTorch tensors or numpy arrays")
+
+
 def _device_values(case: Case, term: str, like: Any) -> Any:
     """term_values on `like`'s device and framework (made once per prepare, outside the timing)."""
     values = term_values(case, term)
@@ -106,6 +137,8 @@ def ours(name: str, term: str | None = None) -> Runner:
         call = plain(case)
         if term is None:
             return call
+        if term == FP8_CACHE:
+            return with_fp8_cache(case, call)
         if kind_of(case) != "dense":
             raise Unsupported("the score-term rows run dense cases (prefill and decode grids)")
         held: list[Any] = []
@@ -117,13 +150,36 @@ def ours(name: str, term: str | None = None) -> Runner:
 
         return with_term
 
+    def with_fp8_cache(case: Case, call: Callable[..., Any]) -> Callable[..., Any]:
+        """The call against e4m3 copies of K and V (made once per input copy, outside the timing); a dense
+        case's K and V become full caches (cache_seqlens = Nk)."""
+        import cutlassfa
+
+        kind = kind_of(case)
+        if kind == "varlen" or (kind == "dense" and case.window is not None):
+            raise Unsupported("the fp8 rows run KV caches, and dense cases without a window")
+        held: dict[int, tuple[Any, ...]] = {}
+
+        def fp8(q: Any, k: Any, v: Any, *index: Any) -> Any:
+            if id(k) not in held:
+                k8, v8, descale = _fp8_cache(k, v)
+                lengths = index or (_full_lengths(case, q),)
+                held[id(k)] = (k8, v8, descale, lengths)
+            k8, v8, descale, lengths = held[id(k)]
+            if kind == "dense":
+                return cutlassfa.forward(q, k8, v8, causal=case.causal, cache_seqlens=lengths[0], k_descale=descale,
+                                         v_descale=descale, backend=name)
+            return call(q, k8, v8, *lengths, k_descale=descale, v_descale=descale)
+
+        return fp8
+
     def plain(case: Case) -> Callable[..., Any]:
         import cutlassfa
 
         kind = kind_of(case)
         if kind in ("paged", "kvcache"):
-            return lambda q, k, v, cache_seqlens, block_table=None: cutlassfa.forward(
-                q, k, v, causal=case.causal, cache_seqlens=cache_seqlens, block_table=block_table, backend=name)
+            return lambda q, k, v, cache_seqlens, block_table=None, **kw: cutlassfa.forward(
+                q, k, v, causal=case.causal, cache_seqlens=cache_seqlens, block_table=block_table, backend=name, **kw)
         if kind == "varlen":
             # The longest lengths as host ints, as a serving stack passes them: without them the grid
             # covers the totals (varlen_forward's docstring).
@@ -138,6 +194,16 @@ def ours(name: str, term: str | None = None) -> Runner:
 
     suffix = {value: key for key, value in TERMS.items()}.get(term, "")
     return Runner(name + suffix, prepare, on_gpu=name != "cpu", term=term)
+
+
+def _full_lengths(case: Case, like: Any) -> Any:
+    """cache_seqlens of a dense case's K and V as full caches: (B,) int32 Nk, on q's device."""
+    lengths = np.full(case.B, case.Nk, np.int32)
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(lengths).to(like.device)
+    return lengths
 
 
 def fa4(sinks: bool = False) -> Runner:
