@@ -197,13 +197,13 @@ def ours(name: str, term: str | None = None) -> Runner:
 
 
 def _full_lengths(case: Case, like: Any) -> Any:
-    """cache_seqlens of a dense case's K and V as full caches: (B,) int32 Nk, on q's device."""
-    lengths = np.full(case.B, case.Nk, np.int32)
+    """cache_seqlens of a dense case's K and V as full caches: (B,) int32 Nk, on q's device (made there: an
+    input copy first seen inside a CUDA graph's capture may not copy from the host)."""
     if type(like).__module__.startswith("torch"):
         import torch
 
-        return torch.from_numpy(lengths).to(like.device)
-    return lengths
+        return torch.full((case.B,), case.Nk, dtype=torch.int32, device=like.device)
+    return np.full(case.B, case.Nk, np.int32)
 
 
 def fa4(sinks: bool = False) -> Runner:
