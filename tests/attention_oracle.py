@@ -71,6 +71,22 @@ def gather_entry(cache, length, pages=None, page_size=None):
     return np.stack(rows, axis=1).astype(np.float64)
 
 
+def cache_after_append(cache, new, lengths, block_table=None, page_size=None):
+    """A copy of `cache` as it must be once `new` (B, Hkv, Nnew, d) is appended at [L_b, L_b + Nnew) of each
+    entry b (contiguous, or through block_table), position by position."""
+    expect = cache.copy()
+    if new is None:
+        return expect
+    for i, n in enumerate(lengths):
+        for t in range(new.shape[2]):
+            p = int(n) + t
+            if block_table is None:
+                expect[i, :, p] = new[i, :, t]
+            else:
+                expect[block_table[i, p // page_size], :, p % page_size] = new[i, :, t]
+    return expect
+
+
 def assert_matches(out, lse, want_out, want_lse, dtype_name="float32"):
     """A float32-accumulating backend against the float64 oracle: same rows with no key (-inf lse),
     out within one unit roundoff of the output dtype plus float32 noise, lse within LSE_TOL."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attention_oracle import cache_after_append
 from cutlassfa._kv_sources import DenseKeys, PagedKeys, per_head_descale
 from cutlassfa.cpu import kvcache_forward_cpu
 from cutlassfa.reference import kvcache_reference, rel_l2
@@ -117,16 +118,7 @@ def assert_same_bits(a, b):
 
 def expected_after_append(case, cache, new):
     """The cache as it must be after appending `new` at [L_b, L_b + Nnew) of each entry."""
-    expect = cache.copy()
-    if new is not None:
-        for i, n in enumerate(case.lengths):
-            for t in range(new.shape[2]):
-                p = int(n) + t
-                if case.block_table is None:
-                    expect[i, :, p] = new[i, :, t]
-                else:
-                    expect[case.block_table[i, p // case.page_size], :, p % case.page_size] = new[i, :, t]
-    return expect
+    return cache_after_append(cache, new, case.lengths, case.block_table, case.page_size)
 
 
 MODES = [(1, False), (4, True), (4, False)]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cutlassfa
-from attention_oracle import assert_matches, dense_attention, gather_entry, visible
+from attention_oracle import assert_matches, cache_after_append, dense_attention, gather_entry, visible
 from cutlassfa import _kv_sources, masks
 from cutlassfa.cpu import kvcache_forward_cpu
 from cutlassfa.reference import kvcache_reference
@@ -118,16 +118,7 @@ def run_and_check(case, **mode):
 def check_appended(case, k_before, v_before):
     """The new keys sit at [L_b, L_b + Nnew) of each entry; every other slot is unchanged."""
     for cache, old, new in ((case.k_cache, k_before, case.k_new), (case.v_cache, v_before, case.v_new)):
-        expect = old.copy()
-        if new is not None:
-            for i, n in enumerate(case.lengths):
-                for t in range(new.shape[2]):
-                    p = int(n) + t
-                    if case.block_table is None:
-                        expect[i, :, p] = new[i, :, t]
-                    else:
-                        expect[case.block_table[i, p // case.page_size], :, p % case.page_size] = new[i, :, t]
-        assert_same_bits(cache, expect)
+        assert_same_bits(cache, cache_after_append(old, new, case.lengths, case.block_table, case.page_size))
 
 
 # ---- the matrix: contiguous / page sizes x GQA x decode / several queries x causal x appended keys ----
