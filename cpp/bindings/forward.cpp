@@ -402,9 +402,7 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
     uploads.failed_bytes = bytes;
     return err;
   }
-  size_t const half = static_cast<size_t>(params.batch) * params.heads_kv * params.seqlen_k * params.head_dim * 2;
-  char* const base = static_cast<char*>(buffer);
-  DequantizedKV const copy{base, base + half, reinterpret_cast<int*>(base + 2 * half)};
+  DequantizedKV const copy = dequantized_kv_in(params, buffer);
   *what = "cutlassfa fp8 cache dequantization";
   err = launch_dequantize_kv(params, copy, stream);
   FwdParams const copied = dequantized_params(params, copy);

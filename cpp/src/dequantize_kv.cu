@@ -65,11 +65,23 @@ cudaError_t launch(const FwdParams& params, const DequantizedKV& copy, cudaStrea
 
 }  // namespace
 
+namespace {
+// The copy's buffer: K, then V (2 bytes an element, compact), then the table (paged caches).
+size_t dequantized_half_bytes(const FwdParams& params) {
+  return static_cast<size_t>(params.batch) * params.heads_kv * params.seqlen_k * params.head_dim * 2;
+}
+}  // namespace
+
 size_t dequantized_kv_bytes(const FwdParams& params) {
-  size_t const elements = static_cast<size_t>(params.batch) * params.heads_kv * params.seqlen_k * params.head_dim;
   bool const paged = params.block_table != nullptr;
   size_t const table = paged ? static_cast<size_t>(params.batch) * (params.seqlen_k / params.page_size) : 0;
-  return 2 * elements * 2 + table * sizeof(int);
+  return 2 * dequantized_half_bytes(params) + table * sizeof(int);
+}
+
+DequantizedKV dequantized_kv_in(const FwdParams& params, void* buffer) {
+  char* const base = static_cast<char*>(buffer);
+  size_t const half = dequantized_half_bytes(params);
+  return {base, base + half, reinterpret_cast<int*>(base + 2 * half)};
 }
 
 FwdParams dequantized_params(const FwdParams& params, const DequantizedKV& copy) {

@@ -112,6 +112,7 @@ struct DequantizedKV {
   int* block_table;  // paged caches only
 };
 size_t dequantized_kv_bytes(const FwdParams& params);
+DequantizedKV dequantized_kv_in(const FwdParams& params, void* buffer);  // the copy's parts in `buffer`
 FwdParams dequantized_params(const FwdParams& params, const DequantizedKV& copy);
 cudaError_t launch_dequantize_kv(const FwdParams& params, const DequantizedKV& copy, cudaStream_t stream);
 
