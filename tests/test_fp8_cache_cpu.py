@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from attention_oracle import cache_after_append
-from cutlassfa._kv_sources import DenseKeys, PagedKeys, per_head_descale
+from cutlassfa._kv_sources import DenseKeys, PagedKeys
+from cutlassfa._options import per_head
 from cutlassfa.cpu import kvcache_forward_cpu
 from cutlassfa.reference import kvcache_reference, rel_l2
 
@@ -229,12 +230,12 @@ def test_key_sources_descale_tiles_and_magnitudes(rng):
 def test_per_head_descale_forms():
     heads = np.array([0.5, 0.25], np.float32)
     table = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
-    assert per_head_descale(None, 3, 2) is None
+    assert per_head(None, 3, 2, "k_descale", one_value=True) is None
     for value, want in ((0.5, np.full((3, 2), 0.5)), (np.array(0.5), np.full((3, 2), 0.5)), (heads, [heads] * 3),
                         (table, table)):
-        got = per_head_descale(value, 3, 2)
+        got = per_head(value, 3, 2, "k_descale", one_value=True)
         assert got.dtype == np.float32 and got.shape == (3, 2)
         np.testing.assert_array_equal(got, want)
     for bad in (np.ones(3, np.float32), np.ones((2, 3), np.float32), np.ones((1, 2), np.float32)):
         with pytest.raises(ValueError, match="descale"):
-            per_head_descale(bad, 3, 2)
+            per_head(bad, 3, 2, "k_descale", one_value=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .masks import page_present
 
-__all__ = ["DenseKeys", "PagedKeys", "append_keys", "max_abs", "per_head_descale"]
+__all__ = ["DenseKeys", "PagedKeys", "append_keys", "max_abs"]
 
 
 class DenseKeys:
@@ -115,19 +115,6 @@ def max_abs(x: np.ndarray, scale: np.ndarray | None = None) -> float:
         # A head's largest magnitude times its |scale|, in float64 (a float8 maximum has no headroom).
         head_max = np.abs(x).max(axis=(-2, -1)).astype(np.float64)
         return float((head_max * np.abs(np.asarray(scale, np.float64))).max())
-
-
-def per_head_descale(descale: Any, batch: int, heads: int) -> np.ndarray | None:
-    """A k_descale / v_descale argument as a float32 (batch, heads) array: a scalar (0-d) applies to every
-    entry and head, (heads,) to every entry, (batch, heads) as it is. None (no scaling) stays None, so
-    that an unscaled cache costs nothing more."""
-    if descale is None:
-        return None
-    value = np.asarray(descale, dtype=np.float32)
-    if value.shape not in ((), (heads,), (batch, heads)):
-        raise ValueError(f"a descale must be a scalar or have shape ({heads},) or ({batch}, {heads}), "
-                         f"got {value.shape}")
-    return np.broadcast_to(value, (batch, heads))
 
 
 def _descaled(x: np.ndarray, scale: np.ndarray | None, dtype: np.dtype) -> np.ndarray:

@@ -15,7 +15,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KVCacheArgs", "kvcache_layout", "VarlenArgs", "varlen_layout"]
+__all__ = ["KVCacheArgs", "kvcache_layout", "VarlenArgs", "varlen_layout", "per_head"]
+
+
+def per_head(value: Any, batch: int, heads: int, name: str, *, one_value: bool = False,
+             dtype: Any = np.float32) -> np.ndarray | None:
+    """A per-head float argument (ALiBi slopes, descales) as a read-only (batch, heads) array of `dtype`:
+    (heads,) for every entry, (batch, heads) as it is, and with `one_value` a scalar for every entry and
+    head. None stays None (nothing to apply costs nothing). Another shape is a ValueError naming it (the
+    reference and the cpu backend may be called directly, without the extension's validation)."""
+    if value is None:
+        return None
+    array = np.asarray(value).astype(dtype)
+    shapes = (((),) if one_value else ()) + ((heads,), (batch, heads))
+    if array.shape not in shapes:
+        raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {array.shape}")
+    return np.broadcast_to(array, (batch, heads))
 
 
 def _ints(value: Any) -> np.ndarray:

@@ -27,8 +27,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import masks
-from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs, per_head_descale
-from ._options import kvcache_layout, varlen_layout
+from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
+from ._options import kvcache_layout, per_head, varlen_layout
 from .merge import merged_float32
 from .masks import Window, resolve_window
 
@@ -99,7 +99,7 @@ def forward_cpu(
         return (out, lse) if return_lse else out
 
     dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, nk, scale, cap)
-    slopes = _slopes(alibi_slopes, b, hq)
+    slopes = per_head(alibi_slopes, b, hq, "alibi_slopes")
     bm = min(block_m, nq)
     nb = max(1, min(_STEP_ELEMS // (hq * bm * min(block_n, nk)), b))
     with _quiet():
@@ -173,9 +173,10 @@ def kvcache_forward_cpu(
     out = _output(out, q.shape, q.dtype)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
     scale = _scale(d, softmax_scale)
-    slopes = _slopes(alibi_slopes, b, hq)
+    slopes = per_head(alibi_slopes, b, hq, "alibi_slopes")
     hkv = k_cache.shape[1]
-    k_scales, v_scales = (per_head_descale(x, b, hkv) for x in (k_descale, v_descale))
+    k_scales = per_head(k_descale, b, hkv, "k_descale", one_value=True)
+    v_scales = per_head(v_descale, b, hkv, "v_descale", one_value=True)
     entries = []
     for i in range(b):
         length = int(args.cache_seqlens[i]) + args.n_new
@@ -245,7 +246,7 @@ def varlen_forward_cpu(
     out = _output(out, q.shape, q.dtype)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float32)
     scale = _scale(d, softmax_scale)
-    slopes = _slopes(alibi_slopes, args.batch, hq)
+    slopes = per_head(alibi_slopes, args.batch, hq, "alibi_slopes")
     cu_q, cu_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
     sequences = [(q0, q1, k0, k1) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
     # One dtype for the batch, picked before anything is written (as the dense call does).
@@ -370,15 +371,9 @@ def _query_block(q_blk: np.ndarray, keys: Any, i0: int, nq: int, nk: int, window
     return o.reshape(nb, hq, rows, d), lse.reshape(nb, hq, rows)
 
 
-def _slopes(alibi_slopes: np.ndarray | None, batch: int, heads: int) -> np.ndarray | None:
-    """ALiBi slopes as (batch, heads) float32, or None."""
-    if alibi_slopes is None:
-        return None
-    return np.broadcast_to(np.asarray(alibi_slopes, np.float32).reshape(-1, heads), (batch, heads))
-
-
-def _part(slopes: np.ndarray | None, b0: int, b1: int) -> np.ndarray | None:
-    return None if slopes is None else slopes[b0:b1]
+def _part(per_entry: np.ndarray | None, b0: int, b1: int) -> np.ndarray | None:
+    """Rows [b0, b1) of a (batch, heads) per-head argument, or None."""
+    return None if per_entry is None else per_entry[b0:b1]
 
 
 def _alibi_log2(slopes: np.ndarray, i0: int, rows: int, nq: int, nk: int, j0: int, j1: int,

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import masks
-from ._kv_sources import per_head_descale
-from ._options import kvcache_layout, varlen_layout
+from ._options import kvcache_layout, per_head, varlen_layout
 from .masks import Window, resolve_window
 
 __all__ = ["attention_reference", "kvcache_reference", "varlen_reference", "rel_l2", "naive_same_precision",
@@ -83,12 +82,7 @@ def _sinks(sinks: Any, heads: int) -> np.ndarray | None:
 
 def _alibi(slopes: Any, batch: int, heads: int) -> np.ndarray | None:
     """ALiBi slopes as float64 (batch, heads), or None."""
-    if slopes is None:
-        return None
-    value = np.asarray(slopes).astype(np.float64)
-    if value.shape not in ((heads,), (batch, heads)):
-        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}), got {value.shape}")
-    return np.broadcast_to(value.reshape(-1, heads), (batch, heads))
+    return per_head(slopes, batch, heads, "alibi_slopes", dtype=np.float64)
 
 
 def _default_scale(d: int, softmax_scale: float | None) -> float:
@@ -262,7 +256,8 @@ def kvcache_reference(
     sink = _sinks(sinks, hq)
     slopes = _alibi(alibi_slopes, b, hq)
     scale = _default_scale(d, softmax_scale)
-    k_scales, v_scales = (per_head_descale(x, b, k_cache.shape[1]) for x in (k_descale, v_descale))
+    k_scales = per_head(k_descale, b, k_cache.shape[1], "k_descale", one_value=True)
+    v_scales = per_head(v_descale, b, k_cache.shape[1], "v_descale", one_value=True)
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
     for i in range(b):
