@@ -19,8 +19,6 @@
 namespace cutlassfa::bindings {
 namespace {
 
-int item_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : dtype == DType::kFloat8E4M3 ? 1 : 2; }
-
 // One output (O or lse) while it is being produced: what goes back to Python, and where to write.
 struct Output {
   nb::object result;                                  // the array handed back (set at the end for `managed`)
@@ -107,7 +105,7 @@ void allocate_array(Output& o, const Call& c, const int64_t* shape, int ndim, bo
     prototype.ndim = ndim;
     prototype.dtype = fp32 ? dlpack::DataType{dlpack::kFloat, 32, 1}
                            : (p.dtype == DType::kBFloat16 ? dlpack::DataType{dlpack::kBfloat, 16, 1}
-                                                          : dlpack::DataType{dlpack::kFloat, uint8_t(8 * item_bytes(p.dtype)), 1});
+                                                          : dlpack::DataType{dlpack::kFloat, uint8_t(8 * dtype_bytes(p.dtype)), 1});
     prototype.shape = const_cast<int64_t*>(shape);
     o.api = c.q.exchange;
     if (o.api->managed_tensor_allocator(&prototype, &o.managed, nullptr, set_allocator_error) != 0 || o.managed == nullptr) {
@@ -212,7 +210,7 @@ cudaError_t copy_strided(void* dst, const long long* dst_strides, const void* sr
 // Fills a strided host view: fp32 with `value` (0 or -inf), fp16 / bf16 with zero (all zero bits; the
 // only value used there).
 void fill_host(void* data, DType dtype, const Strided4& v, float value) {
-  int const bytes = dtype == DType::kFloat32 ? 4 : 2;
+  int const bytes = dtype_bytes(dtype);
   uint16_t const zero16 = 0;
   for (long long a = 0; a < v.shape[0]; ++a)
     for (long long b = 0; b < v.shape[1]; ++b)
@@ -538,7 +536,7 @@ void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
   constexpr int kDevice = 0;
   DeviceGuard guard(kDevice);
   cudaStream_t const stream = cudaStreamPerThread;
-  int const bytes = item_bytes(p.dtype), kv_bytes = item_bytes(static_cast<DType>(c.k.dtype));
+  int const bytes = dtype_bytes(p.dtype), kv_bytes = dtype_bytes(static_cast<DType>(c.k.dtype));
   bool const append = c.k_new.has_value();
   size_t total = 0;
   std::vector<HostCopy> copies;

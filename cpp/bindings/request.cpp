@@ -378,7 +378,7 @@ FloatArray read_per_head(nb::handle value, const char* name, const char* what, i
   int64_t const head_stride = single ? 0 : a.strides[a.ndim - 1], row_stride = per_entry ? a.strides[0] : 0;
   if (a.on_host()) {
     // The item size from the dtype: numpy's bfloat16 (ml_dtypes) has no DLPack type to take it from.
-    int64_t const itemsize = dtype == DType::kFloat32 ? 4 : 2;
+    int64_t const itemsize = dtype_bytes(dtype);
     array.values.resize(static_cast<size_t>(array.rows) * heads);
     for (int64_t r = 0; r < array.rows; ++r) {
       for (int64_t h = 0; h < heads; ++h) {
@@ -644,7 +644,7 @@ bool tensorcore_accepts(const Call& c) {
   const Problem& p = c.problem;
   if (!(p.scale > 0.f)) return false;
   if (c.device < 0) return true;
-  int const bytes = p.dtype == DType::kFloat32 ? 4 : 2, kv_bytes = p.kv_fp8 ? 1 : bytes;
+  int const bytes = dtype_bytes(p.dtype), kv_bytes = p.kv_fp8 ? dtype_bytes(DType::kFloat8E4M3) : bytes;
   auto aligned = [&](const ArrayRef& a, int extent, int heads, int seqlen, int item_bytes) {
     TensorStrides const s = c.strides(a);
     return tensor_aligned16(a.data, s.batch, s.head, s.row, extent, heads, seqlen, item_bytes);

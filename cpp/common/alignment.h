@@ -20,9 +20,9 @@ inline bool tensor_aligned16(const void* ptr, long long batch_stride, long long 
 
 // q, k, v and o of params all satisfy the tensor-core contract, and the heads are consistent.
 inline bool tensorcore_aligned(const FwdParams& p) {
-  int const in_bytes = p.dtype == DType::kFloat32 ? 4 : 2;
+  int const in_bytes = dtype_bytes(p.dtype);
   int const out_bytes = in_bytes;
-  int const kv_bytes = p.kv_fp8 ? 1 : in_bytes;
+  int const kv_bytes = p.kv_fp8 ? dtype_bytes(DType::kFloat8E4M3) : in_bytes;
   // A paged cache: the batch strides step over num_pages pages of page_size rows.
   int const kv_batches = p.block_table != nullptr ? p.num_pages : p.batch;
   int const kv_rows = p.block_table != nullptr ? p.page_size : p.seqlen_k;

@@ -17,6 +17,7 @@
 #include "cutlassfa/params.h"
 
 using cutlassfa::DType;
+using cutlassfa::dtype_bytes;
 using cutlassfa::FwdParams;
 using cutlassfa::reference_row;
 using cutlassfa::ReferenceRow;
@@ -31,8 +32,6 @@ using cutlassfa::ReferenceRow;
   } while (0)
 
 namespace {
-
-int elem_bytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
 // Host value -> device bits and back, with the rounding of the device type.
 void store(DType t, void* base, size_t i, float x) {
@@ -66,7 +65,7 @@ struct Buffers {
 
 Buffers make_buffers(const Case& c, unsigned seed, float amplitude) {
   Buffers b;
-  int const eb = elem_bytes(c.dtype);
+  int const eb = dtype_bytes(c.dtype);
   size_t const nq = size_t(c.batch) * c.seqlen_q * c.heads_q * c.head_dim;
   size_t const nk = size_t(c.batch) * c.seqlen_k * c.heads_kv * c.head_dim;
   b.hq.resize(nq * eb);

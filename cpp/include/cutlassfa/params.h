@@ -15,6 +15,11 @@ namespace cutlassfa {
 // kFloat8E4M3 (float8_e4m3fn) is a KV-cache dtype only (FwdParams::kv_fp8): q and o stay fp16 / bf16.
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat8E4M3 = 3 };
 
+// Bytes of one element of `dtype`.
+CUTLASSFA_HOST_DEVICE constexpr int dtype_bytes(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : dtype == DType::kFloat8E4M3 ? 1 : 2;
+}
+
 // The widest head dim any backend takes (the validator's bound; the kernels are compiled up to it).
 constexpr int kMaxHeadDim = 256;
 
