@@ -92,12 +92,16 @@ def term_values(case: Case, term: str) -> np.ndarray:
     return (2.0 ** (-8.0 * np.arange(1, case.H + 1) / case.H)).astype(np.float32)
 
 
-def fp8_roundtrip(x: np.ndarray) -> np.ndarray:
-    """Host values as the fp8 rows' caches hold them, dequantized (float64): the reference of those rows."""
+def _host_e4m3(x: np.ndarray) -> np.ndarray:
+    """Host values as the fp8 rows' caches hold them: times FP8_SCALE, rounded to e4m3."""
     from .._arrays import numpy_dtype
 
-    e4m3 = (np.asarray(x, np.float32) * np.float32(FP8_SCALE)).astype(numpy_dtype("float8_e4m3fn"))
-    return e4m3.astype(np.float64) / FP8_SCALE
+    return (np.asarray(x, np.float32) * np.float32(FP8_SCALE)).astype(numpy_dtype("float8_e4m3fn"))
+
+
+def fp8_roundtrip(x: np.ndarray) -> np.ndarray:
+    """Host values as the fp8 rows' caches hold them, dequantized (float64): the reference of those rows."""
+    return _host_e4m3(x).astype(np.float64) / FP8_SCALE
 
 
 def _fp8_cache(k: Any, v: Any) -> tuple[Any, Any, Any]:
@@ -109,11 +113,7 @@ def _fp8_cache(k: Any, v: Any) -> tuple[Any, Any, Any]:
         descale = torch.full((heads,), 1.0 / FP8_SCALE, dtype=torch.float32, device=k.device)
         return (*((x.float() * FP8_SCALE).to(torch.float8_e4m3fn) for x in (k, v)), descale)
     if isinstance(k, np.ndarray):
-        from .._arrays import numpy_dtype
-
-        e4m3 = numpy_dtype("float8_e4m3fn")
-        return (*((x.astype(np.float32) * np.float32(FP8_SCALE)).astype(e4m3) for x in (k, v)),
-                np.full(heads, 1.0 / FP8_SCALE, np.float32))
+        return _host_e4m3(k), _host_e4m3(v), np.full(heads, 1.0 / FP8_SCALE, np.float32)
     raise Unsupported("the fp8 rows take PyTorch tensors or numpy arrays")
 
 
