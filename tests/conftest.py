@@ -250,3 +250,42 @@ def make_qkv(rng: np.random.Generator):
         return q, k, v
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ffi_harness(tmp_path_factory):
+    """cpp/jax/ffi.cpp's handler on XLA's CPU platform (tests/jax_ffi_harness/harness.cpp) built as a Python
+    module and registered as the CPU target of the custom call (needs jax, g++, nanobind and the CUDA
+    runtime headers; skips without them). About 10 s on 2 cores."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    jax = pytest.importorskip("jax", reason="optional package jax")
+    nanobind = pytest.importorskip("nanobind", reason="optional package nanobind")
+    from cutlassfa.integrations import jax as cutlassfa_jax
+
+    root = Path(__file__).resolve().parents[1]
+    cuda_include = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    if shutil.which("g++") is None or not (cuda_include / "cuda_runtime.h").exists():
+        pytest.skip("machine: needs g++ and the CUDA runtime headers to build the FFI harness")
+    build = tmp_path_factory.mktemp("jax_ffi_harness")
+    nb_dir = Path(nanobind.__file__).parent
+    target = build / f"jax_ffi_harness{sysconfig.get_config_var('EXT_SUFFIX')}"
+    command = ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden",
+               f"-I{nb_dir / 'include'}", f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}",
+               f"-I{sysconfig.get_paths()['include']}", "-isystem", jax.ffi.include_dir(), f"-I{cuda_include}",
+               f"-I{root / 'cpp' / 'include'}", f"-I{root / 'cpp'}",
+               str(root / "tests" / "jax_ffi_harness" / "harness.cpp"), str(root / "cpp" / "src" / "problem.cpp"),
+               str(nb_dir / "src" / "nb_combined.cpp"),
+               "-o", str(target)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    sys.path.insert(0, str(build))
+    try:
+        import jax_ffi_harness
+    finally:
+        sys.path.remove(str(build))
+    jax.ffi.register_ffi_target(cutlassfa_jax.FFI_TARGET, jax_ffi_harness.cpu_handler(), platform="cpu")
+    assert type(jax_ffi_harness.jax_ffi_forward()).__name__ == "PyCapsule"
+    return jax_ffi_harness

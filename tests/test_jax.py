@@ -4,11 +4,6 @@ any machine), the FFI handler itself run on XLA's CPU platform, and under the `g
 GPU with no host synchronisation inside jit."""
 
 import functools
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -166,36 +161,6 @@ def test_cuda_lowering_under_vmap_folds_into_the_batch():
     text = _export_for_cuda(mapped, (3, 2, 4, 33, 64), (2, 2, 50, 64), (2, 2, 50, 64))
     line = next(line for line in text.splitlines() if "stablehlo.custom_call" in line)
     assert "(tensor<3x2x4x33x64xbf16>, tensor<3x2x2x50x64xbf16>, tensor<3x2x2x50x64xbf16>)" in line
-
-
-@pytest.fixture(scope="module")
-def ffi_harness(tmp_path_factory):
-    """tests/jax_ffi_harness/harness.cpp built as a Python module (needs g++, nanobind and the CUDA
-    runtime headers; skips without them). About 10 s on 2 cores."""
-    nanobind = pytest.importorskip("nanobind")
-    cuda_include = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
-    if shutil.which("g++") is None or not (cuda_include / "cuda_runtime.h").exists():
-        pytest.skip("needs g++ and the CUDA runtime headers to build the FFI harness")
-    build = tmp_path_factory.mktemp("jax_ffi_harness")
-    nb_dir = Path(nanobind.__file__).parent
-    target = build / f"jax_ffi_harness{sysconfig.get_config_var('EXT_SUFFIX')}"
-    command = ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-fvisibility=hidden",
-               f"-I{nb_dir / 'include'}", f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}",
-               f"-I{sysconfig.get_paths()['include']}", "-isystem", jax.ffi.include_dir(), f"-I{cuda_include}",
-               f"-I{_ROOT / 'cpp' / 'include'}", f"-I{_ROOT / 'cpp'}",
-               str(_ROOT / "tests" / "jax_ffi_harness" / "harness.cpp"), str(_ROOT / "cpp" / "src" / "problem.cpp"),
-               str(nb_dir / "src" / "nb_combined.cpp"),
-               "-o", str(target)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-4000:]
-    sys.path.insert(0, str(build))
-    try:
-        import jax_ffi_harness
-    finally:
-        sys.path.remove(str(build))
-    jax.ffi.register_ffi_target(cutlassfa_jax.FFI_TARGET, jax_ffi_harness.cpu_handler(), platform="cpu")
-    assert type(jax_ffi_harness.jax_ffi_forward()).__name__ == "PyCapsule"
-    return jax_ffi_harness
 
 
 def test_ffi_handler_on_xla_cpu(rng, ffi_harness):

@@ -352,8 +352,11 @@ def test_jax_arrays(rng):
     if not cutlassfa.backends()["naive"].available:  # host arrays run where plain ones do
         with pytest.raises(RuntimeError, match="not available"):
             cutlassfa.forward(*(host(x) for x in (q, k, v)), softcap=2.0, backend="naive")
-    with pytest.raises(NotImplementedError, match="JAX"):
-        cutlassfa.varlen_forward(host(q[0]), host(k[0]), host(v[0]), [0, 2], [0, 2])
+    # varlen_forward takes JAX arrays (cutlassfa.jax.varlen_forward): (total, H, d), host prefix sums
+    qv, kv, vv = (np.ascontiguousarray(x[0].swapaxes(0, 1)) for x in (q, k, v))
+    cu_q, cu_k = np.array([0, 5, 12], np.int32), np.array([0, 8, 20], np.int32)
+    out, lse = cutlassfa.varlen_forward(host(qv), host(kv), host(vv), cu_q, cu_k, causal=True, return_lse=True)
+    _expect_close(out, lse, *varlen_reference(qv, kv, vv, cu_q, cu_k, causal=True))
 
 
 @pytest.mark.gpu

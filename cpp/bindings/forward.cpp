@@ -12,6 +12,7 @@
 #include "bindings/device_buffer.h"
 #include "bindings/request.h"
 #include "cutlassfa/dispatch.h"
+#include "cutlassfa/enqueue.h"
 #include "cutlassfa/fill.h"
 #include "cutlassfa/launch.h"
 #include "cutlassfa/workspace.h"
@@ -374,40 +375,18 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
     t.lse_batch_stride = p.varlen ? 0 : static_cast<long long>(p.heads_q) * p.seqlen_q;
     t.lse_head_stride = p.varlen ? lse->view.strides[1] : p.seqlen_q;
   }
-  FwdParams params = make_params(p, t);
-  if (c.k_new) {  // appended first, on the same stream: the kernel reads them
-    *what = "cutlassfa KV-cache append";
-    AppendKV append{c.k_new->data, c.v_new->data, {}, {}, p.n_new};
+  FwdParams const params = make_params(p, t);
+  AppendKV append{};
+  if (c.k_new) {
+    append = {c.k_new->data, c.v_new->data, {}, {}, p.n_new};
     for (int i = 0; i < 3; ++i) append.k_new_strides[i] = c.k_new->strides[i], append.v_new_strides[i] = c.v_new->strides[i];
-    cudaError_t const err = launch_append_kv(params, append, stream);
-    if (err != cudaSuccess) return err;
   }
-  *what = "cutlassfa kernel launch";
-  if (p.empty() || p.seqlen_k == 0) {  // no row sees a key: O = 0, lse = -inf (or the row's sink)
-    cudaError_t const err = fill_device(o.data, p.dtype, o.view, 0.f, stream);
-    if (err != cudaSuccess || lse == nullptr) return err;
-    return fill_device(lse->data, DType::kFloat32, lse->view, -INFINITY, stream, t.sinks);
-  }
-  // num_splits=None: a call with an option chooses as kChooseSplits, a plain one as kDefaultSplits.
-  int const requested = p.num_splits > 0 ? p.num_splits : p.variant ? kChooseSplits : kDefaultSplits;
-  Plan const plan = make_plan(backend, device, params, requested);
-  if (!params.kv_fp8 || plan.kernel == Kernel::kSm90Decode) return run_plan(plan, params, stream);
-  // An fp8 cache the decode kernel does not take: the other kernels run a dequantized copy (launch.h).
-  void* buffer = nullptr;
-  size_t const bytes = dequantized_kv_bytes(params);
-  cudaError_t err = workspace_alloc(&buffer, bytes, stream);
-  if (err != cudaSuccess) {
-    uploads.failed_bytes = bytes;
-    return err;
-  }
-  DequantizedKV const copy = dequantized_kv_in(params, buffer);
-  *what = "cutlassfa fp8 cache dequantization";
-  err = launch_dequantize_kv(params, copy, stream);
-  FwdParams const copied = dequantized_params(params, copy);
-  *what = "cutlassfa kernel launch";
-  if (err == cudaSuccess) err = run_plan(make_plan(backend, device, copied, requested), copied, stream);
-  cudaError_t const freed = workspace_free(buffer, stream);
-  return err != cudaSuccess ? err : freed;
+  EnqueueFailure failure;
+  cudaError_t const err = enqueue_call(backend, device, p, params, c.k_new ? &append : nullptr, o.view,
+                                       lse != nullptr ? &lse->view : nullptr, stream, &failure);
+  *what = failure.step;
+  if (failure.workspace_bytes) uploads.failed_bytes = failure.workspace_bytes;
+  return err;
 }
 
 // The stream to launch on: `stream_arg` when given (>= 0), else the framework's current stream

@@ -734,9 +734,7 @@ Call validate(const Request& r) {
     p.num_splits = static_cast<int>(splits);
   }
   if (varlen) p.num_splits = 1;  // one pass per entry: varlen batches are not split
-  Window const plain = fold_causal(r.causal, -1, -1);
-  p.variant = varlen || kv_cache || p.window.left != plain.left || p.window.right != plain.right || p.softcap > 0.f ||
-              given(r.num_splits);
+  p.variant = asks_options(p, r.causal, given(r.num_splits));
   p.scale = resolve_scale(r.scale, p.head_dim);
   return c;
 }

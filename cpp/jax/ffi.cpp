@@ -1,145 +1,355 @@
-// The XLA FFI custom call "cutlassfa_forward": q, k, v in, (out, lse) out, all XLA buffers on one
-// device, launched on XLA's stream with no host synchronisation. Python (integrations/jax.py) has
-// validated the call at trace time and chosen the backend; this checks only what could corrupt memory.
+// The XLA FFI custom call "cutlassfa_forward": every call `cutlassfa.forward` / `varlen_forward` takes,
+// on XLA's buffers and stream, with no host synchronisation. Python (integrations/jax.py) has validated
+// the call at trace time with the extension's validator and chosen the backend; this reads the call's
+// sizes from the buffers' dimensions, checks what could corrupt memory, and enqueues it as the Python
+// extension does (cutlassfa/enqueue.h).
+//
+// Operands: q, k, v, then the arrays the attribute `operands` names, in that order (e.g.
+// "cache_seqlens,block_table,sinks"). Results: out, lse, then with k_new / v_new the caches k and v
+// after the append (Python aliases them to the operands k and v, so the append is in place when XLA
+// can donate them). Layouts (attribute `layout`): kBhnd (..., H, N, d), kBnhd (..., N, H, d), JAX's own;
+// KV caches alike ((B, Hkv, N, d) / (B, N, Hkv, d); paged (P, Hkv, page, d) / (P, page, Hkv, d)); varlen
+// arrays are (total, H, d) in both. lse is (..., H, N), or (H, total_q) for varlen. Axes in front of a
+// dense call's three (jax.vmap's) fold into the batch.
 #include "jax/ffi.h"
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
 
-#include "cutlassfa/dispatch.h"
+#include "cutlassfa/enqueue.h"
 #include "cutlassfa/problem.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
-namespace cutlassfa {
-namespace {
+namespace cutlassfa::jax_ffi {
 
-// A row-major (..., H, N, d) buffer as (B, H, N, d): the axes in front of H (jax.vmap's) fold into B.
-struct Shape4 {
-  int64_t batch = 1, heads = 0, seqlen = 0, head_dim = 0;
+enum Layout : int32_t { kBhnd = 0, kBnhd = 1 };
+
+// The call's static arguments, attributes of the custom call (integrations/jax.py `_on_device`).
+struct Attributes {
+  int32_t backend;
+  double softmax_scale;  // resolved in Python (a double, rounded to float here as in the Python path)
+  bool causal;
+  int64_t window_left, window_right;  // -1: unbounded
+  double softcap;
+  int32_t num_splits;  // 0: the planner chooses
+  int32_t layout;
+  int64_t max_seqlen_q, max_seqlen_k;  // varlen: the longest sequences (grid size)
+  std::string_view operands;           // names of the operands after q, k, v, comma-separated
 };
 
-bool as_4d(ffi::AnyBuffer::Dimensions dims, Shape4* shape) {
+}  // namespace cutlassfa::jax_ffi
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(cutlassfa::jax_ffi::Attributes, ffi::StructMember<int32_t>("backend"),
+                                      ffi::StructMember<double>("softmax_scale"), ffi::StructMember<bool>("causal"),
+                                      ffi::StructMember<int64_t>("window_left"),
+                                      ffi::StructMember<int64_t>("window_right"), ffi::StructMember<double>("softcap"),
+                                      ffi::StructMember<int32_t>("num_splits"), ffi::StructMember<int32_t>("layout"),
+                                      ffi::StructMember<int64_t>("max_seqlen_q"),
+                                      ffi::StructMember<int64_t>("max_seqlen_k"),
+                                      ffi::StructMember<std::string_view>("operands"));
+
+namespace cutlassfa::jax_ffi {
+namespace {
+
+using Dims = ffi::AnyBuffer::Dimensions;
+constexpr int64_t kInt32Max = std::numeric_limits<int>::max();
+
+// The operands after q, k, v, by name.
+struct Operands {
+  std::optional<ffi::AnyBuffer> cache_seqlens, cache_leftpad, block_table, k_new, v_new, cu_seqlens_q, cu_seqlens_k,
+      sinks, alibi_slopes, k_descale, v_descale;
+
+  std::optional<ffi::AnyBuffer>* slot(std::string_view name) {
+    std::pair<std::string_view, std::optional<ffi::AnyBuffer>*> const slots[] = {
+        {"cache_seqlens", &cache_seqlens}, {"cache_leftpad", &cache_leftpad}, {"block_table", &block_table},
+        {"k_new", &k_new},                 {"v_new", &v_new},                 {"cu_seqlens_q", &cu_seqlens_q},
+        {"cu_seqlens_k", &cu_seqlens_k},   {"sinks", &sinks},                 {"alibi_slopes", &alibi_slopes},
+        {"k_descale", &k_descale},         {"v_descale", &v_descale}};
+    for (auto const& [known, where] : slots) {
+      if (known == name) return where;
+    }
+    return nullptr;
+  }
+  bool kv_cache() const { return cache_seqlens || cache_leftpad || block_table || k_new; }
+};
+
+Operands read_operands(std::string_view names, ffi::RemainingArgs const& args) {
+  Operands operands;
+  size_t index = 0;
+  while (!names.empty()) {
+    size_t const comma = names.find(',');
+    std::string_view const name = names.substr(0, comma);
+    names = comma == std::string_view::npos ? std::string_view() : names.substr(comma + 1);
+    std::optional<ffi::AnyBuffer>* const slot = operands.slot(name);
+    if (slot == nullptr) value_error("unknown operand '" + std::string(name) + "'");
+    if (index >= args.size()) value_error("fewer operands than the attribute `operands` names");
+    ffi::ErrorOr<ffi::AnyBuffer> buffer = args.get<ffi::AnyBuffer>(index++);
+    if (buffer.has_error()) value_error("operand '" + std::string(name) + "' is not an array");
+    *slot = *buffer;
+  }
+  if (index != args.size()) value_error("more operands than the attribute `operands` names");
+  return operands;
+}
+
+void expect(bool holds, std::string const& what) {
+  if (!holds) value_error(what);
+}
+
+// A compact buffer's last four axes as (batch, heads, rows, head_dim) in `layout`, axes in front folded
+// into the batch; strides in elements of (batch, head, row).
+struct Extents {
+  int64_t batch = 1, heads = 0, rows = 0, head_dim = 0;
+  TensorStrides strides;
+};
+
+Extents extents(Dims dims, int32_t layout, const char* name) {
   size_t const rank = dims.size();
-  if (rank < 4) return false;
-  for (size_t i = 0; i + 3 < rank; ++i) shape->batch *= dims[i];
-  shape->heads = dims[rank - 3];
-  shape->seqlen = dims[rank - 2];
-  shape->head_dim = dims[rank - 1];
+  expect(rank >= 4, std::string(name) + " must have at least 4 axes");
+  Extents e;
+  for (size_t i = 0; i + 3 < rank; ++i) e.batch *= dims[i];
+  e.heads = layout == kBnhd ? dims[rank - 2] : dims[rank - 3];
+  e.rows = layout == kBnhd ? dims[rank - 3] : dims[rank - 2];
+  e.head_dim = dims[rank - 1];
+  e.strides = layout == kBnhd ? TensorStrides{e.rows * e.heads * e.head_dim, e.head_dim, e.heads * e.head_dim}
+                              : TensorStrides{e.heads * e.rows * e.head_dim, e.rows * e.head_dim, e.head_dim};
+  return e;
+}
+
+bool same_dims(Dims a, Dims b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
   return true;
 }
 
-bool to_dtype(ffi::DataType type, DType* dtype) {
+DType to_dtype(ffi::DataType type, const char* name) {
   switch (type) {
-    case ffi::DataType::F32: *dtype = DType::kFloat32; return true;
-    case ffi::DataType::F16: *dtype = DType::kFloat16; return true;
-    case ffi::DataType::BF16: *dtype = DType::kBFloat16; return true;
-    default: return false;
+    case ffi::DataType::F32: return DType::kFloat32;
+    case ffi::DataType::F16: return DType::kFloat16;
+    case ffi::DataType::BF16: return DType::kBFloat16;
+    case ffi::DataType::F8E4M3FN: return DType::kFloat8E4M3;
+    default: value_error(std::string(name) + ": dtype not among float32, float16, bfloat16, float8_e4m3fn");
   }
 }
 
-// XLA buffers are compact: strides in elements of a row-major (B, H, N, d) buffer.
-TensorStrides compact_strides(Shape4 const& s) {
-  return {s.heads * s.seqlen * s.head_dim, s.seqlen * s.head_dim, s.head_dim};
+// An index operand: int32 of `count` elements (-1: any), its device pointer.
+const int* index_data(std::optional<ffi::AnyBuffer> const& a, const char* name, int64_t count) {
+  if (!a) return nullptr;
+  expect(a->element_type() == ffi::DataType::S32, std::string(name) + " must be int32");
+  expect(count < 0 || static_cast<int64_t>(a->element_count()) == count,
+         std::string(name) + " has " + std::to_string(a->element_count()) + " elements, expected " + std::to_string(count));
+  return static_cast<const int*>(a->untyped_data());
 }
 
-ffi::Error invalid(std::string const& what) { return ffi::Error::InvalidArgument("cutlassfa_forward: " + what); }
-
-ffi::Error check_shapes(Shape4 const& q, Shape4 const& k, Shape4 const& v, ffi::AnyBuffer::Dimensions q_dims,
-                        ffi::AnyBuffer::Dimensions o_dims, ffi::AnyBuffer::Dimensions lse_dims) {
-  if (k.batch != q.batch || v.batch != q.batch) return invalid("q, k and v must have the same batch size");
-  if (k.heads != v.heads || k.seqlen != v.seqlen) return invalid("k and v must have the same shape");
-  if (k.head_dim != q.head_dim || v.head_dim != q.head_dim) return invalid("q, k and v must have the same head dim");
-  if (k.heads == 0 || q.heads % k.heads != 0) return invalid("the heads of q must be a multiple of those of k and v");
-  if (k.seqlen == 0) return invalid("Nk == 0 is answered before the custom call");
-  bool same_out = o_dims.size() == q_dims.size() && lse_dims.size() + 1 == q_dims.size();
-  for (size_t i = 0; same_out && i < q_dims.size(); ++i) {
-    same_out = o_dims[i] == q_dims[i] && (i + 1 == q_dims.size() || lse_dims[i] == q_dims[i]);
-  }
-  if (!same_out) return invalid("out must have q's shape and lse q's shape without its last axis");
-  int64_t const int_max = std::numeric_limits<int>::max();
-  if (q.batch * q.heads > int_max || q.seqlen > int_max || k.seqlen > int_max) {
-    return invalid("sizes too large: N must be < 2^31 and B*H < 2^31");
-  }
-  return ffi::Error::Success();
+// A per-head float32 operand: (heads,) or, where `batch` > 0, (batch, heads); descales also a scalar.
+// Its (batch, head) strides in elements.
+const float* float_data(std::optional<ffi::AnyBuffer> const& a, const char* name, int64_t heads, int64_t batch,
+                        bool scalar_ok, TensorStrides* strides) {
+  if (!a) return nullptr;
+  expect(a->element_type() == ffi::DataType::F32, std::string(name) + " must be float32");
+  Dims const dims = a->dimensions();
+  bool const scalar = dims.size() == 0 && scalar_ok;
+  bool const per_head = dims.size() == 1 && dims[0] == heads;
+  bool const per_entry = dims.size() == 2 && batch > 0 && dims[0] == batch && dims[1] == heads;
+  expect(scalar || per_head || per_entry, std::string(name) + " has the wrong shape");
+  *strides = {per_entry ? heads : 0, scalar ? 0 : 1, 0};
+  return static_cast<const float*>(a->untyped_data());
 }
 
-ffi::Error forward(cudaStream_t stream, int32_t device, int32_t backend, double softmax_scale, bool causal,
-                   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                   ffi::Result<ffi::Buffer<ffi::F32>> lse) {
-  Shape4 sq, sk, sv;
-  if (!as_4d(q.dimensions(), &sq) || !as_4d(k.dimensions(), &sk) || !as_4d(v.dimensions(), &sv)) {
-    return invalid("q, k and v must have at least 4 axes (B, H, N, d)");
-  }
-  DType dtype;
-  if (!to_dtype(q.element_type(), &dtype) || k.element_type() != q.element_type() ||
-      v.element_type() != q.element_type() || o->element_type() != q.element_type()) {
-    return invalid("q, k, v and out must share one dtype among float32, float16, bfloat16");
-  }
-  if (ffi::Error error = check_shapes(sq, sk, sv, q.dimensions(), o->dimensions(), lse->dimensions());
-      error.failure()) {
-    return error;
-  }
-  if (backend < static_cast<int32_t>(Backend::kNaive) || backend > static_cast<int32_t>(Backend::kTensorCoreSm80)) {
-    return invalid("unknown backend " + std::to_string(backend));
-  }
-  if (sq.batch * sq.heads * sq.seqlen == 0) return ffi::Error::Success();
+// The outputs as the fill (enqueue_call) writes them: O (B, H, N, d) and lse (B, H, N, 1).
+Strided4 view4(int64_t b, int64_t h, int64_t n, int64_t d, TensorStrides s) {
+  return Strided4{{b, h, n, d}, {s.batch, s.head, s.row, 1}};
+}
 
-  Problem problem;
-  problem.batch = static_cast<int>(sq.batch);
-  problem.heads_q = static_cast<int>(sq.heads);
-  problem.heads_kv = static_cast<int>(sk.heads);
-  problem.seqlen_q = static_cast<int>(sq.seqlen);
-  problem.seqlen_k = static_cast<int>(sk.seqlen);
-  problem.head_dim = static_cast<int>(sq.head_dim);
-  problem.dtype = dtype;
-  problem.window = fold_causal(causal, -1, -1);
-  // Python resolved the scale (a double, so that it is rounded to float here as in the Python path).
-  problem.scale = static_cast<float>(softmax_scale);
-  CallTensors tensors;
-  tensors.q = q.untyped_data(), tensors.k = k.untyped_data(), tensors.v = v.untyped_data();
-  tensors.o = o->untyped_data();
-  tensors.lse = lse->typed_data();
-  tensors.q_strides = compact_strides(sq), tensors.k_strides = compact_strides(sk);
-  tensors.v_strides = compact_strides(sv), tensors.o_strides = compact_strides(sq);
-  tensors.lse_head_stride = problem.seqlen_q;
-  tensors.lse_batch_stride = static_cast<long long>(problem.heads_q) * problem.seqlen_q;
-  FwdParams params = make_params(problem, tensors);
+ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                   ffi::AnyBuffer v, ffi::RemainingArgs const& rest, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
+                   ffi::RemainingRets const& rest_out) {
+  Operands const x = read_operands(a.operands, rest);
+  expect(a.layout == kBhnd || a.layout == kBnhd, "unknown layout " + std::to_string(a.layout));
+  expect(a.backend >= static_cast<int32_t>(Backend::kNaive) && a.backend <= static_cast<int32_t>(Backend::kTensorCoreSm80),
+         "unknown backend " + std::to_string(a.backend));
+  Problem p;
+  p.dtype = to_dtype(q.element_type(), "q");
+  DType const kv_dtype = to_dtype(k.element_type(), "k");
+  expect(k.element_type() == v.element_type(), "k and v must share a dtype");
+  expect(o.element_type() == q.element_type(), "out must have q's dtype");
+  p.kv_fp8 = kv_dtype == DType::kFloat8E4M3;
+  expect(kv_dtype == p.dtype || (p.kv_fp8 && p.dtype != DType::kFloat32 && x.kv_cache()),
+         "q, k and v must share a dtype (or k and v be an fp8 KV cache)");
+  expect(same_dims(o.dimensions(), q.dimensions()), "out must have q's shape");
+  expect(same_dims(k.dimensions(), v.dimensions()), "k and v must have the same shape");
+
+  CallTensors t;
+  Strided4 o_view{}, lse_view{};
+  bool const varlen = x.cu_seqlens_q || x.cu_seqlens_k;
+  if (varlen) {  // q (total_q, Hq, d), k and v (total_k, Hkv, d), cu_seqlens (B + 1,)
+    Dims const qd = q.dimensions(), kd = k.dimensions();
+    expect(qd.size() == 3 && kd.size() == 3 && x.cu_seqlens_q && x.cu_seqlens_k && !x.kv_cache(),
+           "varlen: q, k, v (total, H, d) with cu_seqlens_q and cu_seqlens_k, and no cache");
+    int64_t const entries = static_cast<int64_t>(x.cu_seqlens_q->element_count());
+    expect(entries >= 1, "cu_seqlens_q must have B + 1 >= 1 elements");
+    t.cu_seqlens_q = index_data(x.cu_seqlens_q, "cu_seqlens_q", entries);
+    t.cu_seqlens_k = index_data(x.cu_seqlens_k, "cu_seqlens_k", entries);
+    p.varlen = true, p.rank = 3, p.num_splits = 1;
+    p.batch = static_cast<int>(entries - 1);
+    p.total_q = static_cast<int>(qd[0]), p.total_k = static_cast<int>(kd[0]);
+    p.heads_q = static_cast<int>(qd[1]), p.heads_kv = static_cast<int>(kd[1]), p.head_dim = static_cast<int>(qd[2]);
+    expect(kd[2] == qd[2] && a.max_seqlen_q >= 0 && a.max_seqlen_k >= 0 && a.max_seqlen_q <= qd[0] &&
+               a.max_seqlen_k <= kd[0] && qd[0] <= kInt32Max && kd[0] <= kInt32Max,
+           "varlen: head dims or max_seqlen out of range");
+    p.seqlen_q = static_cast<int>(a.max_seqlen_q), p.seqlen_k = static_cast<int>(a.max_seqlen_k);
+    p.kv_extent = p.batch, p.kv_rows = p.seqlen_k;
+    t.q_strides = {0, qd[2], qd[1] * qd[2]}, t.k_strides = t.v_strides = {0, kd[2], kd[1] * kd[2]};
+    t.o_strides = t.q_strides;
+    t.lse_batch_stride = 0, t.lse_head_stride = p.total_q;
+    o_view = view4(1, p.heads_q, p.total_q, p.head_dim, t.o_strides);
+    lse_view = view4(1, p.heads_q, p.total_q, 1, {0, p.total_q, 1});
+    Dims const ld = lse.dimensions();
+    expect(ld.size() == 2 && ld[0] == qd[1] && ld[1] == qd[0], "lse must be (Hq, total_q)");
+  } else {
+    Extents const eq = extents(q.dimensions(), a.layout, "q");
+    Extents const ek = extents(k.dimensions(), a.layout, "k");
+    p.batch = static_cast<int>(eq.batch), p.heads_q = static_cast<int>(eq.heads), p.seqlen_q = static_cast<int>(eq.rows);
+    p.heads_kv = static_cast<int>(ek.heads), p.head_dim = static_cast<int>(eq.head_dim);
+    expect(ek.head_dim == eq.head_dim, "q, k and v must have the same head dim");
+    expect(eq.batch * eq.heads <= kInt32Max && eq.rows <= kInt32Max && ek.batch <= kInt32Max && ek.rows <= kInt32Max,
+           "sizes too large: N must be < 2^31 and B*H < 2^31");
+    p.seqlen_k = static_cast<int>(ek.rows);
+    if (x.kv_cache()) {
+      expect(q.dimensions().size() == 4 && k.dimensions().size() == 4, "a KV-cache call has 4-D q, k and v");
+      p.kv_cache = true, p.paged = x.block_table.has_value();
+      p.kv_extent = static_cast<int>(ek.batch), p.kv_rows = static_cast<int>(ek.rows);
+      expect(p.paged || ek.batch == eq.batch, "k must have q's batch size");
+      t.seqlens_k = index_data(x.cache_seqlens, "cache_seqlens", eq.batch);
+      t.leftpad_k = index_data(x.cache_leftpad, "cache_leftpad", eq.batch);
+      if (p.paged) {
+        Dims const table = x.block_table->dimensions();
+        expect(table.size() == 2 && table[0] == eq.batch && ek.rows >= 1 && table[1] * ek.rows <= kInt32Max,
+               "block_table must be (B, max_pages)");
+        t.block_table = index_data(x.block_table, "block_table", -1);
+        t.block_table_stride = table[1];
+        p.page_size = static_cast<int>(ek.rows), p.num_pages = static_cast<int>(ek.batch);
+        p.seqlen_k = static_cast<int>(table[1] * ek.rows);
+        expect(t.seqlens_k != nullptr, "cache_seqlens is required with block_table");
+      }
+    } else {
+      expect(ek.batch == eq.batch, "q, k and v must have the same batch size");
+    }
+    t.q_strides = eq.strides, t.k_strides = t.v_strides = ek.strides, t.o_strides = eq.strides;
+    t.lse_batch_stride = eq.heads * eq.rows, t.lse_head_stride = eq.rows;
+    o_view = view4(eq.batch, eq.heads, eq.rows, eq.head_dim, eq.strides);
+    lse_view = view4(eq.batch, eq.heads, eq.rows, 1, {eq.heads * eq.rows, eq.rows, 1});
+    Dims const qd = q.dimensions(), ld = lse.dimensions();
+    bool lse_ok = ld.size() + 1 == qd.size() && ld[ld.size() - 2] == eq.heads && ld[ld.size() - 1] == eq.rows;
+    for (size_t i = 0; lse_ok && i + 3 < qd.size(); ++i) lse_ok = ld[i] == qd[i];
+    expect(lse_ok, "lse must be q's leading axes then (H, N)");
+  }
+  expect(p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "the heads of q must be a multiple of those of k and v");
+
+  AppendKV append{};
+  if (x.k_new || x.v_new) {
+    expect(x.k_new && x.v_new && t.seqlens_k != nullptr && rest_out.size() == 2,
+           "k_new and v_new go together, with cache_seqlens and the caches as results");
+    expect(same_dims(x.k_new->dimensions(), x.v_new->dimensions()) && x.k_new->element_type() == k.element_type() &&
+               x.v_new->element_type() == k.element_type(),
+           "k_new and v_new must have one shape and the cache's dtype");
+    Extents const en = extents(x.k_new->dimensions(), a.layout, "k_new");
+    expect(x.k_new->dimensions().size() == 4 && en.batch == p.batch && en.heads == p.heads_kv &&
+               en.head_dim == p.head_dim && en.rows <= kInt32Max,
+           "k_new must be (B, Hkv, Nnew, d) in the call's layout");
+    p.n_new = static_cast<int>(en.rows);
+    append = {x.k_new->untyped_data(), x.v_new->untyped_data(), {}, {}, p.n_new};
+    long long const s[3] = {en.strides.batch, en.strides.head, en.strides.row};
+    for (int i = 0; i < 3; ++i) append.k_new_strides[i] = append.v_new_strides[i] = s[i];
+  } else {
+    expect(rest_out.size() == 0, "results beyond out and lse come with k_new / v_new only");
+  }
+
+  TensorStrides head_strides;
+  t.sinks = float_data(x.sinks, "sinks", p.heads_q, 0, false, &head_strides);
+  t.alibi_slopes = float_data(x.alibi_slopes, "alibi_slopes", p.heads_q, p.batch, false, &head_strides);
+  t.alibi_batch_stride = head_strides.batch;
+  t.k_descale = float_data(x.k_descale, "k_descale", p.heads_kv, p.batch, true, &t.k_descale_strides);
+  t.v_descale = float_data(x.v_descale, "v_descale", p.heads_kv, p.batch, true, &t.v_descale_strides);
+  expect(p.kv_fp8 || (!x.k_descale && !x.v_descale), "descales scale an fp8 KV cache");
+
+  p.window = fold_causal(a.causal, a.window_left, a.window_right);
+  p.softcap = static_cast<float>(a.softcap);
+  p.scale = static_cast<float>(a.softmax_scale);
+  if (!varlen) p.num_splits = a.num_splits;
+  p.variant = asks_options(p, a.causal, a.num_splits > 0);
+
+  void* k_data = k.untyped_data();
+  void* v_data = v.untyped_data();
+  if (x.k_new) {  // the caches are results: appended into, read by the kernels
+    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> k_out = rest_out.get<ffi::AnyBuffer>(0);
+    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> v_out = rest_out.get<ffi::AnyBuffer>(1);
+    expect(k_out.has_value() && v_out.has_value() && same_dims((*k_out)->dimensions(), k.dimensions()) &&
+               same_dims((*v_out)->dimensions(), v.dimensions()),
+           "the cache results must have k's shape");
+    size_t const bytes = k.size_bytes();
+    for (auto [from, to] : {std::pair{k_data, (*k_out)->untyped_data()}, std::pair{v_data, (*v_out)->untyped_data()}}) {
+      if (from != to && cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess) {
+        return ffi::Error::Internal("cutlassfa_forward: copying a cache into its result failed");
+      }
+    }
+    k_data = (*k_out)->untyped_data(), v_data = (*v_out)->untyped_data();
+  }
+  t.q = q.untyped_data(), t.k = k_data, t.v = v_data, t.o = o.untyped_data(), t.lse = lse.typed_data();
+  FwdParams const params = make_params(p, t);
 
   // The launchers query the current device (shared-memory limits): make it XLA's for the launch.
   int previous = 0;
   cudaError_t status = cudaGetDevice(&previous);
   if (status == cudaSuccess && previous != device) status = cudaSetDevice(device);
+  EnqueueFailure failure;
   if (status == cudaSuccess) {
-    status = run_plan(make_plan(static_cast<Backend>(backend), device, params, kDefaultSplits), params, stream);
+    status = enqueue_call(static_cast<Backend>(a.backend), device, p, params, x.k_new ? &append : nullptr, o_view,
+                          &lse_view, stream, &failure);
   }
   if (previous != device) cudaSetDevice(previous);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear a non-sticky error for the next launch
-    return ffi::Error::Internal(std::string("cutlassfa_forward: ") + cudaGetErrorString(status));
+    return ffi::Error::Internal(std::string("cutlassfa_forward: ") + failure.step + ": " + cudaGetErrorString(status));
   }
   return ffi::Error::Success();
 }
 
 }  // namespace
-}  // namespace cutlassfa
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(cutlassfa_jax_forward, cutlassfa::forward,
+// The handler's body; invalid arguments come back as InvalidArgument errors (XLA raises them).
+ffi::Error forward(cudaStream_t stream, int32_t device, Attributes attributes, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                   ffi::AnyBuffer v, ffi::RemainingArgs rest, ffi::Result<ffi::AnyBuffer> o,
+                   ffi::Result<ffi::Buffer<ffi::F32>> lse, ffi::RemainingRets rest_out) {
+  try {
+    return enqueue(stream, device, attributes, q, k, v, rest, *o, *lse, rest_out);
+  } catch (ArgumentError const& error) {
+    return ffi::Error::InvalidArgument(std::string("cutlassfa_forward: ") + error.what());
+  }
+}
+
+}  // namespace cutlassfa::jax_ffi
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(cutlassfa_jax_forward, cutlassfa::jax_ffi::forward,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
-                                  .Attr<int32_t>("backend")
-                                  .Attr<double>("softmax_scale")
-                                  .Attr<bool>("causal")
+                                  .Attrs<cutlassfa::jax_ffi::Attributes>()
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v
+                                  .RemainingArgs()        // the attribute `operands`, in order
                                   .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // lse
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // lse
+                                  .RemainingRets());      // with k_new: the caches k, v
 
 namespace cutlassfa {
 

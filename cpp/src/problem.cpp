@@ -28,6 +28,12 @@ float resolve_scale(double scale, int head_dim) {
   return static_cast<float>(scale);
 }
 
+bool asks_options(const Problem& p, bool causal, bool num_splits_given) {
+  Window const plain = fold_causal(causal, -1, -1);
+  return p.varlen || p.kv_cache || p.window.left != plain.left || p.window.right != plain.right || p.softcap > 0.f ||
+         num_splits_given;
+}
+
 FwdParams make_params(const Problem& p, const CallTensors& t) {
   constexpr double kLog2e = 1.4426950408889634;
   FwdParams params{};

@@ -253,11 +253,12 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scal
     """The backend `forward(q, k, v, causal=causal, backend=backend, **options)` runs: `auto` resolves to
     the first of tensorcore (sm_80+), large_tile (sm_80+), small_tile (sm_61+) and naive (sm_61+) that is
     available and runs the call, then cpu for host arrays when no GPU can be used. `options` are
-    forward's (window, softcap, cache_seqlens, ...). Raises as `forward` would for invalid arguments."""
+    forward's (window, softcap, cache_seqlens, ...), or varlen_forward's with cu_seqlens_q / cu_seqlens_k
+    (and max_seqlen_q / max_seqlen_k). Raises as `forward` would for invalid arguments."""
     code = _backend_code(backend)
     causal = _flag(causal, "causal")
     _require_extension()
-    unknown = sorted(options.keys() - set(_OPTION_NAMES))
+    unknown = sorted(options.keys() - set(_OPTION_NAMES) - set(_VARLEN_NAMES))
     if unknown:
         raise TypeError(f"select_backend() got an unexpected keyword argument {unknown[0]!r}")
     resolved = _C.validate(q, k, v, None, causal, _scale(softmax_scale), code, **options)
@@ -271,6 +272,7 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scal
 _NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no option given"
 _OPTION_NAMES = ("window", "softcap", "cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "num_splits",
                  "sinks", "alibi_slopes", "k_descale", "v_descale")
+_VARLEN_NAMES = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
 def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
@@ -381,7 +383,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     """Attention over a batch of sequences of different lengths, packed without padding (FlashAttention's
     varlen layout), on the same path as `forward`: CUDA arrays of PyTorch or CuPy in place, host arrays
     (numpy, PyTorch CPU tensors) on the GPU when one is usable, else on the `cpu` backend. JAX arrays
-    are not taken yet (NotImplementedError).
+    and tracers go through cutlassfa.jax.varlen_forward (max_seqlen_q / max_seqlen_k then Python ints).
 
     q (total_q, Hq, d); k, v (total_k, Hkv, d), Hq a multiple of Hkv; dtypes as `forward`, d a multiple
     of 8 from 8 to 256, any strides. cu_seqlens_q / cu_seqlens_k: (B+1,) int prefix sums, 0 first,
@@ -399,7 +401,12 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     scale = _scale(softmax_scale)
     module = type(q).__module__
     if module.startswith("jax"):
-        raise NotImplementedError("varlen_forward does not take JAX arrays yet")
+        from .integrations import jax as jax_integration
+
+        return jax_integration.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                              max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                                              backend=backend, return_lse=return_lse, out=out,
+                                              **_given((window, softcap) + (None,) * 6 + (sinks, alibi_slopes)))
     if module.startswith("torch") and _torch_integration().must_use_op(q, k, v):
         raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd, "
                                   "tensor subclasses)")
@@ -434,20 +441,22 @@ def _torch_integration() -> Any:
 
 def _jax_integration_takes(q: Any, k: Any, v: Any, options: tuple) -> bool:
     """JAX tracers (inside jax.jit / vmap, as any array argument) and arrays on the CPU go to the XLA
-    integration; so do concrete GPU arrays of a plain call when its FFI handler is registered (a custom
-    call on XLA's stream, no synchronization). Other concrete GPU arrays take the direct path, which
-    waits for them and synchronizes. JAX arrays are immutable: k_new / v_new are refused here."""
+    integration; so do concrete GPU arrays when its FFI handler is registered (a custom call on XLA's
+    stream, no synchronization). Without it, concrete GPU arrays take the direct path, which waits for
+    them and synchronizes. JAX arrays are immutable: k_new / v_new are refused here (cutlassfa.jax.forward
+    returns the updated caches)."""
     import jax
 
     from .integrations import jax as jax_integration
 
     if options and (options[5] is not None or options[6] is not None):
-        raise TypeError("k_new / v_new are appended into k and v in place; JAX arrays are immutable")
+        raise TypeError("k_new / v_new are appended into k and v in place, and JAX arrays are immutable: use "
+                        "cutlassfa.jax.forward, which returns the updated caches")
     if any(isinstance(a, jax.core.Tracer) for a in (q, k, v, *options)):  # sinks may be traced alone
         return True
     if all(d.platform == "cpu" for a in (q, k, v) for d in a.devices()):
         return True  # the integration runs the cpu backend through a host callback
-    return not options and jax_integration.ffi_registered()
+    return jax_integration.ffi_registered()
 
 
 def _host_index(value: Any) -> Any:

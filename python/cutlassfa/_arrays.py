@@ -36,16 +36,20 @@ def numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype(dtype)
 
 
-def stand_in(array: Any) -> Any:
+def stand_in(array: Any, writable: bool = False) -> Any:
     """A host array of `array`'s shape and dtype that occupies no memory (zero strides), for arrays with
     no data to read (PyTorch fake tensors, JAX tracers), so that the extension's validator judges a traced
-    call with its own messages. Index values read as zeros. None stays None; host values pass through."""
+    call with its own messages; `writable` for caches that keys are appended into. Index values read as
+    zeros. None stays None; host values pass through."""
     if array is None or isinstance(array, (np.ndarray, list, tuple, int, float)):
         return array
     name = str(array.dtype).removeprefix("torch.")
     dtype = numpy_dtype(name) if name in DTYPES or name.startswith(("int", "uint", "float")) else np.dtype(np.uint8)
     shape = tuple(int(n) for n in array.shape)
-    return np.broadcast_to(np.zeros(shape[-1:], dtype), shape) if shape else np.zeros((), dtype)
+    if not shape:
+        return np.zeros((), dtype)
+    row = np.zeros(shape[-1:], dtype)  # the last dim contiguous, as the validator asks
+    return np.lib.stride_tricks.as_strided(row, shape, (0,) * (len(shape) - 1) + row.strides, writeable=writable)
 
 
 def cupy_empty(shape: tuple[int, ...], dtype: str, device: int) -> tuple[Any, Any]:

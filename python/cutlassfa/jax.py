@@ -1,4 +1,7 @@
-"""A drop-in for `jax.nn.dot_product_attention`:
+"""cutlassfa for JAX: `forward` and `varlen_forward` (every option of `cutlassfa.forward`, in JAX's
+(B, N, H, d) layout with ``layout="BNHD"`` or in (B, H, N, d); with k_new / v_new the updated caches are
+returned: ``out, k, v = forward(q, k, v, cache_seqlens=..., k_new=..., v_new=...)``), and a drop-in for
+`jax.nn.dot_product_attention`:
 
     from cutlassfa.jax import dot_product_attention
     out = dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -25,9 +28,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
-import cutlassfa
+from cutlassfa.integrations.jax import forward, varlen_forward
 
-__all__ = ["dot_product_attention"]
+__all__ = ["dot_product_attention", "forward", "varlen_forward"]
 
 
 def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, mask: Any = None, *,
@@ -67,8 +70,9 @@ def dot_product_attention(query: Any, key: Any, value: Any, bias: Any = None, ma
                                   "leaves rows whose window starts past every key")
     if window != (-1, -1):
         options["window"] = window
-    out = cutlassfa.forward(*(x.swapaxes(1, 2) for x in (q, k[:, :kept], v[:, :kept])), **options)
-    out = out.swapaxes(1, 2)  # (B, T, N, H)
+    if kept < length_k:
+        k, v = k[:, :kept], v[:, :kept]
+    out = forward(q, k, v, layout="BNHD", **options)  # JAX's layout: no transpose
     if query_seq_lengths is not None:  # rows past a sequence's length give 0
         valid = jnp.arange(length_q)[None, :] < jnp.asarray(query_seq_lengths)[:, None]
         out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))

@@ -95,6 +95,10 @@ struct CallTensors {
   TensorStrides k_descale_strides, v_descale_strides;
 };
 
+// Problem::variant's rule: whether a call asks for more than a plain dense one (a window or softcap
+// beyond `causal`, a cache, varlen, a num_splits).
+bool asks_options(const Problem& problem, bool causal, bool num_splits_given);
+
 // The one FwdParams builder: sizes, scale (softmax_scale_log2 is computed here and nowhere else),
 // window, softcap, sinks, ALiBi, lengths, pages. num_splits is left at 1: the planner sets it.
 FwdParams make_params(const Problem& problem, const CallTensors& tensors);

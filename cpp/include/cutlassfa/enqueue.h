@@ -1,0 +1,33 @@
+// Everything one validated call enqueues on its stream, whatever entry built it (the Python extension,
+// the JAX FFI handler): the appended keys first (the kernels read them), then either the outputs of a
+// call no kernel computes (no query row or no key: O = 0, lse = -inf or the row's sink) or the plan's
+// kernels, on a dequantized copy of an fp8 cache when the plan is not the decode kernel (launch.h).
+// cpp/src/enqueue.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cutlassfa/backends.h"
+#include "cutlassfa/fill.h"
+#include "cutlassfa/launch.h"
+#include "cutlassfa/problem.h"
+
+namespace cutlassfa {
+
+// Which step failed, for the caller's error message; workspace_bytes > 0 when it was a workspace
+// allocation of that size.
+struct EnqueueFailure {
+  const char* step = "cutlassfa kernel launch";
+  size_t workspace_bytes = 0;
+};
+
+// `params` is make_params(problem, ...) on the call's device (current); `append` nullptr when no keys
+// are appended; o_view (B, H, N, d) and lse_view (B, H, N, 1) (nullptr: not asked for) locate the
+// outputs for the fill. Returns the first CUDA error, with `failure` saying where.
+cudaError_t enqueue_call(Backend backend, int device, const Problem& problem, const FwdParams& params,
+                         const AppendKV* append, const Strided4& o_view, const Strided4* lse_view,
+                         cudaStream_t stream, EnqueueFailure* failure);
+
+}  // namespace cutlassfa
