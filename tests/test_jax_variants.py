@@ -294,6 +294,11 @@ def test_appending_call_aliases_the_caches():
 def test_ffi_handler_reads_every_option_on_xla_cpu(rng, ffi_harness):
     """The real handler on XLA's CPU platform (tests/jax_ffi_harness): a BNHD dense call is computed and
     compared; cache, paged, fp8 and varlen calls are decoded into the Problem the extension would build."""
+    with jax.default_device(jax.devices("cpu")[0]):  # JAX's default device is a GPU where one is present
+        _handler_cases(rng, ffi_harness)
+
+
+def _handler_cases(rng, ffi_harness):
     q = jnp.asarray(rng.standard_normal((2, 33, 4, 64)), jnp.float32)
     k, v = (jnp.asarray(rng.standard_normal((2, 50, 2, 64)), jnp.float32) for _ in range(2))
     call = _ffi_call(layout="BNHD", window=(10, 2))
