@@ -1,10 +1,13 @@
 """jax.jit of cutlassfa on JAX's (B, N, H, d) layout against jax.nn.dot_product_attention(implementation=
 "cudnn"), and the same kernels through PyTorch on (B, H, N, d) views of (B, N, H, d) tensors, in one run.
 
-Each contender is a chain of `calls` attention calls (each call's output is the next call's query):
-JAX's inside one jitted function (timed on the host around block_until_ready, so XLA's dispatch is
-amortized over the chain), PyTorch's captured in a CUDA graph (timed with CUDA events). Rounds interleave
-the contenders; the figure is the median per call over rounds. A case whose cutlassfa / cuDNN ratio is
+Each contender is a chain of attention calls (each call's output is the next call's query). JAX's run
+inside jitted functions timed on the host around block_until_ready: a chain of `calls` and one of
+2 x `calls`, the time of a call being their difference over `calls` (XLA's fixed cost of launching an
+executable cancels). PyTorch's are captured in a CUDA graph of `calls` calls, timed with CUDA events:
+q, k, v (B, H, N, d) views of (B, N, H, d) tensors, the output written into a (B, N, H, d) buffer (`out=`),
+as the JAX call reads and writes them. Rounds interleave the contenders; the figure is the median per call
+over rounds. A case whose cutlassfa / cuDNN ratio is
 below 1.0 is measured again once in the same run (both figures kept).
 
     python scripts/jax_bench.py --out results.json [--rounds 10] [--quick]
@@ -46,15 +49,14 @@ def _jax_chain(attention, calls):
 
 def _contenders(case, calls):
     b, n, hq, hkv, d, causal = case
-    return {
-        "cutlassfa_jax": _jax_chain(lambda q, k, v: cfa_jax.dot_product_attention(q, k, v, is_causal=causal), calls),
-        "cudnn_jax": _jax_chain(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                                            implementation="cudnn"), calls),
+    attention = {
+        "cutlassfa_jax": lambda q, k, v: cfa_jax.dot_product_attention(q, k, v, is_causal=causal),
+        "cudnn_jax": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn"),
         # the pre-layout path: (B, H, N, d) transposes around the call
-        "cutlassfa_jax_transposed": _jax_chain(
-            lambda q, k, v: cfa_jax.forward(*(x.swapaxes(1, 2) for x in (q, k, v)), causal=causal).swapaxes(1, 2),
-            calls),
+        "cutlassfa_jax_transposed": lambda q, k, v: cfa_jax.forward(*(x.swapaxes(1, 2) for x in (q, k, v)),
+                                                                    causal=causal).swapaxes(1, 2),
     }
+    return {name: (_jax_chain(fn, calls), _jax_chain(fn, 2 * calls)) for name, fn in attention.items()}
 
 
 def _time_jax(fn, args):
@@ -64,14 +66,15 @@ def _time_jax(fn, args):
 
 
 def _torch_graph(torch, q, k, v, causal, calls):
-    """A CUDA graph of `calls` chained cutlassfa.forward calls on (B, H, N, d) views of (B, N, H, d) tensors."""
-    state = {"q": q.clone()}
+    """A CUDA graph of `calls` chained cutlassfa.forward calls on (B, H, N, d) views of (B, N, H, d) tensors,
+    each writing into a (B, N, H, d) buffer (two, in turn)."""
+    buffers = [q.clone(), torch.empty_like(q)]
 
     def run():
-        x = state["q"]
-        for _ in range(calls):
-            x = cutlassfa.forward(x.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal).transpose(1, 2)
-        return x
+        for i in range(calls):
+            x, y = buffers[i % 2], buffers[1 - i % 2]
+            cutlassfa.forward(x.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                              out=y.transpose(1, 2))
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -104,8 +107,9 @@ def measure(case, rounds, torch):
     one = min(_time_jax(probe, args) for _ in range(3))
     calls = int(min(50, max(10, np.ceil(5e-3 / one))))  # a chain of >= ~5 ms: dispatch amortized
     fns = _contenders(case, calls)
-    for fn in fns.values():
-        jax.block_until_ready(fn(*args))  # compile and warm up
+    for pair in fns.values():
+        for fn in pair:
+            jax.block_until_ready(fn(*args))  # compile and warm up
     graph = None
     if torch is not None:
         tq, tk, tv = (torch.tensor(x, device="cuda").to(torch.bfloat16) for x in host)
@@ -114,8 +118,8 @@ def measure(case, rounds, torch):
         torch.cuda.synchronize()
     times = {name: [] for name in list(fns) + (["cutlassfa_torch"] if graph is not None else [])}
     for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(_time_jax(fn, args) / calls)
+        for name, (single, double) in fns.items():
+            times[name].append((_time_jax(double, args) - _time_jax(single, args)) / calls)
         if graph is not None:
             times["cutlassfa_torch"].append(_time_torch(torch, graph) / calls)
     pairs = b * hq * (n * (n + 1) // 2 if causal else n * n)
@@ -134,6 +138,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cases", help="indices into GRID, comma-separated")
     args = parser.parse_args()
     try:
         import torch
@@ -142,7 +147,10 @@ def main():
     except ImportError:
         torch = None
     rows = []
-    for case in QUICK if args.quick else GRID:
+    cases = QUICK if args.quick else GRID
+    if args.cases:
+        cases = [GRID[int(i)] for i in args.cases.split(",")]
+    for case in cases:
         row = measure(case, args.rounds, torch)
         if row["cudnn_over_ours"] < 1.0:
             row["again"] = measure(case, args.rounds, torch)

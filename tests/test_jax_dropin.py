@@ -38,7 +38,8 @@ def _expect_like_jax(q, k, v, **kwargs):
                                              **kwargs)
     same = jax.nn.dot_product_attention(jq, jk, jv, implementation="xla", **kwargs)
     platform = jq.devices().pop().platform
-    backend = "cpu" if platform == "cpu" else cutlassfa.select_backend(*(np.swapaxes(x, -3, -2) for x in (q, k, v)))
+    batched = [x if x.ndim == 4 else x[None] for x in (q, k, v)]  # (B, T, N, H) as the drop-in calls it
+    backend = "cpu" if platform == "cpu" else cutlassfa.select_backend(*(np.swapaxes(x, 1, 2) for x in batched))
     allowed = max(2 * _deviation(same, exact), bound_for(backend, "float32").rel_l2)
     assert _deviation(got, exact) <= allowed, (_deviation(got, exact), allowed)
     return got

@@ -170,6 +170,29 @@ def test_cache_with_appended_keys_returns_the_caches(rng, platform, layout, page
 
 
 @pytest.mark.parametrize("platform", _PLATFORMS)
+def test_vmap_of_a_cache_call_with_appended_keys(rng, platform):
+    """Per-entry lengths and appended keys under vmap: one call per mapped element, each as alone."""
+    device = _device(platform)
+    dtype = "bfloat16"
+    cases = [_cache_case(rng, False, b=2) for _ in range(2)]
+    stacked = [np.stack([_rounded(case[i], dtype) for case in cases]) for i in (0, 1, 2, 5, 6)]
+    lengths = np.stack([np.array([7, 50], np.int32), np.array([0, 93], np.int32)])
+    jq, jk, jv, jk_new, jv_new = (_put(x, device, dtype) for x in stacked)
+
+    def one(q, k, v, k_new, v_new, n):
+        return cfa_jax.forward(q, k, v, cache_seqlens=n, k_new=k_new, v_new=v_new, causal=True)
+
+    out, k_after, v_after = jax.jit(jax.vmap(one))(jq, jk, jv, jk_new, jv_new, _put(lengths, device))
+    backend = "cpu" if platform == "cpu" else "tensorcore"
+    for e in range(2):
+        q, k, v, k_new, v_new = (x[e] for x in stacked)
+        ref, _ = kvcache_reference(q, k, v, k_new=k_new, v_new=v_new, cache_seqlens=lengths[e], causal=True)
+        assert rel_l2(np.asarray(out[e], np.float64), ref) <= bound_for(backend, dtype).rel_l2
+        np.testing.assert_array_equal(np.asarray(k_after[e], np.float32), cache_after_append(k, k_new, lengths[e]))
+        np.testing.assert_array_equal(np.asarray(v_after[e], np.float32), cache_after_append(v, v_new, lengths[e]))
+
+
+@pytest.mark.parametrize("platform", _PLATFORMS)
 @pytest.mark.parametrize("paged", [False, True])
 def test_fp8_cache_under_jit(rng, platform, paged):
     device = _device(platform)
@@ -275,6 +298,8 @@ def test_drop_in_lowers_to_one_custom_call_without_transpose(monkeypatch):
     monkeypatch.setattr(cutlassfa_jax, "ffi_registered", lambda: True)
     text = _cuda_module(lambda q, k, v: dot_product_attention(q, k, v, is_causal=True), q, k, k)
     assert text.count("stablehlo.custom_call @cutlassfa_forward(") == 1 and "stablehlo.transpose" not in text
+    line = next(line for line in text.splitlines() if "stablehlo.custom_call" in line)
+    assert "(tensor<4x256x16x128xbf16>, tensor<0xf32>)" in line  # no lse asked for: none written
 
 
 def test_appending_call_aliases_the_caches():
@@ -309,7 +334,11 @@ def _handler_cases(rng, ffi_harness):
     np.testing.assert_allclose(np.asarray(lse), ref_lse, atol=1e-4)
     p = ffi_harness.last_params()
     assert p["q_strides"] == (33 * 4 * 64, 64, 4 * 64) and p["k_strides"] == (50 * 2 * 64, 64, 2 * 64)
-    assert p["lse_strides"] == (4 * 33, 33) and p["window"] == (10, 2) and p["variant"]
+    assert p["lse_strides"] == (4 * 33, 33) and p["window"] == (10, 2) and p["variant"] and p["lse"]
+    no_lse = _ffi_call(layout="BNHD", window=(10, 2), lse=False)
+    out, lse = jax.jit(lambda q, k, v: cutlassfa_jax._on_device(no_lse, q, k, v))(q, k, v)
+    assert lse.shape == (0,) and not ffi_harness.last_params()["lse"]
+    assert rel_l2(np.asarray(out).swapaxes(1, 2), ref) < 1e-5
 
     # A paged fp8 cache with appended keys, sinks and per-entry descales, BNHD.
     pages, page, hk, d = 12, 16, 2, 64

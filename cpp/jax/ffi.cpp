@@ -9,8 +9,9 @@
 // after the append (Python aliases them to the operands k and v, so the append is in place when XLA
 // can donate them). Layouts (attribute `layout`): kBhnd (..., H, N, d), kBnhd (..., N, H, d), JAX's own;
 // KV caches alike ((B, Hkv, N, d) / (B, N, Hkv, d); paged (P, Hkv, page, d) / (P, page, Hkv, d)); varlen
-// arrays are (total, H, d) in both. lse is (..., H, N), or (H, total_q) for varlen. Axes in front of a
-// dense call's three (jax.vmap's) fold into the batch.
+// arrays are (total, H, d) in both. lse is (..., H, N), or (H, total_q) for varlen; a result of no
+// elements when it is not asked for (nothing is written). Axes in front of a dense call's three
+// (jax.vmap's) fold into the batch.
 #include "jax/ffi.h"
 
 #include <cuda_runtime.h>
@@ -189,6 +190,7 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
 
   CallTensors t;
   Strided4 o_view{}, lse_view{};
+  bool const want_lse = lse.element_count() > 0;
   bool const varlen = x.cu_seqlens_q || x.cu_seqlens_k;
   if (varlen) {  // q (total_q, Hq, d), k and v (total_k, Hkv, d), cu_seqlens (B + 1,)
     Dims const qd = q.dimensions(), kd = k.dimensions();
@@ -213,7 +215,7 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
     o_view = view4(1, p.heads_q, p.total_q, p.head_dim, t.o_strides);
     lse_view = view4(1, p.heads_q, p.total_q, 1, {0, p.total_q, 1});
     Dims const ld = lse.dimensions();
-    expect(ld.size() == 2 && ld[0] == qd[1] && ld[1] == qd[0], "lse must be (Hq, total_q)");
+    expect(!want_lse || (ld.size() == 2 && ld[0] == qd[1] && ld[1] == qd[0]), "lse must be (Hq, total_q)");
   } else {
     Extents const eq = extents(q.dimensions(), a.layout, "q");
     Extents const ek = extents(k.dimensions(), a.layout, "k");
@@ -250,7 +252,7 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
     Dims const qd = q.dimensions(), ld = lse.dimensions();
     bool lse_ok = ld.size() + 1 == qd.size() && ld[ld.size() - 2] == eq.heads && ld[ld.size() - 1] == eq.rows;
     for (size_t i = 0; lse_ok && i + 3 < qd.size(); ++i) lse_ok = ld[i] == qd[i];
-    expect(lse_ok, "lse must be q's leading axes then (H, N)");
+    expect(lse_ok || !want_lse, "lse must be q's leading axes then (H, N)");
   }
   expect(p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "the heads of q must be a multiple of those of k and v");
 
@@ -303,7 +305,8 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
     }
     k_data = (*k_out)->untyped_data(), v_data = (*v_out)->untyped_data();
   }
-  t.q = q.untyped_data(), t.k = k_data, t.v = v_data, t.o = o.untyped_data(), t.lse = lse.typed_data();
+  t.q = q.untyped_data(), t.k = k_data, t.v = v_data, t.o = o.untyped_data();
+  t.lse = want_lse ? lse.typed_data() : nullptr;
   FwdParams const params = make_params(p, t);
 
   // The launchers query the current device (shared-memory limits): make it XLA's for the launch.
@@ -313,7 +316,7 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
   EnqueueFailure failure;
   if (status == cudaSuccess) {
     status = enqueue_call(static_cast<Backend>(a.backend), device, p, params, x.k_new ? &append : nullptr, o_view,
-                          &lse_view, stream, &failure);
+                          want_lse ? &lse_view : nullptr, stream, &failure);
   }
   if (previous != device) cudaSetDevice(previous);
   if (status != cudaSuccess) {

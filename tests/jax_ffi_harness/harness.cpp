@@ -65,7 +65,9 @@ cudaError_t enqueue_call(Backend backend, int, const Problem& problem, const Fwd
           }
           oi[c] = l > 0 ? static_cast<float>(acc) : 0.f;
         }
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = l > 0 ? static_cast<float>(m + std::log(l)) : -INFINITY;
+        if (p.lse != nullptr) {
+          p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = l > 0 ? static_cast<float>(m + std::log(l)) : -INFINITY;
+        }
       }
     }
   }
@@ -145,6 +147,7 @@ NB_MODULE(jax_ffi_harness, m) {
     d["appended"] = g_appended;
     d["total_q"] = p.total_q;
     d["total_k"] = p.total_k;
+    d["lse"] = p.lse != nullptr;
     d["given"] = nanobind::make_tuple(p.seqlens_k != nullptr, p.leftpad_k != nullptr, p.block_table != nullptr,
                                       p.cu_seqlens_q != nullptr, p.cu_seqlens_k != nullptr, p.sinks != nullptr,
                                       p.alibi_slopes != nullptr, p.k_descale != nullptr, p.v_descale != nullptr);

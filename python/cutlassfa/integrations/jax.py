@@ -66,6 +66,7 @@ class _Call:
     layout: str = "BHND"
     arrays: tuple[tuple[str, int], ...] = ()  # array operands after q, k, v: (name, ndim), in order
     max_seqlen: tuple[int, int] | None = None  # varlen calls: (max_seqlen_q, max_seqlen_k)
+    lse: bool = True  # False: lse is not computed (an empty result stands in for it)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -99,10 +100,10 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     if one_head:
         head_axis = 1 if layout == "BHND" else 2
         q, k, v = (jnp.expand_dims(x, head_axis) for x in (q, k, v))
-    call, operands = _plan(q, k, v, causal, softmax_scale, backend, layout, options)
+    call, operands = _plan(q, k, v, causal, softmax_scale, backend, layout, options, lse=return_lse)
     result, lse, *caches = _attention(call, q, k, v, *operands)
     if one_head:
-        result, lse = jnp.squeeze(result, head_axis), lse[:, 0]
+        result, lse = jnp.squeeze(result, head_axis), lse[:, 0] if return_lse else lse
     return (result, lse, *caches) if return_lse else (result, *caches) if caches else result
 
 
@@ -126,7 +127,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
         longest.append(total if value is None else min(int(value), total))
     call, operands = _plan(q, k, v, causal, softmax_scale, backend, "BHND",
                            dict(options, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k),
-                           max_seqlen=(longest[0], longest[1]), asked=(max_seqlen_q, max_seqlen_k))
+                           max_seqlen=(longest[0], longest[1]), asked=(max_seqlen_q, max_seqlen_k), lse=return_lse)
     result, lse = _attention(call, q, k, v, *operands)
     return (result, lse) if return_lse else result
 
@@ -162,7 +163,8 @@ def _varlen_stand_in(cu_seqlens: Any, total: int, longest: int) -> np.ndarray:
 
 
 def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any, layout: str, options: dict,
-          max_seqlen: tuple[int, int] | None = None, asked: tuple = (None, None)) -> tuple[_Call, tuple]:
+          max_seqlen: tuple[int, int] | None = None, asked: tuple = (None, None),
+          lse: bool = True) -> tuple[_Call, tuple]:
     """Validates the call (the extension's validator, on stand-ins of its arrays) and fixes what is static
     about it; returns the call and its array operands in the order call.arrays names them."""
     scalars, arrays = {}, {}
@@ -197,7 +199,7 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     operands = tuple(_operand(n, arrays[n]) for n in operand_names)
     statics = dict(window=_window(scalars.get("window")), softcap=float(scalars.get("softcap") or 0.0),
                    num_splits=scalars.get("num_splits"), layout=layout,
-                   arrays=tuple((n, arrays[n].ndim) for n in operand_names), max_seqlen=max_seqlen)
+                   arrays=tuple((n, arrays[n].ndim) for n in operand_names), max_seqlen=max_seqlen, lse=lse)
     if name == "cpu":
         return _Call(bool(causal), scale, "cpu", "cpu", None, **statics), operands
     cpu_backend = "cpu" if backend == "auto" else name  # auto on JAX's CPU: compute on the CPU
@@ -287,7 +289,7 @@ def _attention_impl(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array, *arra
     if call.dense and (0 in q.shape[:-1] or 0 in k.shape[:-1]):  # no row, or rows that see no key
         lse = jnp.full(_lse_shape(call, q), -jnp.inf, jnp.float32)
         sinks = dict(zip(call.names, arrays)).get("sinks")
-        if sinks is not None:  # a row that sees no key: lse = its head's sink
+        if sinks is not None and call.lse:  # a row that sees no key: lse = its head's sink
             lse = jnp.broadcast_to(sinks.astype(jnp.float32)[..., None], lse.shape)
         return jnp.zeros(q.shape, q.dtype), lse
     on_cpu = functools.partial(_on_host, call, call.cpu_backend)
@@ -299,7 +301,9 @@ def _attention_impl(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array, *arra
 _attention_jit = jax.jit(_attention_impl, static_argnums=0)
 
 
-def _lse_shape(call: _Call, q: jax.Array) -> tuple[int, ...]:
+def _lse_shape(call: _Call, q: Any) -> tuple[int, ...]:
+    if not call.lse:  # not asked for: nothing written (vmap's leading axes kept in front)
+        return q.shape[:max(q.ndim - 4, 0)] + (0,)
     if call.max_seqlen is not None:  # varlen: (Hq, total_q)
         return (q.shape[1], q.shape[0])
     if call.layout == "BNHD":
@@ -352,8 +356,9 @@ def _host_forward(call: _Call, backend: str, q: np.ndarray, k: np.ndarray, v: np
     if call.max_seqlen is not None:
         cu_q, cu_k = named.pop("cu_seqlens_q"), named.pop("cu_seqlens_k")
         keywords.pop("num_splits", None)
-        return cutlassfa.varlen_forward(q, k, v, cu_q, cu_k, max_seqlen_q=call.max_seqlen[0],
-                                        max_seqlen_k=call.max_seqlen[1], **keywords, **named)
+        out, lse = cutlassfa.varlen_forward(q, k, v, cu_q, cu_k, max_seqlen_q=call.max_seqlen[0],
+                                            max_seqlen_k=call.max_seqlen[1], **keywords, **named)
+        return out, lse if call.lse else np.zeros((0,), np.float32)
     caches = ()
     if call.appends:  # appended into copies: the operands are the caller's immutable arrays
         k, v = np.array(k), np.array(v)
@@ -363,4 +368,5 @@ def _host_forward(call: _Call, backend: str, q: np.ndarray, k: np.ndarray, v: np
     q4, k4, v4 = (_bhnd(x.reshape((math.prod(x.shape[:-3]),) + x.shape[-3:]), call.layout) for x in (q, k, v))
     out, lse = cutlassfa.forward(q4, k4, v4, **keywords, **named)
     out = np.ascontiguousarray(_bhnd(out, call.layout)).reshape(q.shape)
-    return (out, lse.reshape(_lse_shape(call, q))) + caches
+    lse = lse.reshape(_lse_shape(call, q)) if call.lse else np.zeros(_lse_shape(call, q), np.float32)
+    return (out, lse) + caches
