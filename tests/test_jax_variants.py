@@ -110,16 +110,18 @@ def test_vmap_folds_q_k_v_and_loops_other_operands(rng, platform, layout):
     plain = jax.jit(jax.vmap(lambda q: cfa_jax.forward(q, k, v, causal=True, layout=layout)))(qs)
     with_sinks = jax.jit(jax.vmap(lambda q, s: cfa_jax.forward(q, k, v, causal=True, sinks=s, layout=layout)))(qs,
                                                                                                               sinks)
+    windowed = jax.jit(jax.vmap(lambda q: cfa_jax.forward(q, k, v, window=(9, 4), softcap=5.0, layout=layout)))(qs)
     kk, vv = (np.asarray(x, np.float32) if layout == "BHND" else np.asarray(x, np.float32).swapaxes(1, 2) for x in (k, v))
     backend = "cpu" if platform == "cpu" else "tensorcore"
     for i in range(3):
         qq = np.asarray(qs[i], np.float32) if layout == "BHND" else np.asarray(qs[i], np.float32).swapaxes(1, 2)
         got = [np.asarray(x[i], np.float32) if layout == "BHND" else np.asarray(x[i], np.float32).swapaxes(1, 2)
-               for x in (plain, with_sinks)]
-        ref, _ = attention_reference(qq, kk, vv, causal=True)
-        ref_sinks, _ = attention_reference(qq, kk, vv, causal=True, sinks=np.asarray(sinks[i]))
-        assert rel_l2(got[0], ref) <= bound_for(backend, dtype).rel_l2
-        assert rel_l2(got[1], ref_sinks) <= bound_for(backend, dtype).rel_l2
+               for x in (plain, with_sinks, windowed)]
+        refs = [attention_reference(qq, kk, vv, causal=True)[0],
+                attention_reference(qq, kk, vv, causal=True, sinks=np.asarray(sinks[i]))[0],
+                attention_reference(qq, kk, vv, window=(9, 4), softcap=5.0)[0]]
+        for out, ref in zip(got, refs):
+            assert rel_l2(out, ref) <= bound_for(backend, dtype).rel_l2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,6 +195,28 @@ def test_vmap_of_a_cache_call_with_appended_keys(rng, platform):
 
 
 @pytest.mark.parametrize("platform", _PLATFORMS)
+def test_vmap_of_a_paged_cache_call(rng, platform):
+    """A pool of pages and a table per mapped element (e.g. per model replica), BNHD."""
+    device = _device(platform)
+    dtype = "float16"
+    cases = [_cache_case(rng, True, b=2, capacity=64) for _ in range(2)]
+    q, k, v, table = (np.stack([case[i] for case in cases]) for i in range(4))
+    q, k, v = (_rounded(x, dtype) for x in (q, k, v))
+    lengths = np.array([[5, 64], [33, 1]], np.int32)
+    host = (_bnhd(q), _bnhd(k), _bnhd(v))
+    jq, jk, jv = (_put(x, device, dtype) for x in host)
+
+    def one(q, k, v, table, n):
+        return cfa_jax.forward(q, k, v, cache_seqlens=n, block_table=table, window=(20, 0), layout="BNHD")
+
+    out = jax.jit(jax.vmap(one))(jq, jk, jv, _put(table, device), _put(lengths, device))
+    backend = "cpu" if platform == "cpu" else "tensorcore"
+    for e in range(2):
+        ref, _ = kvcache_reference(q[e], k[e], v[e], cache_seqlens=lengths[e], block_table=table[e], window=(20, 0))
+        assert rel_l2(np.asarray(out[e], np.float64).swapaxes(1, 2), ref) <= bound_for(backend, dtype).rel_l2
+
+
+@pytest.mark.parametrize("platform", _PLATFORMS)
 @pytest.mark.parametrize("paged", [False, True])
 def test_fp8_cache_under_jit(rng, platform, paged):
     device = _device(platform)
@@ -241,6 +265,21 @@ def test_varlen_under_jit(rng, platform):
     # cutlassfa.varlen_forward takes JAX arrays through the same path
     eager = cutlassfa.varlen_forward(jq, jk, jv, jcu_q, jcu_k, causal=True, window=(12, 0), sinks=jsinks)
     _expect(backend, dtype, eager, lse, ref, ref_lse)
+
+
+@pytest.mark.parametrize("platform", _PLATFORMS)
+def test_varlen_under_vmap(rng, platform):
+    device = _device(platform)
+    dtype = "bfloat16"
+    cu = np.array([[0, 10, 10, 24], [0, 3, 20, 24]], np.int32)
+    q, k, v = (_rounded(rng.standard_normal((2, 24, 4, 64)), dtype) for _ in range(3))
+    call = jax.jit(jax.vmap(lambda q, k, v, cu: cfa_jax.varlen_forward(q, k, v, cu, cu, max_seqlen_q=17,
+                                                                       max_seqlen_k=17, causal=True, softcap=4.0)))
+    out = call(*(_put(x, device, dtype) for x in (q, k, v)), _put(cu, device))
+    backend = "cpu" if platform == "cpu" else "tensorcore"
+    for e in range(2):
+        ref, _ = varlen_reference(q[e], k[e], v[e], cu[e], cu[e], causal=True, softcap=4.0)
+        assert rel_l2(np.asarray(out[e], np.float64), ref) <= bound_for(backend, dtype).rel_l2
 
 
 def test_varlen_max_seqlen_must_be_static(rng):
