@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 
 import jax
@@ -159,10 +158,9 @@ def main():
         print(case, {k: round(v, 4) for k, v in row["ms"].items()},
               f"cudnn/ours {row['cudnn_over_ours']:.3f}{again}",
               f"torch/jax {row.get('torch_over_jax', float('nan')):.3f}", flush=True)
-    clock = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm", "--format=csv,noheader"],
-                           capture_output=True, text=True).stdout.strip()
-    meta = {"jax": jax.__version__, "gpu": clock, "commit": cutlassfa.__version__,
-            "torch": None if torch is None else torch.__version__}
+    from cutlassfa._provenance import provenance
+
+    meta = {"jax": jax.__version__, **provenance()}  # commit, GPU and clocks, torch / cuDNN versions
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     ratios = [r["cudnn_over_ours"] for r in rows]
