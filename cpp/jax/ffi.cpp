@@ -145,8 +145,9 @@ DType to_dtype(ffi::DataType type, const char* name) {
 const int* index_data(std::optional<ffi::AnyBuffer> const& a, const char* name, int64_t count) {
   if (!a) return nullptr;
   expect(a->element_type() == ffi::DataType::S32, std::string(name) + " must be int32");
-  expect(count < 0 || static_cast<int64_t>(a->element_count()) == count,
-         std::string(name) + " has " + std::to_string(a->element_count()) + " elements, expected " + std::to_string(count));
+  int64_t const elements = static_cast<int64_t>(a->element_count());
+  expect(count < 0 || elements == count,
+         std::string(name) + " has " + std::to_string(elements) + " elements, expected " + std::to_string(count));
   return static_cast<const int*>(a->untyped_data());
 }
 
@@ -175,8 +176,9 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
                    ffi::RemainingRets const& rest_out) {
   Operands const x = read_operands(a.operands, rest);
   expect(a.layout == kBhnd || a.layout == kBnhd, "unknown layout " + std::to_string(a.layout));
-  expect(a.backend >= static_cast<int32_t>(Backend::kNaive) && a.backend <= static_cast<int32_t>(Backend::kTensorCoreSm80),
-         "unknown backend " + std::to_string(a.backend));
+  bool const known_backend =
+      a.backend >= static_cast<int32_t>(Backend::kNaive) && a.backend <= static_cast<int32_t>(Backend::kTensorCoreSm80);
+  expect(known_backend, "unknown backend " + std::to_string(a.backend));
   Problem p;
   p.dtype = to_dtype(q.element_type(), "q");
   DType const kv_dtype = to_dtype(k.element_type(), "k");
@@ -219,7 +221,8 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
   } else {
     Extents const eq = extents(q.dimensions(), a.layout, "q");
     Extents const ek = extents(k.dimensions(), a.layout, "k");
-    p.batch = static_cast<int>(eq.batch), p.heads_q = static_cast<int>(eq.heads), p.seqlen_q = static_cast<int>(eq.rows);
+    p.batch = static_cast<int>(eq.batch), p.heads_q = static_cast<int>(eq.heads);
+    p.seqlen_q = static_cast<int>(eq.rows);
     p.heads_kv = static_cast<int>(ek.heads), p.head_dim = static_cast<int>(eq.head_dim);
     expect(ek.head_dim == eq.head_dim, "q, k and v must have the same head dim");
     expect(eq.batch * eq.heads <= kInt32Max && eq.rows <= kInt32Max && ek.batch <= kInt32Max && ek.rows <= kInt32Max,
@@ -289,23 +292,19 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
   if (!varlen) p.num_splits = a.num_splits;
   p.variant = asks_options(p, a.causal, a.num_splits > 0);
 
-  void* k_data = k.untyped_data();
-  void* v_data = v.untyped_data();
-  if (x.k_new) {  // the caches are results: appended into, read by the kernels
+  // With k_new the caches are results (aliased to k, v when XLA can donate them): appended into there
+  // and read there by the kernels.
+  void* k_cache = k.untyped_data();
+  void* v_cache = v.untyped_data();
+  if (x.k_new) {
     ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> k_out = rest_out.get<ffi::AnyBuffer>(0);
     ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> v_out = rest_out.get<ffi::AnyBuffer>(1);
     expect(k_out.has_value() && v_out.has_value() && same_dims((*k_out)->dimensions(), k.dimensions()) &&
                same_dims((*v_out)->dimensions(), v.dimensions()),
            "the cache results must have k's shape");
-    size_t const bytes = k.size_bytes();
-    for (auto [from, to] : {std::pair{k_data, (*k_out)->untyped_data()}, std::pair{v_data, (*v_out)->untyped_data()}}) {
-      if (from != to && cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess) {
-        return ffi::Error::Internal("cutlassfa_forward: copying a cache into its result failed");
-      }
-    }
-    k_data = (*k_out)->untyped_data(), v_data = (*v_out)->untyped_data();
+    k_cache = (*k_out)->untyped_data(), v_cache = (*v_out)->untyped_data();
   }
-  t.q = q.untyped_data(), t.k = k_data, t.v = v_data, t.o = o.untyped_data();
+  t.q = q.untyped_data(), t.k = k_cache, t.v = v_cache, t.o = o.untyped_data();
   t.lse = want_lse ? lse.typed_data() : nullptr;
   FwdParams const params = make_params(p, t);
 
@@ -314,6 +313,14 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
   cudaError_t status = cudaGetDevice(&previous);
   if (status == cudaSuccess && previous != device) status = cudaSetDevice(device);
   EnqueueFailure failure;
+  if (x.k_new) {  // caches XLA did not donate: the result starts as a copy of the operand
+    failure.step = "cutlassfa copy of a cache into its result";
+    for (auto [from, to] : {std::pair{k.untyped_data(), k_cache}, std::pair{v.untyped_data(), v_cache}}) {
+      if (status == cudaSuccess && from != to) {
+        status = cudaMemcpyAsync(to, from, k.size_bytes(), cudaMemcpyDeviceToDevice, stream);
+      }
+    }
+  }
   if (status == cudaSuccess) {
     status = enqueue_call(static_cast<Backend>(a.backend), device, p, params, x.k_new ? &append : nullptr, o_view,
                           want_lse ? &lse_view : nullptr, stream, &failure);

@@ -66,7 +66,8 @@ cudaError_t enqueue_call(Backend backend, int, const Problem& problem, const Fwd
           oi[c] = l > 0 ? static_cast<float>(acc) : 0.f;
         }
         if (p.lse != nullptr) {
-          p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = l > 0 ? static_cast<float>(m + std::log(l)) : -INFINITY;
+          float const row_lse = l > 0 ? static_cast<float>(m + std::log(l)) : -INFINITY;
+          p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row_lse;
         }
       }
     }

@@ -192,8 +192,8 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     else:
         appends = "k_new" in arrays  # the caches must look writable to the validator
         name = cutlassfa.select_backend(*(_bhnd(stand_in(x, writable=appends), layout) for x in (q, k, v)),
-                                       causal=causal,
-                                       softmax_scale=softmax_scale, backend=backend, **stand_ins, **scalars)
+                                       causal=causal, softmax_scale=softmax_scale, backend=backend, **stand_ins,
+                                       **scalars)
     scale = _scale(softmax_scale, q.shape[-1])
     operand_names = tuple(n for n in _ARRAYS if n in arrays)
     operands = tuple(_operand(n, arrays[n]) for n in operand_names)
