@@ -397,9 +397,11 @@ def _handler_cases(rng, ffi_harness):
     q = jnp.zeros((30, 4, 64), jnp.float16)
     k = jnp.zeros((50, 2, 64), jnp.float16)
     cu_q, cu_k = jnp.asarray([0, 10, 30], jnp.int32), jnp.asarray([0, 25, 50], jnp.int32)
-    call = _ffi_call(arrays=(("cu_seqlens_q", 1), ("cu_seqlens_k", 1)), max_seqlen=(20, 25))
+    call = cutlassfa_jax._Call(False, None, "cpu", "tensorcore", 3, arrays=(("cu_seqlens_q", 1), ("cu_seqlens_k", 1)),
+                               max_seqlen=(20, 25))  # the default scale: resolved by the handler
     jax.jit(lambda *a: cutlassfa_jax._on_device(call, *a))(q, k, k, cu_q, cu_k)
     p = ffi_harness.last_params()
+    assert p["softmax_scale"] == np.float32(1 / np.sqrt(64))
     assert (p["varlen"], p["batch"], p["seqlen_q"], p["seqlen_k"], p["total_q"], p["total_k"]) == (
         True, 2, 20, 25, 30, 50)
     assert p["q_strides"] == (0, 64, 4 * 64) and p["lse_strides"] == (0, 30) and p["num_splits"] == 1

@@ -35,7 +35,7 @@ enum Layout : int32_t { kBhnd = 0, kBnhd = 1 };
 // The call's static arguments, attributes of the custom call (integrations/jax.py `_on_device`).
 struct Attributes {
   int32_t backend;
-  double softmax_scale;  // resolved in Python (a double, rounded to float here as in the Python path)
+  double softmax_scale;  // NaN: the default (resolve_scale), as the Python path passes it
   bool causal;
   int64_t window_left, window_right;  // -1: unbounded
   double softcap;
@@ -288,7 +288,7 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
 
   p.window = fold_causal(a.causal, a.window_left, a.window_right);
   p.softcap = static_cast<float>(a.softcap);
-  p.scale = static_cast<float>(a.softmax_scale);
+  p.scale = resolve_scale(a.softmax_scale, p.head_dim);
   if (!varlen) p.num_splits = a.num_splits;
   p.variant = asks_options(p, a.causal, a.num_splits > 0);
 

@@ -56,7 +56,7 @@ class _Call:
     """What is static about one call (a jit static argument, so hashable)."""
 
     causal: bool
-    softmax_scale: float
+    softmax_scale: float | None  # None: the default 1/sqrt(d), resolved by the extension
     cpu_backend: str  # run by the host callback when lowered for the CPU
     cuda_backend: str  # run when lowered for CUDA
     ffi_backend: int | None  # cuda_backend as _C.Backend, for the FFI custom call; None: a host callback
@@ -194,7 +194,7 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
         name = cutlassfa.select_backend(*(_bhnd(stand_in(x, writable=appends), layout) for x in (q, k, v)),
                                        causal=causal, softmax_scale=softmax_scale, backend=backend, **stand_ins,
                                        **scalars)
-    scale = _scale(softmax_scale, q.shape[-1])
+    scale = None if softmax_scale is None else float(softmax_scale)  # validated by the extension
     operand_names = tuple(n for n in _ARRAYS if n in arrays)
     operands = tuple(_operand(n, arrays[n]) for n in operand_names)
     statics = dict(window=_window(scalars.get("window")), softcap=float(scalars.get("softcap") or 0.0),
@@ -230,16 +230,10 @@ def _window(window: Any) -> tuple[int, int]:
     return (int(left), int(right))
 
 
-def _scale(softmax_scale: Any, head_dim: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    return float(softmax_scale)  # validated by the extension
-
-
-def _device_backend(name: str, backend: str, scale: float) -> str:
+def _device_backend(name: str, backend: str, scale: float | None) -> str:
     """The GPU backend for XLA's buffers (compact and at least 16-byte aligned, so only the scale can
-    keep the tensor-core kernels out, as in `cutlassfa.forward`)."""
-    if name not in _TENSORCORE or scale > 0:
+    keep the tensor-core kernels out, as in `cutlassfa.forward`; the default scale is > 0)."""
+    if name not in _TENSORCORE or scale is None or scale > 0:
         return name
     if backend != "auto":
         raise ValueError(f"backend {name!r} needs softmax_scale > 0; use backend='auto'")
@@ -328,7 +322,8 @@ def _on_device(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array, *arrays: j
                                    input_output_aliases=aliases)
     max_q, max_k = call.max_seqlen or (0, 0)
     return custom_call(q, k, v, *arrays, backend=np.int32(call.ffi_backend),
-                       softmax_scale=np.float64(call.softmax_scale), causal=np.bool_(call.causal),
+                       softmax_scale=np.float64(np.nan if call.softmax_scale is None else call.softmax_scale),
+                       causal=np.bool_(call.causal),
                        window_left=np.int64(call.window[0]), window_right=np.int64(call.window[1]),
                        softcap=np.float64(call.softcap), num_splits=np.int32(call.num_splits or 0),
                        layout=np.int32(LAYOUTS.index(call.layout)), max_seqlen_q=np.int64(max_q),
