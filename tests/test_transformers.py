@@ -188,12 +188,13 @@ def _expect_logits_close(rng, config, ids, mask=None, dtype=torch.float32, basel
         assert _deviation(_logits(other, ids, mask), eager, real) > 10 * bound
 
 
-def _expect_same_generation(rng, config, ids, mask=None, new_tokens=8, ours=_OURS, device="cpu", **options):
-    """Greedy generation picks eager's tokens; a difference is only allowed where eager's two best
-    logits are closer than the logits' deviation (a tie). `options` go to generate."""
+def _expect_same_generation(rng, config, ids, mask=None, new_tokens=8, ours=_OURS, device="cpu",
+                            grad_mode=torch.no_grad, **options):
+    """Greedy generation (under `grad_mode`) picks eager's tokens; a difference is only allowed where
+    eager's two best logits are closer than the logits' deviation (a tie). `options` go to generate."""
     models = _models(rng, config, ["eager", ours], device=device)
     ids, mask = ids.to(device), None if mask is None else mask.to(device)
-    with torch.no_grad():
+    with grad_mode():
         kwargs = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **options)
         expected = models["eager"].generate(ids, **kwargs).cpu()
         got = models[ours].generate(ids, **kwargs).cpu()
@@ -241,6 +242,13 @@ def test_llama_left_padding_logits_and_generation(rng):
     ids, mask = _inputs(rng, 3, 30, left_pad=(0, 4, 13))
     _expect_logits_close(rng, _llama(), ids, mask)
     _expect_same_generation(rng, _llama(), ids, mask)
+
+
+@_needs("cache_seqlens", "cache_leftpad")
+def test_llama_generation_under_inference_mode(rng):
+    # Inference tensors carry no version counter; the adapter's plan cache must not ask them for one.
+    ids, mask = _inputs(rng, 3, 20, left_pad=(0, 3, 9))
+    _expect_same_generation(rng, _llama(), ids, mask, grad_mode=torch.inference_mode)
 
 
 def test_bert_bidirectional_logits(rng):

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from .. import hw4
 from .._inputs import DTYPES
 from .._provenance import gpu as gpu_info
+from .._provenance import provenance
 from .frames import Frame, pick_frame
 from .grid import parse_cases, parse_shape, parse_window, select_cases
 from .measure import Row, Settings, apply_peaks, apply_twins, bench_case, measure_peaks
@@ -114,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the grid: per-call overhead of a (1, 1, 16, 64) fp16 call (PyTorch, "
                              "SDPA flash, numpy) and the fp32 HW4 shapes synchronized after every call vs back "
                              "to back")
+    parser.add_argument("--e2e", action="store_true",
+                        help="instead of the grid: transformers models (random weights from configs: Llama-like "
+                             "GQA, Mistral-like window, Gemma-2-like softcap + d 256) with attn_implementation "
+                             "'sdpa' and 'cutlassfa': prefill, generate tokens/s, decode step, attention's share "
+                             "(needs transformers and PyTorch; tiny models on the CPU without a GPU)")
+    parser.add_argument("--e2e-rounds", type=int, default=3, help="interleaved rounds of --e2e (default 3)")
     parser.add_argument("--overhead-calls", type=int, default=DEFAULT_CALLS,
                         help=f"back-to-back calls per measurement of --overhead (default {DEFAULT_CALLS})")
     parser.add_argument("--sync-calls", type=int, default=DEFAULT_SYNC_CALLS,
@@ -170,6 +177,8 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
         frame = pick_frame(gpu_info() is not None)
     if args.overhead:
         return _run_overhead(args, frame)
+    if args.e2e:
+        return _run_e2e(args, frame)
     cases = select_cases(args)
     if not cases:
         return _usage("no case left after the filters")
@@ -258,6 +267,33 @@ def _run_overhead(args: argparse.Namespace, frame: Frame) -> int:
         Path(args.json).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
         print(f"\nwrote {args.json}", file=sys.stderr)
     return 1 if any(r.status == "error" for r in [*tiny, *synced]) else 0
+
+
+def _run_e2e(args: argparse.Namespace, frame: Frame) -> int:
+    from . import e2e
+
+    if args.e2e_rounds < 1:
+        return _usage("--e2e-rounds must be >= 1")
+    for module in ("torch", "transformers"):
+        if importlib.util.find_spec(module) is None:
+            return _usage(f"--e2e needs {module}")
+    on_gpu = frame.on_gpu and frame.name == "torch"
+    workloads = e2e.GPU_WORKLOADS if on_gpu else e2e.CPU_WORKLOADS
+    print(f"cutlassfa bench --e2e: {len(workloads)} workloads (baseline, cutlassfa, no attention) on "
+          f"{'the GPU' if on_gpu else 'the CPU (tiny models)'}; median of {args.e2e_rounds} interleaved rounds",
+          file=sys.stderr)
+    rows = []
+    for work in workloads:
+        rows.append(e2e.measure(work, args.e2e_rounds, "cuda" if on_gpu else "cpu"))
+        print(f"  {work.label}: done", file=sys.stderr)
+    print(e2e.e2e_table(rows))
+    if args.json:
+        import transformers
+
+        doc = {"provenance": provenance(), "transformers": transformers.__version__, "rows": rows}
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -118,7 +118,10 @@ def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int |
               device: torch.device) -> Plan:
     if not isinstance(mask, torch.Tensor):
         return plan(_rows_of(mask, batch), nq, nk, causal, left, right, device=device)
-    key = (id(mask), mask._version, batch, nq, nk, causal, left, right)
+    # An inference tensor (torch.inference_mode) has no version counter; it is not modified in place
+    # between the layers of one forward pass either.
+    version = -1 if mask.is_inference() else mask._version
+    key = (id(mask), version, batch, nq, nk, causal, left, right)
     cached = _plans.get(key)
     if cached is not None and cached[0]() is mask:
         return cached[1]

@@ -1,0 +1,43 @@
+"""`cutlassfa bench --e2e` on the CPU: tiny transformers models with the baseline attention, cutlassfa's
+(the cpu backend) and none, in float32: every figure is there and consistent, and greedy tokens agree."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch", reason="optional package torch")
+pytest.importorskip("transformers", reason="optional package transformers")
+
+from cutlassfa.bench import cli, e2e  # noqa: E402
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma2"])
+def test_e2e_row_on_the_cpu(model):
+    row = e2e.measure(e2e.Workload(model, 2, 20, 3, "tiny"), rounds=1, device="cpu")
+    baseline = e2e.baseline_of(model)
+    assert row["baseline"] == baseline and set(row["implementations"]) == {baseline, "cutlassfa", "none"}
+    for figures in row["implementations"].values():
+        assert figures["prefill_ms"] > 0 and figures["generate_s"] > 0
+        assert figures["tokens_per_s"] == pytest.approx(2 * 3 / figures["generate_s"])
+    ours, base = row["implementations"]["cutlassfa"], row["implementations"][baseline]
+    assert row["generate_speedup"] == pytest.approx(ours["tokens_per_s"] / base["tokens_per_s"])
+    assert row["greedy_token_agreement"] == 1.0  # float32: the same tokens as transformers' own attention
+    assert f"| {row['workload']} | {baseline} |" in e2e.e2e_table([row])
+
+
+def test_e2e_prefill_only_row():
+    row = e2e.measure(e2e.Workload("llama", 1, 16, 0, "tiny"), rounds=1, device="cpu")
+    assert "generate_speedup" not in row and row["prefill_speedup"] > 0
+    assert "(prefill)" in e2e.e2e_table([row])
+
+
+def test_cli_writes_the_tables(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(e2e, "CPU_WORKLOADS", [e2e.Workload("llama", 1, 12, 2, "tiny")])
+    path = tmp_path / "e2e.json"
+    assert cli.main(["--e2e", "--e2e-rounds", "1", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["transformers"] and len(doc["rows"]) == 1 and "commit" in doc["provenance"]
+    assert "llama: batch 1, prompt 12, 2 new" in capsys.readouterr().out
+    assert cli.main(["--e2e", "--e2e-rounds", "0"]) == 2
