@@ -487,7 +487,7 @@ def test_plan_computes_exactly_the_mask(case):
     function, causal, window, nq, nk, q_offset, kv_offset, padding, form = _CASES[case]
     batch = 1 if padding is None else padding.shape[0]
     rows = MaskRows.unpack(cutlassfa_hf.attention_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset,
-                                                       mask_function=function, attention_mask=padding))
+                                                       mask_function=function, attention_mask=padding), nk)
     dense = masking_utils.sdpa_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
                                     attention_mask=padding, allow_is_causal_skip=False)[:, 0].numpy()
     left, right = (None, None) if window is None else ((window, 0) if causal else (window, window))
@@ -500,9 +500,13 @@ def test_plan_computes_exactly_the_mask(case):
 
 def test_plan_refuses_masks_it_cannot_express():
     chunked = masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
-    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=chunked))
+    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=chunked), 9)
     with pytest.raises(NotImplementedError, match="not one cutlassfa can express"):
         plan(rows, 9, 9, True)
-    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=_SLIDING(4)))
+    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=_SLIDING(4)), 9)
     with pytest.raises(NotImplementedError, match="sliding window|not one cutlassfa"):
         plan(rows, 9, 9, True)  # the layer claims no window: the mask disagrees
+    # A packed mask of 9 keys given to a layer of 12 (the count is checked on the device, with the rest)
+    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9), 12)
+    with pytest.raises(NotImplementedError, match="another number of keys"):
+        plan(rows, 9, 12, True)

@@ -153,8 +153,7 @@ def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     if layout.kind == "dense":
         return cutlassfa.forward(q, k, v, **options)
     if layout.kind == "cache":
-        leftpad = {"cache_leftpad": layout.key_start.to(torch.int32)} if layout.leftpad else {}
-        return cutlassfa.forward(q, k, v, cache_seqlens=layout.key_end.to(torch.int32), **leftpad, **options)
+        return cutlassfa.forward(q, k, v, **layout.cache_arguments, **options)
     return _varlen(q, k, v, layout, options)
 
 

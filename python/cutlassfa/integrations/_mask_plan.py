@@ -18,6 +18,7 @@ Anything else raises NotImplementedError: the caller never gets an answer to a d
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ class MaskRows:
     one_range: torch.Tensor  # bool: the visible keys are one interval (or none)
     matters: torch.Tensor  # bool: the row's output is used (False for padding queries)
     kv_length: int
+    packed_kv_length: torch.Tensor | None = None  # (B, Nq): the key count a packed mask was built for
 
     def pack(self) -> torch.Tensor:
         """As one int64 (B, 1, Nq, 4) tensor [first, last, flags, Nk]: what transformers passes through
@@ -42,11 +44,13 @@ class MaskRows:
         return torch.stack([self.first, self.last, flags, torch.full_like(flags, self.kv_length)], -1)[:, None]
 
     @staticmethod
-    def unpack(packed: torch.Tensor) -> MaskRows:
+    def unpack(packed: torch.Tensor, kv_length: int) -> MaskRows:
+        """The rows of a packed mask, for a layer of `kv_length` keys (not read from the device: `plan`
+        checks it against the packed value with its other checks, in its one read)."""
         rows = packed[:, 0]
         flags = rows[..., 2]
-        kv_length = int(rows[0, 0, 3]) if rows.numel() else 0
-        return MaskRows(rows[..., 0], rows[..., 1], (flags & 1).bool(), (flags & 2).bool(), kv_length)
+        return MaskRows(rows[..., 0], rows[..., 1], (flags & 1).bool(), (flags & 2).bool(), kv_length,
+                        rows[..., 3])
 
     @staticmethod
     def is_packed(mask: torch.Tensor) -> bool:
@@ -66,6 +70,15 @@ class Plan:
     query_start: torch.Tensor | None = None  # (B,) int64: varlen: first query row of each entry
     query_end: torch.Tensor | None = None  # (B,) int64: one past the last query row
     leftpad: bool = False  # cache: some entry's keys start past 0 (read once, with the plan)
+
+    @functools.cached_property
+    def cache_arguments(self) -> dict[str, torch.Tensor]:
+        """cache_seqlens (and cache_leftpad where some entry starts past key 0) of a cache plan, int32; made
+        once per plan, which every layer of a forward pass reuses."""
+        lengths = {"cache_seqlens": self.key_end.to(torch.int32)}
+        if self.leftpad:
+            lengths["cache_leftpad"] = self.key_start.to(torch.int32)
+        return lengths
 
 
 def rows_of_visible(visible: torch.Tensor, matters: torch.Tensor | None = None) -> MaskRows:
@@ -97,11 +110,12 @@ def _implied(nq: int, start: torch.Tensor, end: torch.Tensor, diagonal: torch.Te
     return first.expand(-1, nq), last.expand(-1, nq)
 
 
-def _agrees(rows: MaskRows, first: torch.Tensor, last: torch.Tensor) -> bool:
+def _agrees(rows: MaskRows, first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """A device bool: the implied rows equal the mask's on every row that matters."""
     implied_empty = first > last
     mask_empty = rows.first > rows.last
     same = torch.where(implied_empty, mask_empty, ~mask_empty & (first == rows.first) & (last == rows.last))
-    return bool(same[rows.matters].all())
+    return (same | ~rows.matters).all()
 
 
 def _key_ranges(rows: MaskRows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,8 +152,6 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
     if rows.kv_length != nk or rows.first.shape[1] != nq:
         raise NotImplementedError(f"the mask covers {rows.first.shape[1]} queries x {rows.kv_length} keys, "
                                   f"the layer has {nq} x {nk}")
-    if not bool(rows.one_range[rows.matters].all()):
-        raise NotImplementedError("the attention mask lets a query see keys that are not one contiguous range")
     batch = rows.first.shape[0]
     zero = torch.zeros(batch, 1, dtype=torch.long, device=rows.first.device)
     key_start, key_end = _key_ranges(rows)
@@ -147,18 +159,30 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
     forms = [("dense", zero, zero + nk, zero + (nk - nq)),
              ("cache", key_start, key_end, key_end - nq),
              ("varlen", key_start, key_end, key_end - query_end)]
-    for kind, start, end, diagonal in forms:
-        for bounds in dict.fromkeys([plain, windowed]):  # without the window first: it may bind nowhere
-            if not _agrees(rows, *_implied(nq, start, end, diagonal, *bounds)):
-                continue
-            window = None if bounds == plain else _window(*bounds)
-            if kind == "dense":
-                return Plan("dense", causal, window)
-            runs = {"query_start": query_start[:, 0], "query_end": query_end[:, 0]} if kind == "varlen" else {}
-            # Whether any entry starts past key 0, decided here (planning reads values anyway) so that
-            # the layers that reuse the plan never read the device again.
-            return Plan(kind, causal, window, key_start[:, 0], key_end[:, 0], **runs,
-                        leftpad=bool((key_start > 0).any()))
+    # Every candidate (form, without the window first: it may bind nowhere), in order, checked on the
+    # device and read back in one synchronization with the other facts planning needs.
+    candidates = [(kind, start, end, diagonal, bounds) for kind, start, end, diagonal in forms
+                  for bounds in dict.fromkeys([plain, windowed])]
+    packed_ok = torch.ones((), dtype=torch.bool, device=zero.device) if rows.packed_kv_length is None else \
+        (rows.packed_kv_length == nk).all()
+    facts = torch.stack([packed_ok, (rows.one_range | ~rows.matters).all(), (key_start > 0).any(),
+                         *(_agrees(rows, *_implied(nq, start, end, diagonal, *bounds))
+                           for _, start, end, diagonal, bounds in candidates)]).tolist()
+    kv_ok, one_range, leftpad, agreements = facts[0], facts[1], facts[2], facts[3:]
+    if not kv_ok:
+        raise NotImplementedError(f"the mask was built for another number of keys than the layer's {nk}")
+    if not one_range:
+        raise NotImplementedError("the attention mask lets a query see keys that are not one contiguous range")
+    for (kind, *_, bounds), agrees in zip(candidates, agreements):
+        if not agrees:
+            continue
+        window = None if bounds == plain else _window(*bounds)
+        if kind == "dense":
+            return Plan("dense", causal, window)
+        runs = {"query_start": query_start[:, 0], "query_end": query_end[:, 0]} if kind == "varlen" else {}
+        # Whether any entry starts past key 0 is decided here, so that the layers that reuse the plan
+        # never read the device again.
+        return Plan(kind, causal, window, key_start[:, 0], key_end[:, 0], **runs, leftpad=leftpad)
     raise NotImplementedError(
         "the attention mask is not one cutlassfa can express: per batch entry it must be the layer's "
         f"{'causal' if causal else 'full'} pattern{'' if left is None else ' with its sliding window'} over one "

@@ -90,7 +90,7 @@ def _real_queries(padding: torch.Tensor | None, batch: int, rows: int, offset: A
     return (padding[:, position.clamp(max=padding.shape[-1] - 1)].bool() | ~inside).to(device)
 
 
-def _rows_of(mask: Any, batch: int) -> MaskRows | None:
+def _rows_of(mask: Any, batch: int, kv_length: int) -> MaskRows | None:
     """MaskRows of what a layer receives: ours, none, or a 4-D mask a caller built (boolean, True
     where allowed, or additive float, 0 where allowed)."""
     if mask is None:
@@ -98,7 +98,7 @@ def _rows_of(mask: Any, batch: int) -> MaskRows | None:
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
         raise NotImplementedError(f"cutlassfa cannot read an attention mask of type {type(mask).__name__}")
     if MaskRows.is_packed(mask):
-        return MaskRows.unpack(mask)
+        return MaskRows.unpack(mask, kv_length)
     if mask.dtype != torch.bool:
         blocked = mask <= torch.finfo(mask.dtype).min / 2
         if not bool(((mask == 0) | blocked).all()):
@@ -117,7 +117,7 @@ _plans: dict[tuple, tuple[weakref.ref, Plan]] = {}
 def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None,
               device: torch.device) -> Plan:
     if not isinstance(mask, torch.Tensor):
-        return plan(_rows_of(mask, batch), nq, nk, causal, left, right, device=device)
+        return plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right, device=device)
     # An inference tensor (torch.inference_mode) has no version counter; it is not modified in place
     # between the layers of one forward pass either.
     version = -1 if mask.is_inference() else mask._version
@@ -125,7 +125,7 @@ def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int |
     cached = _plans.get(key)
     if cached is not None and cached[0]() is mask:
         return cached[1]
-    layout = plan(_rows_of(mask, batch), nq, nk, causal, left, right, device=device)
+    layout = plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right, device=device)
     if len(_plans) >= 16:
         _plans.clear()
     _plans[key] = (weakref.ref(mask), layout)
@@ -167,10 +167,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         options["sinks"] = sinks.detach()
     if layout.kind == "varlen":
         return _varlen(query, key, value, layout, options), None
-    if layout.kind == "cache":
-        options["cache_seqlens"] = layout.key_end.to(torch.int32)
-        if layout.leftpad:  # decided once per plan: no device read per layer
-            options["cache_leftpad"] = layout.key_start.to(torch.int32)
+    if layout.kind == "cache":  # lengths made once per plan, leftpad decided then: no device read here
+        options.update(layout.cache_arguments)
     _require(cutlassfa.forward, options, layout)
     # Written straight into transformers' (B, Nq, Hq, d) layout: forward takes any strides of `out`.
     result = query.new_empty(batch, nq, query.shape[1], query.shape[3])
