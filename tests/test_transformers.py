@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 import cutlassfa  # noqa: E402
 from cutlassfa.integrations import transformers as cutlassfa_hf  # noqa: E402
-from cutlassfa.integrations._mask_plan import MaskRows, plan  # noqa: E402
+from cutlassfa.integrations._mask_plan import MaskRows, plan, rows_of_visible  # noqa: E402
 
 from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, BertConfig, Gemma2Config,  # noqa: E402
                           GptOssConfig, LlamaConfig, MistralConfig, masking_utils)
@@ -484,29 +484,45 @@ _CASES = {  # name: (mask function, causal, layer window, Nq, Nk, q_offset, kv_o
 
 @pytest.mark.parametrize("case", list(_CASES))
 def test_plan_computes_exactly_the_mask(case):
+    """Both planners against the mask transformers would build: `plan` on the mask's rows (the form the
+    case names), and what a layer gets from the adapter's mask interface (`_plan_for`: the padded-causal
+    plan where the mask is causal over each entry's last keys, else `plan`)."""
     function, causal, window, nq, nk, q_offset, kv_offset, padding, form = _CASES[case]
     batch = 1 if padding is None else padding.shape[0]
-    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset,
-                                                       mask_function=function, attention_mask=padding), nk)
+    local_size = window + 1 if causal and window is not None else None  # transformers' sliding window
+    given = cutlassfa_hf.attention_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
+                                        attention_mask=padding, local_size=local_size)
     dense = masking_utils.sdpa_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
-                                    attention_mask=padding, allow_is_causal_skip=False)[:, 0].numpy()
+                                    attention_mask=padding, allow_is_causal_skip=False)[:, 0]
+    matters = cutlassfa_hf._real_queries(masking_utils.prepare_padding_mask(padding, nk, kv_offset), batch, nq,
+                                         q_offset, "cpu")
     left, right = (None, None) if window is None else ((window, 0) if causal else (window, window))
-    layout = plan(rows, nq, nk, causal, left, right)
+    layout = plan(rows_of_visible(dense, matters), nq, nk, causal, left, right)
     assert layout.kind == form
-    matters = rows.matters.numpy()
     assert matters.sum() > 0
-    np.testing.assert_array_equal(_visible_by_plan(layout, batch, nq, nk)[matters], dense[matters])
+    rows = matters.numpy()
+    np.testing.assert_array_equal(_visible_by_plan(layout, batch, nq, nk)[rows], dense.numpy()[rows])
+    fast = getattr(given, "cutlassfa_padded_causal", None)
+    assert (fast is not None) == causal  # every causal case here pads each entry at its ends
+    layer = cutlassfa_hf._plan_for(given, batch, nq, nk, causal, left, right, "cpu")
+    assert fast is None or layer is fast.plan
+    np.testing.assert_array_equal(_visible_by_plan(layer, batch, nq, nk)[rows], dense.numpy()[rows])
 
 
 def test_plan_refuses_masks_it_cannot_express():
     chunked = masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
-    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=chunked), 9)
+    big = 1 << 13  # Nq x Nk past the adapter's one-block size: the mask comes packed as rows
+    mask = cutlassfa_hf.attention_mask(1, big, big, mask_function=chunked)
     with pytest.raises(NotImplementedError, match="not one cutlassfa can express"):
-        plan(rows, 9, 9, True)
-    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9, mask_function=_SLIDING(4)), 9)
+        plan(MaskRows.unpack(mask, big), big, big, True)
+    mask = cutlassfa_hf.attention_mask(1, 9, 9, mask_function=chunked)  # one block: not the padded-causal plan
+    assert getattr(mask, "cutlassfa_padded_causal", None) is None
+    with pytest.raises(NotImplementedError, match="not one cutlassfa can express"):
+        cutlassfa_hf._plan_for(mask, 1, 9, 9, True, None, 0, "cpu")
+    mask = cutlassfa_hf.attention_mask(1, 9, 9, mask_function=_SLIDING(4))  # no local_size: not recognised
     with pytest.raises(NotImplementedError, match="sliding window|not one cutlassfa"):
-        plan(rows, 9, 9, True)  # the layer claims no window: the mask disagrees
-    # A packed mask of 9 keys given to a layer of 12 (the count is checked on the device, with the rest)
-    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, 9, 9), 12)
+        cutlassfa_hf._plan_for(mask, 1, 9, 9, True, None, 0, "cpu")  # the layer claims no window
+    # A packed mask of rows for 9 keys given to a layer of 12 (checked on the device, with the rest)
+    rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, big, big), 12)
     with pytest.raises(NotImplementedError, match="another number of keys"):
-        plan(rows, 9, 12, True)
+        plan(rows, big, 12, True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MaskRows", "Plan", "rows_of_visible", "plan", "packed_forward"]
+__all__ = ["MaskRows", "Plan", "PaddedCausal", "rows_of_visible", "plan", "padded_causal_plan", "packed_forward"]
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,57 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
         "the attention mask is not one cutlassfa can express: per batch entry it must be the layer's "
         f"{'causal' if causal else 'full'} pattern{'' if left is None else ' with its sliding window'} over one "
         "contiguous range of keys (left or right padding)")
+
+
+@dataclass(frozen=True)
+class PaddedCausal:
+    """A causal mask (with transformers' sliding window of `window` keys, or none) over each entry's keys
+    [key_start_b, q_end), the queries the last of those positions: its plan, for layers of that pattern."""
+
+    q_length: int
+    kv_length: int
+    window: int | None
+    plan: Plan
+
+    def fits(self, nq: int, nk: int, causal: bool, left: int | None) -> bool:
+        """Whether a layer of `nq` x `nk`, `causal`, with a window of `left` keys before the diagonal
+        (None: none) computes this mask."""
+        return (nq, nk, causal, left) == (self.q_length, self.kv_length, True,
+                                          None if self.window is None else self.window - 1)
+
+
+def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, padding: torch.Tensor | None, q_end: int,
+                       window: int | None) -> PaddedCausal | None:
+    """The plan of a causal mask over padded entries, in a few operations and one read (what a decode
+    step's mask costs): `visible` (B, Nq, Nk) is the mask, `real_queries` (B, Nq) the rows that matter,
+    `padding` (B, Nk) the entries' real keys (None: all), query i sits on key i + q_end - Nq, `window` is
+    transformers' sliding window (query p sees keys > p - window) or None. The plan is a cache call (keys
+    [first real key, q_end), leftpad where an entry starts past 0) or, with no padding and the queries on
+    the last keys, a dense one; None when the mask is not that one (then `plan` decides from its rows)."""
+    b, nq, nk = visible.shape
+    if not 0 < q_end <= nk or q_end < nq:
+        return None
+    device = visible.device
+    key = torch.arange(nk, device=device)
+    diagonal = torch.arange(nq, device=device)[:, None] + (q_end - nq)  # (Nq, 1): each query's key
+    if padding is None:
+        start = torch.zeros(b, dtype=torch.long, device=device)
+    else:
+        real = padding[:, :q_end].bool()
+        start = torch.where(real.any(-1), real.int().argmax(-1), q_end)  # first real key of each entry
+    implied = (key >= start[:, None, None]) & (key <= diagonal)
+    if window is not None:
+        implied &= key > diagonal - window
+    exact = ((visible == implied) | ~real_queries[:, :, None]).all()
+    exact, leftpad = torch.stack([exact, (start > 0).any()]).tolist()  # planning's one read
+    if not exact:
+        return None
+    bound = (window - 1, 0) if window is not None and q_end > window else None  # None: it binds nowhere
+    if not leftpad and q_end == nk:
+        layout = Plan("dense", True, bound)
+    else:
+        layout = Plan("cache", True, bound, start, torch.full_like(start, q_end), leftpad=leftpad)
+    return PaddedCausal(nq, nk, window, layout)
 
 
 def _window(left: int | None, right: int | None) -> tuple[int, int]:

@@ -26,7 +26,7 @@ import torch
 import cutlassfa
 
 from . import torch as cutlassfa_torch
-from ._mask_plan import MaskRows, Plan, concat_rows, packed_forward, plan, rows_of_visible
+from ._mask_plan import MaskRows, Plan, concat_rows, packed_forward, padded_causal_plan, plan, rows_of_visible
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 
@@ -66,6 +66,17 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
     mask_function = mask_function or causal_mask_function
     rows_per_step = max(1, _MASK_CHUNK // max(1, batch_size * kv_length))
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if isinstance(q_offset, int) and q_length <= rows_per_step:  # decode steps, short prefills
+        visible = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                            kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                            allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
+        real_queries = _real_queries(padding, batch_size, q_length, q_offset, device)
+        fast = padded_causal_plan(visible[:, 0], real_queries, padding, q_offset + q_length - kv_offset,
+                                  kwargs.get("local_size"))
+        if fast is not None:  # the layers of this pattern take its plan as it is (`_plan_for`)
+            visible.cutlassfa_padded_causal = fast
+            return visible
+        return rows_of_visible(visible[:, 0], real_queries).pack()
     parts = []
     for start in range(0, q_length, rows_per_step):
         rows = min(rows_per_step, q_length - start)
@@ -116,6 +127,9 @@ _plans: dict[tuple, tuple[weakref.ref, Plan]] = {}
 
 def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None,
               device: torch.device) -> Plan:
+    fast = getattr(mask, "cutlassfa_padded_causal", None)
+    if fast is not None and fast.fits(nq, nk, causal, left):
+        return fast.plan
     if not isinstance(mask, torch.Tensor):
         return plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right, device=device)
     # An inference tensor (torch.inference_mode) has no version counter; it is not modified in place
