@@ -91,7 +91,8 @@ def _padding(batch, length, left=(), right=()):
     return keep
 
 
-@pytest.mark.parametrize("form", ["causal", "full", "left_padding", "right_padding", "both_sides", "top_left"])
+@pytest.mark.parametrize("form", ["causal", "full", "left_padding", "right_padding", "both_sides", "top_left",
+                                  "block_causal"])
 def test_boolean_masks(form):
     lq = ls = 24
     q, k, v = _inputs(3, (3, 4), lq, ls)
@@ -107,6 +108,9 @@ def test_boolean_masks(form):
     elif form == "both_sides":  # queries and keys of each entry in one run: packed sequences
         keep = _padding(3, ls, left=(0, 3, 6), right=(2, 0, 5))
         mask = keep[:, None, :, None] & keep[:, None, None, :] & tril
+    elif form == "block_causal":  # causal sequences packed in each entry (7 + 10 + 7, 24, 3 + 21)
+        ids = torch.tensor([[0] * 7 + [1] * 10 + [2] * 7, [0] * 24, [0] * 3 + [1] * 21])
+        mask = (ids[:, None, :, None] == ids[:, None, None, :]) & tril
     else:  # SDPA's top-left causal with more queries than keys
         q, k, v = _inputs(4, (3, 4), 30, 12)
         mask = torch.ones(30, 12, dtype=torch.bool).tril()

@@ -244,6 +244,25 @@ def test_llama_left_padding_logits_and_generation(rng):
     _expect_same_generation(rng, _llama(), ids, mask)
 
 
+@pytest.mark.parametrize("config", [_llama, _mistral], ids=["llama", "mistral_window"])
+def test_packed_sequences_from_position_ids(rng, config):
+    """Sequences packed in each row, told apart by position_ids (no cache, no 2-D mask): one varlen call
+    over every row's sequences, logits as eager's block-diagonal mask gives them."""
+    lengths = [[5, 12, 7], [24], [3, 21]]
+    ids, _ = _inputs(rng, 3, 24)
+    positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lengths])
+    models = _models(rng, config(), ["eager", _OURS, "sdpa"])
+    with torch.no_grad():
+        logits = {name: model(ids, position_ids=positions, use_cache=False).logits.double()
+                  for name, model in models.items()}
+    real = torch.ones(ids.shape, dtype=torch.bool)
+    allowed = _deviation(logits["sdpa"], logits["eager"], real)
+    assert _deviation(logits[_OURS], logits["eager"], real) <= 2 * allowed + _UNIT_ROUNDOFF[torch.float32]
+    with torch.no_grad():  # the packing matters: one sequence per row gives other logits
+        whole = models["eager"](ids, use_cache=False).logits.double()
+    assert _deviation(whole, logits["eager"], real) > 100 * (2 * allowed + _UNIT_ROUNDOFF[torch.float32])
+
+
 @_needs("cache_seqlens", "cache_leftpad")
 def test_llama_generation_under_inference_mode(rng):
     # Inference tensors carry no version counter; the adapter's plan cache must not ask them for one.
@@ -441,6 +460,16 @@ def _visible_by_plan(layout, batch, nq, nk):
     farther than left before / right after (-1 unbounded)."""
     left, right = layout.window if layout.window is not None else (-1, -1)
     visible = np.zeros((batch, nq, nk), dtype=bool)
+    if layout.kind == "packed":  # varlen over the B x N rows: sequence [s, e) is rows s.. of entry s // N
+        bounds = layout.cu_seqlens.tolist()
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            b, first = divmod(s, nq)
+            assert (e - 1) // nq == b, "a sequence crosses entries"
+            for t in range(e - s):
+                for u in range(e - s):
+                    hidden = (layout.causal and u > t) or (left >= 0 and u < t - left) or (right >= 0 and u > t + right)
+                    visible[b, first + t, first + u] = not hidden
+        return visible
     for b in range(batch):
         start, end = (0, nk) if layout.kind == "dense" else (int(layout.key_start[b]), int(layout.key_end[b]))
         rows = range(nq) if layout.kind != "varlen" else range(int(layout.query_start[b]), int(layout.query_end[b]))
@@ -477,6 +506,12 @@ _CASES = {  # name: (mask function, causal, layer window, Nq, Nk, q_offset, kv_o
     "sliding window wider than N": (_SLIDING(12), True, 11, 9, 9, 0, 0, None, "dense"),
     "sliding window, left padding": (_SLIDING(4), True, 3, 9, 9, 0, 0, _padding([3, 0], [0, 0], 9), "cache"),
     "sliding cache, decode": (_SLIDING(4), True, 3, 1, 4, 20, 17, None, "dense"),
+    "chunked attention (Llama-4)": (masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long)),
+                                    True, None, 9, 9, 0, 0, None, "packed"),
+    "packed sequences": (masking_utils.and_masks(_CAUSAL, masking_utils.packed_sequence_mask_function(
+        torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2], [0] * 9]))), True, None, 9, 9, 0, 0, None, "packed"),
+    "packed sequences, sliding window": (masking_utils.and_masks(_SLIDING(3), masking_utils.packed_sequence_mask_function(
+        torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1, 1, 1]]))), True, 2, 9, 9, 0, 0, None, "packed"),
     "bidirectional, right padding": (_FULL, False, None, 9, 9, 0, 0, _padding([0, 0], [4, 0], 9), "cache"),
     "bidirectional sliding window": (_SLIDING_FULL(2), False, 2, 9, 9, 0, 0, None, "dense"),
 }
@@ -503,19 +538,23 @@ def test_plan_computes_exactly_the_mask(case):
     rows = matters.numpy()
     np.testing.assert_array_equal(_visible_by_plan(layout, batch, nq, nk)[rows], dense.numpy()[rows])
     fast = getattr(given, "cutlassfa_padded_causal", None)
-    assert (fast is not None) == causal  # every causal case here pads each entry at its ends
+    assert (fast is not None) == (causal and form != "packed")  # the causal cases pad each entry at its ends
     layer = cutlassfa_hf._plan_for(given, batch, nq, nk, causal, left, right, "cpu")
     assert fast is None or layer is fast.plan
     np.testing.assert_array_equal(_visible_by_plan(layer, batch, nq, nk)[rows], dense.numpy()[rows])
 
 
 def test_plan_refuses_masks_it_cannot_express():
-    chunked = masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long))
+    # Image tokens 2-4 of 9 see each other both ways, text tokens causally (Gemma-3 style): no form
+    # cutlassfa computes (a bidirectional block inside a causal mask).
+    image = masking_utils.or_masks(_CAUSAL, masking_utils.blockwise_overlay(torch.tensor([[-1, -1, 0, 0, 0] + [-1] * 4])))
     big = 1 << 13  # Nq x Nk past the adapter's one-block size: the mask comes packed as rows
-    mask = cutlassfa_hf.attention_mask(1, big, big, mask_function=chunked)
+    blocks = torch.tensor([[-1, -1, 0, 0, 0] + [-1] * (big - 5)])
+    mask = cutlassfa_hf.attention_mask(1, big, big, mask_function=masking_utils.or_masks(
+        _CAUSAL, masking_utils.blockwise_overlay(blocks)))
     with pytest.raises(NotImplementedError, match="not one cutlassfa can express"):
         plan(MaskRows.unpack(mask, big), big, big, True)
-    mask = cutlassfa_hf.attention_mask(1, 9, 9, mask_function=chunked)  # one block: not the padded-causal plan
+    mask = cutlassfa_hf.attention_mask(1, 9, 9, mask_function=image)  # one block: not the padded-causal plan
     assert getattr(mask, "cutlassfa_padded_causal", None) is None
     with pytest.raises(NotImplementedError, match="not one cutlassfa can express"):
         cutlassfa_hf._plan_for(mask, 1, 9, 9, True, None, 0, "cpu")

@@ -32,7 +32,7 @@ import torch
 
 import cutlassfa
 
-from .integrations._mask_plan import MaskRows, Plan, packed_forward, plan, rows_of_visible
+from .integrations._mask_plan import MaskRows, Plan, packed_forward, packed_sequences_forward, plan, rows_of_visible
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -154,6 +154,8 @@ def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         return cutlassfa.forward(q, k, v, **options)
     if layout.kind == "cache":
         return cutlassfa.forward(q, k, v, **layout.cache_arguments, **options)
+    if layout.kind == "packed":  # causal sequences one after another: one varlen call over them
+        return packed_sequences_forward(q, k, v, layout, options).transpose(1, 2)
     return _varlen(q, k, v, layout, options)
 
 

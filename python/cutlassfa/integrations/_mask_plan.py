@@ -11,7 +11,9 @@ keeps the first whose visible keys equal the mask's on every row that matters:
 - ``cache``: per-entry key ranges [leftpad_b, seqlen_b) with the queries aligned to seqlen_b (the
   ``cache_seqlens`` / ``cache_leftpad`` of forward): left-padded batches, decoding, static caches;
 - ``varlen``: per-entry runs of query rows and of keys, packed (``cutlassfa.varlen_forward``):
-  right-padded prefill, where padding queries would otherwise see the real keys.
+  right-padded prefill, where padding queries would otherwise see the real keys;
+- ``packed``: causal sequences packed one after another in each entry (transformers' packed
+  ``position_ids``), as one ``cutlassfa.varlen_forward`` call over every entry's sequences.
 
 Anything else raises NotImplementedError: the caller never gets an answer to a different mask.
 """
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MaskRows", "Plan", "PaddedCausal", "rows_of_visible", "plan", "padded_causal_plan", "packed_forward"]
+__all__ = ["MaskRows", "Plan", "PaddedCausal", "rows_of_visible", "plan", "padded_causal_plan", "packed_forward",
+           "packed_sequences_forward"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Plan:
     """How to compute a masked attention with cutlassfa. `window` is (left, right) in forward's
     convention (-1: unbounded), None where no bound excludes a key."""
 
-    kind: str  # "dense", "cache" or "varlen"
+    kind: str  # "dense", "cache", "varlen" or "packed"
     causal: bool
     window: tuple[int, int] | None = None
     key_start: torch.Tensor | None = None  # (B,) int64: cache / varlen: first key of each entry
@@ -70,6 +73,8 @@ class Plan:
     query_start: torch.Tensor | None = None  # (B,) int64: varlen: first query row of each entry
     query_end: torch.Tensor | None = None  # (B,) int64: one past the last query row
     leftpad: bool = False  # cache: some entry's keys start past 0 (read once, with the plan)
+    cu_seqlens: torch.Tensor | None = None  # packed: (S + 1,) int32 bounds of the S sequences of B x N rows
+    max_seqlen: int = 0  # packed: the longest sequence
 
     @functools.cached_property
     def cache_arguments(self) -> dict[str, torch.Tensor]:
@@ -163,11 +168,16 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
     # device and read back in one synchronization with the other facts planning needs.
     candidates = [(kind, start, end, diagonal, bounds) for kind, start, end, diagonal in forms
                   for bounds in dict.fromkeys([plain, windowed])]
+    sequence_starts = _sequence_starts(rows) if causal and nq == nk else None
+    implied = [_implied(nq, start, end, diagonal, *bounds) for _, start, end, diagonal, bounds in candidates]
+    if sequence_starts is not None:
+        for bounds in dict.fromkeys([plain, windowed]):
+            candidates.append(("packed", None, None, None, bounds))
+            implied.append(_packed_implied(sequence_starts, bounds[0]))
     packed_ok = torch.ones((), dtype=torch.bool, device=zero.device) if rows.packed_kv_length is None else \
         (rows.packed_kv_length == nk).all()
     facts = torch.stack([packed_ok, (rows.one_range | ~rows.matters).all(), (key_start > 0).any(),
-                         *(_agrees(rows, *_implied(nq, start, end, diagonal, *bounds))
-                           for _, start, end, diagonal, bounds in candidates)]).tolist()
+                         *(_agrees(rows, first, last) for first, last in implied)]).tolist()
     kv_ok, one_range, leftpad, agreements = facts[0], facts[1], facts[2], facts[3:]
     if not kv_ok:
         raise NotImplementedError(f"the mask was built for another number of keys than the layer's {nk}")
@@ -179,6 +189,8 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
         window = None if bounds == plain else _window(*bounds)
         if kind == "dense":
             return Plan("dense", causal, window)
+        if kind == "packed":
+            return _packed_plan(sequence_starts, window)
         runs = {"query_start": query_start[:, 0], "query_end": query_end[:, 0]} if kind == "varlen" else {}
         # Whether any entry starts past key 0 is decided here, so that the layers that reuse the plan
         # never read the device again.
@@ -187,6 +199,51 @@ def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None
         "the attention mask is not one cutlassfa can express: per batch entry it must be the layer's "
         f"{'causal' if causal else 'full'} pattern{'' if left is None else ' with its sliding window'} over one "
         "contiguous range of keys (left or right padding)")
+
+
+def _sequence_starts(rows: MaskRows) -> torch.Tensor:
+    """(B, N) bool: the rows that start a causal sequence (they see themselves alone, and the first row
+    of each entry)."""
+    row = torch.arange(rows.first.shape[1], device=rows.first.device)[None]
+    starts = (rows.first == row) & (rows.last == row)
+    starts[:, 0] = True
+    return starts
+
+
+def _packed_implied(starts: torch.Tensor, left: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, last) key of each row of causal sequences that begin at `starts` (key i is row i), with a
+    window of `left` keys before the diagonal (None: none)."""
+    row = torch.arange(starts.shape[1], device=starts.device)[None].expand_as(starts)
+    sequence_start = torch.where(starts, row, 0).cummax(dim=1).values
+    first = sequence_start if left is None else torch.maximum(sequence_start, row - left)
+    return first, row
+
+
+def _packed_plan(starts: torch.Tensor, window: tuple[int, int] | None) -> Plan:
+    """The varlen arguments of packed sequences: every entry's sequences, entry after entry (a read of
+    where they start)."""
+    flat = starts.reshape(-1)
+    bounds = torch.cat([flat.nonzero()[:, 0], flat.new_tensor([flat.numel()], dtype=torch.long)])
+    longest = int((bounds[1:] - bounds[:-1]).max())
+    return Plan("packed", True, window, cu_seqlens=bounds.to(torch.int32), max_seqlen=longest)
+
+
+def packed_sequences_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Plan,
+                             options: dict) -> torch.Tensor:
+    """A packed plan run: q, k, v (B, H, N, d) as B x N rows of (H, d), their sequences in one
+    `cutlassfa.varlen_forward` call (eagerly: it has no torch operator yet); returns (B, N, H, d)."""
+    import cutlassfa
+
+    from . import torch as cutlassfa_torch
+
+    if cutlassfa_torch.must_use_op(q, k, v):
+        raise NotImplementedError("packed sequences need cutlassfa.varlen_forward, which has no torch operator yet "
+                                  "(torch.compile, autograd)")
+    batch, heads, n, dim = q.shape
+    rows = [x.transpose(1, 2).reshape(batch * n, x.shape[1], dim) for x in (q, k, v)]
+    out = cutlassfa_torch.eager_call(cutlassfa.varlen_forward, *rows, layout.cu_seqlens, layout.cu_seqlens,
+                                     max_seqlen_q=layout.max_seqlen, max_seqlen_k=layout.max_seqlen, **options)
+    return out.reshape(batch, n, heads, dim)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@
 
 Handles causal and non-causal layers, grouped-query attention, the layer's `scaling`, sliding-window
 layers (a window of W tokens is ``window=(W - 1, 0)``), logit softcapping, attention sinks (gpt-oss's
-``s_aux``) and padding masks. The mask
-transformers builds is reduced once per forward pass to the key range each query row sees
-(`_mask_plan.MaskRows`); each layer then picks the cutlassfa call that computes exactly that mask
-(`_mask_plan.plan`) and raises NotImplementedError for what cutlassfa cannot express (or not yet: the
-forward arguments each form needs are looked up on `cutlassfa.forward`), never a different answer.
-Reading the mask's values makes the adapter an eager one: under torch.compile it breaks the graph.
+``s_aux``), padding masks, and sequences packed in a row (``position_ids`` that restart; chunked
+attention). The mask transformers builds is planned once per forward pass: a causal mask over padded
+entries (decode steps, short prefills) in a few operations and one read (`_mask_plan.padded_causal_plan`),
+any other reduced to the key range each query row sees (`_mask_plan.MaskRows`), from which each layer
+picks the cutlassfa call that computes exactly that mask (`_mask_plan.plan`); what cutlassfa cannot
+express raises NotImplementedError (or not yet: the forward arguments each form needs are looked up on
+`cutlassfa.forward`), never a different answer. Reading the mask's values makes the adapter an eager
+one: under torch.compile it breaks the graph.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import torch
 import cutlassfa
 
 from . import torch as cutlassfa_torch
-from ._mask_plan import MaskRows, Plan, concat_rows, packed_forward, padded_causal_plan, plan, rows_of_visible
+from ._mask_plan import (MaskRows, Plan, concat_rows, packed_forward, packed_sequences_forward, padded_causal_plan, plan,
+                         rows_of_visible)
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 
@@ -181,6 +184,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         options["sinks"] = sinks.detach()
     if layout.kind == "varlen":
         return _varlen(query, key, value, layout, options), None
+    if layout.kind == "packed":
+        _require(getattr(cutlassfa, "varlen_forward", None), options, layout)
+        return packed_sequences_forward(query, key, value, layout, options), None
     if layout.kind == "cache":  # lengths made once per plan, leftpad decided then: no device read here
         options.update(layout.cache_arguments)
     _require(cutlassfa.forward, options, layout)
