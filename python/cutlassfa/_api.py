@@ -400,20 +400,19 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
     scale = _scale(softmax_scale)
     module = type(q).__module__
+    options = (window, softcap) + (None,) * 6 + (sinks, alibi_slopes, None, None)  # forward's, in order
     if module.startswith("jax"):
         from .integrations import jax as jax_integration
 
         return jax_integration.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                               max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                              backend=backend, return_lse=return_lse, out=out,
-                                              **_given((window, softcap) + (None,) * 6 + (sinks, alibi_slopes)))
+                                              backend=backend, return_lse=return_lse, out=out, **_given(options))
     if module.startswith("torch") and _torch_integration().must_use_op(q, k, v):
         raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd, "
                                   "tensor subclasses)")
     _require_extension()
     alloc, stream = (_arrays.cupy_empty, _arrays.cupy_stream(q)) if module.startswith("cupy") else (None, -1)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    options = (window, softcap) + (None,) * 6 + (sinks, alibi_slopes, None, None)
     result = _C.forward(q, k, v, out, causal, scale, code, return_lse, alloc, stream, False, *options, *varlen)
     if result is None:
         result = _forward_cpu(q, k, v, out, causal, scale, return_lse, options, varlen)

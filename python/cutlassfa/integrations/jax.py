@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cutlassfa
+from cutlassfa._api import _flag, _scale
 from cutlassfa._arrays import stand_in
 
 __all__ = ["forward", "varlen_forward", "FFI_TARGET", "NO_BACKWARD", "LAYOUTS"]
@@ -136,12 +137,6 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
 # Trace time: validation and the backend
 # --------------------------------------------------------------------------------------------------
 
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
 def _check_layout(layout: Any) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -194,7 +189,7 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
         name = cutlassfa.select_backend(*(_bhnd(stand_in(x, writable=appends), layout) for x in (q, k, v)),
                                        causal=causal, softmax_scale=softmax_scale, backend=backend, **stand_ins,
                                        **scalars)
-    scale = None if softmax_scale is None else float(softmax_scale)  # validated by the extension
+    scale = _scale(softmax_scale)
     operand_names = tuple(n for n in _ARRAYS if n in arrays)
     operands = tuple(_operand(n, arrays[n]) for n in operand_names)
     statics = dict(window=_window(scalars.get("window")), softcap=float(scalars.get("softcap") or 0.0),
