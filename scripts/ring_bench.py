@@ -1,4 +1,4 @@
-"""Timing of ring (context-parallel) attention against single-GPU `forward`.
+"""Timing of context-parallel `ring_forward` (each of its modes) against single-GPU `forward`.
 
     torchrun --nproc_per_node 4 scripts/ring_bench.py --seqlens 131072 524288 --json ring.json
     torchrun --nproc_per_node 1 scripts/ring_bench.py --seqlens 131072   # W = 1: the ring's own overhead
@@ -9,15 +9,17 @@ For each N of `--seqlens` (the global sequence length), every rank builds the sa
 shard (`--layout`, zigzag by default) and reports, the slowest rank deciding each time (median of
 `--iters` timed calls after `--warmup`):
 
-* ring: `ring_forward` on the shards, W GPUs.
+* ring (per mode of `--modes`: ring, allgather, auto): `ring_forward` on the shards, W GPUs.
 * single: `forward` on the full sequence on one GPU (run on every rank at once, no communication).
   Strong-scaling efficiency = T_single / (W * T_ring). `--single-n` times the single-GPU baseline at
   another length when N does not fit one GPU (the efficiency is then per-GPU TFLOP/s of the ring over
   TFLOP/s of the single run: weak scaling).
-* compute: the ring's attention calls and merges alone (each rank's K/V block standing in for the one
-  it would receive: same shapes when the split is even), no exchange.
-* exchange: the ring's K/V exchanges alone, no attention.
-  hidden = (compute + exchange - ring) / exchange: the share of the exchange time hidden under compute.
+* compute: the call's attention (and, in ring mode, merges) alone, no exchange. Ring mode: each rank's
+  K/V block stands in for the one it would receive (same shapes when the split is even); allgather:
+  on the K/V gathered once beforehand.
+* exchange: the K/V exchanges alone (ring: the steps' sends and receives; allgather: the gather and
+  the copy that orders it), no attention.
+  hidden = (compute + exchange - call) / exchange: the share of the exchange time hidden under compute.
 * check: every rank's ring output and lse against `forward` of its query chunks on the full keys
   (rel-L2 of out, max |lse| difference), unless `--no-check`.
 
@@ -42,7 +44,8 @@ import torch.distributed as dist
 sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout, after an installed package
 import cutlassfa  # noqa: E402
 from cutlassfa import _ring_layout  # noqa: E402
-from cutlassfa.distributed import _attend, _Exchange, _setup, ring_forward, shard  # noqa: E402
+from cutlassfa._context_parallel import gather_rows  # noqa: E402
+from cutlassfa.distributed import MODES, _attend, _attend_gathered, _Exchange, _setup, ring_forward, shard  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--layout", default="zigzag", choices=list(_ring_layout.LAYOUTS))
     p.add_argument("--backend", default="auto")
+    p.add_argument("--modes", nargs="+", default=["ring", "allgather", "auto"], choices=list(MODES),
+                   help="ring_forward modes to time (auto: the one it chooses, reported as resolved_mode)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--single-n", type=int, default=None, help="length of the single-GPU baseline (default N)")
@@ -139,57 +144,73 @@ def check(q, k, v, out, lse, rank: int, world: int, args: argparse.Namespace) ->
     return float(sums[0].sqrt() / sums[1].sqrt()), float(worst[0])
 
 
-def run_one(n: int, rank: int, world: int, device: torch.device, args: argparse.Namespace) -> dict:
+def breakdown(q_l, k_l, v_l, mode: str, device: torch.device, args: argparse.Namespace) -> dict:
+    """The call's compute alone and its exchange alone, and the share of the exchange hidden under the
+    compute: (compute + exchange - call) / exchange (0 when nothing overlaps, as in allgather)."""
+    ring = _setup(q_l, k_l, v_l, group=None, causal=args.causal, softmax_scale=None, layout=args.layout,
+                  backend=args.backend, window=None, mode=mode)
+    row = dict(resolved_mode=ring.mode, steps=ring.steps, pieces=len(ring.gathered_plan))
+    if ring.mode == "allgather":
+        gathered = gather_rows([k_l, v_l], ring.k_lengths, 2, ring.key_order, ring.group)
+        compute = lambda: _attend_gathered(ring, q_l, *gathered, None, None)  # noqa: E731
+        exchange = lambda: gather_rows([k_l, v_l], ring.k_lengths, 2, ring.key_order, ring.group)  # noqa: E731
+    elif len(set(ring.k_lengths)) == 1:  # an even split: the local block stands in for every received one
+        acc = torch.zeros(q_l.shape, dtype=torch.float32, device=device)
+        acc_lse = torch.full(q_l.shape[:-1], float("-inf"), dtype=torch.float32, device=device)
+
+        def compute() -> None:
+            for step in range(ring.steps):
+                _attend(ring, step, q_l, (k_l, v_l), acc, acc_lse)
+
+        def exchange() -> None:
+            block = (k_l, v_l)
+            for step in range(ring.steps - 1):
+                block = _Exchange(ring, step, block).wait()
+    else:
+        return row
+    row.update(compute_s=timed(compute, device, args.warmup, args.iters),
+               exchange_s=timed(exchange, device, args.warmup, args.iters))
+    return row
+
+
+def run_one(n: int, rank: int, world: int, device: torch.device, args: argparse.Namespace) -> list[dict]:
+    """One row per mode of `--modes` at global length n."""
     hq, hkv = (int(h) for h in args.heads.split(":"))
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator(device=device).manual_seed(n)
     q, k, v = (torch.randn(args.batch, h, n, args.head_dim, generator=gen, device=device, dtype=torch.float32).to(dtype)
                for h in (hq, hkv, hkv))
     q_l, k_l, v_l = (shard(x, rank, world, args.layout).contiguous() for x in (q, k, v))
-    kwargs = dict(causal=args.causal, layout=args.layout, backend=args.backend)
-    row = dict(N=n, W=world, B=args.batch, Hq=hq, Hkv=hkv, d=args.head_dim, dtype=args.dtype, causal=args.causal,
-               layout=args.layout)
-
-    t_ring = timed(lambda: ring_forward(q_l, k_l, v_l, **kwargs), device, args.warmup, args.iters)
-    row.update(ring_s=t_ring, ring_tflops_per_gpu=tflops(args.batch, hq, n, n, args.head_dim, args.causal, t_ring) / world)
-
-    ring = _setup(q_l, k_l, v_l, group=None, causal=args.causal, softmax_scale=None, layout=args.layout,
-                  backend=args.backend, window=None)
-    if len(set(ring.k_lengths)) == 1:  # an even split: the local block stands in for every received one
-        acc = torch.zeros(q_l.shape, dtype=torch.float32, device=device)
-        acc_lse = torch.full(q_l.shape[:-1], float("-inf"), dtype=torch.float32, device=device)
-
-        def compute_only() -> None:
-            for step in range(ring.steps):
-                _attend(ring, step, q_l, (k_l, v_l), acc, acc_lse)
-
-        def exchange_only() -> None:
-            block = (k_l, v_l)
-            for step in range(ring.steps - 1):
-                block = _Exchange(ring, step, block).wait()
-
-        t_compute = timed(compute_only, device, args.warmup, args.iters)
-        t_exchange = timed(exchange_only, device, args.warmup, args.iters)
-        hidden = (t_compute + t_exchange - t_ring) / t_exchange if ring.steps > 1 else None  # W = 1: none
-        row.update(compute_s=t_compute, exchange_s=t_exchange, exchange_hidden=hidden, steps=ring.steps)
-
-    if not args.no_check:
-        out, lse = ring_forward(q_l, k_l, v_l, return_lse=True, **kwargs)
-        row["check_rel_l2"], row["check_lse_max_abs"] = check(q, k, v, out, lse, rank, world, args)
-        del out, lse
-
-    if args.profile is not None:
-        args.profile.mkdir(parents=True, exist_ok=True)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as prof:
-            ring_forward(q_l, k_l, v_l, **kwargs)
-            synchronize(device)
-        prof.export_chrome_trace(str(args.profile / f"ring_N{n}_W{world}_rank{rank}.json"))
+    base = dict(N=n, W=world, B=args.batch, Hq=hq, Hkv=hkv, d=args.head_dim, dtype=args.dtype, causal=args.causal,
+                layout=args.layout)
+    rows = []
+    for mode in args.modes:
+        kwargs = dict(causal=args.causal, layout=args.layout, backend=args.backend, mode=mode)
+        row = dict(base, mode=mode)
+        t_call = timed(lambda: ring_forward(q_l, k_l, v_l, **kwargs), device, args.warmup, args.iters)
+        row.update(ring_s=t_call, ring_tflops_per_gpu=tflops(args.batch, hq, n, n, args.head_dim, args.causal,
+                                                             t_call) / world)
+        row.update(breakdown(q_l, k_l, v_l, mode, device, args))
+        if "exchange_s" in row and world > 1:
+            row["exchange_hidden"] = (row["compute_s"] + row["exchange_s"] - t_call) / row["exchange_s"]
+        if not args.no_check:
+            out, lse = ring_forward(q_l, k_l, v_l, return_lse=True, **kwargs)
+            row["check_rel_l2"], row["check_lse_max_abs"] = check(q, k, v, out, lse, rank, world, args)
+            del out, lse
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            with torch.profiler.profile(activities=activities) as prof:
+                ring_forward(q_l, k_l, v_l, **kwargs)
+                synchronize(device)
+            prof.export_chrome_trace(str(args.profile / f"ring_N{n}_W{world}_{mode}_rank{rank}.json"))
+        rows.append(row)
 
     if not args.no_single:
         single_n = args.single_n or n
+        del q_l, k_l, v_l
         if single_n != n:
             del q, k, v
             q, k, v = (torch.randn(args.batch, h, single_n, args.head_dim, generator=gen, device=device).to(dtype)
@@ -197,13 +218,14 @@ def run_one(n: int, rank: int, world: int, device: torch.device, args: argparse.
         t_single = timed(lambda: attention(q, k, v, causal=args.causal, backend=args.backend), device,
                          args.warmup, args.iters)
         single_tflops = tflops(args.batch, hq, single_n, single_n, args.head_dim, args.causal, t_single)
-        row.update(single_N=single_n, single_s=t_single, single_tflops=single_tflops,
-                   efficiency=row["ring_tflops_per_gpu"] / single_tflops)
-    return row
+        for row in rows:
+            row.update(single_N=single_n, single_s=t_single, single_tflops=single_tflops,
+                       efficiency=row["ring_tflops_per_gpu"] / single_tflops)
+    return rows
 
 
 def report(rows: list[dict]) -> None:
-    columns = [("N", "{}"), ("W", "{}"), ("ring_s", "{:.4g}"), ("ring_tflops_per_gpu", "{:.4g}"),
+    columns = [("N", "{}"), ("W", "{}"), ("mode", "{}"), ("resolved_mode", "{}"), ("ring_s", "{:.4g}"), ("ring_tflops_per_gpu", "{:.4g}"),
                ("single_s", "{:.4g}"), ("single_tflops", "{:.4g}"), ("efficiency", "{:.3f}"),
                ("compute_s", "{:.4g}"), ("exchange_s", "{:.4g}"), ("exchange_hidden", "{:.2f}"),
                ("check_rel_l2", "{:.2e}"), ("check_lse_max_abs", "{:.2e}")]
@@ -215,7 +237,7 @@ def report(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = init_group(args.device)
-    rows = [run_one(n, rank, world, device, args) for n in args.seqlens]
+    rows = [row for n in args.seqlens for row in run_one(n, rank, world, device, args)]
     if rank == 0:
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         print(f"ring_forward, {world} x {device_name}, {args.dtype}, layout {args.layout}, "

@@ -1,20 +1,16 @@
-"""Ring attention (`cutlassfa.distributed`) on CPU with gloo: the gathered result of every world size
-1-4 equals single-process `forward` and the fp64 reference (causal and not, GQA, uneven and empty
-chunks, both layouts, Nq != Nk, lse), ranks that disagree raise together instead of hanging; plus the
-step planner against brute-force masks, and shard / unshard.
+"""Ring attention (`cutlassfa.distributed.ring_forward`) on CPU with gloo: the gathered result of every
+world size 1-4, in both modes (ring, allgather), equals single-process `forward` and the fp64 reference
+(causal and not, GQA, uneven and empty chunks, both layouts, Nq != Nk, windows, softcap, sinks, ALiBi,
+lse), ranks that disagree raise together instead of hanging; plus the step planner against brute-force
+masks, and shard / unshard.
 
-One set of 4 processes runs every case: world sizes 1-3 use subgroups (ranks [3], [1, 3], [0, 2, 3],
-so peers are translated from group to global ranks), 4 the whole world. With CUDA GPUs (marker `gpu`),
-the same cases run over NCCL, one process per GPU (up to 4), on the default backend.
+One set of 4 processes runs every case (tests/distributed_harness.py): world sizes 1-3 use subgroups. With
+CUDA GPUs (marker `gpu`), the same cases run over NCCL, one process per GPU (up to 4), on the default
+backend.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import pickle
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -25,20 +21,16 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
+import distributed_harness as harness  # noqa: E402
+
 import cutlassfa  # noqa: E402
 from cutlassfa import _ring_layout, _ring_plan  # noqa: E402
 from cutlassfa.check import bound_for  # noqa: E402
-from cutlassfa.distributed import _FORWARD_TAKES_WINDOW, shard, unshard  # noqa: E402
+from cutlassfa.distributed import shard, unshard  # noqa: E402
 from cutlassfa.reference import attention_reference, rel_l2  # noqa: E402
 
 WORLD = 4
-GROUPS = {1: [3], 2: [1, 3], 3: [0, 2, 3], 4: [0, 1, 2, 3]}  # world size -> the ranks of its group
-TIMEOUT_S = 300  # the whole run of 4 processes, all cases; ~15 s on 2 busy cores
-
-
-def _groups(processes: int) -> dict[int, list[int]]:
-    """The group of each world size for a run of `processes` processes (GPU runs have fewer)."""
-    return {1: {1: [0]}, 2: {1: [1], 2: [0, 1]}, 3: {1: [2], 2: [0, 2], 3: [0, 1, 2]}, 4: GROUPS}[processes]
+MODES = ("ring", "allgather")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -50,7 +42,8 @@ def _first(values: list[int], world: int) -> list[int]:
 
 
 # name -> (spec), spec keys: heads (Hq, Hkv), d, dtype, causal, layout, lengths (q, k) per world size or
-# an int N for shard's cut, window, scale, expect ("ok" or the exception every rank raises).
+# an int N for shard's cut, window, scale, softcap, sinks, alibi, expect ("ok" or the exception every rank
+# raises; a dict of mode -> expect where the modes differ).
 SPECS = {
     "dense": dict(heads=(2, 2), d=32, dtype="float32", causal=False, layout="contiguous", n=40),
     "causal_gqa_uneven_strided": dict(heads=(4, 2), d=32, dtype="float32", causal=True, layout="contiguous",
@@ -74,8 +67,21 @@ SPECS = {
                                    lengths=lambda w: (_first([12, 10, 8, 6], w), _first([4, 0, 5, 2], w)),
                                    sinks=True),
     "window_band": dict(heads=(2, 1), d=32, dtype="float32", causal=True, layout="contiguous", n=48,
-                        window=(5, 0),
-                        expect="ok" if _FORWARD_TAKES_WINDOW else "NotImplementedError"),
+                        window=(5, 0)),
+    "window_two_sided_zigzag": dict(heads=(2, 2), d=32, dtype="float32", causal=False, layout="zigzag", n=44,
+                                    window=(6, 3)),
+    "softcap_zigzag_causal_gqa_fp16": dict(heads=(4, 2), d=64, dtype="float16", causal=True, layout="zigzag", n=42,
+                                           softcap=5.0),
+    "softcap_window_sinks": dict(heads=(4, 1), d=32, dtype="float32", causal=True, layout="contiguous", n=36,
+                                 window=(7, 0), softcap=3.0, sinks=True),
+    "alibi_zigzag_causal_gqa": dict(heads=(4, 2), d=32, dtype="float32", causal=True, layout="zigzag", n=46,
+                                    alibi=True, expect=dict(ring="NotImplementedError", allgather="ok")),
+    "alibi_per_entry_window_nq_lt_nk": dict(heads=(2, 1), d=32, dtype="bfloat16", causal=True, layout="contiguous",
+                                            lengths=lambda w: (_first([3, 1, 4, 2], w), _first([20, 9, 0, 14], w)),
+                                            window=(9, 0), alibi="per_entry",
+                                            expect=dict(ring="NotImplementedError", allgather="ok")),
+    "alibi_non_causal": dict(heads=(2, 2), d=32, dtype="float32", causal=False, layout="contiguous", n=20,
+                             alibi=True, expect="NotImplementedError"),
 }
 # Failure cases: all ranks must raise the same error (they would hang in the ring otherwise).
 BAD_SPECS = {
@@ -85,9 +91,16 @@ BAD_SPECS = {
                               rank0_3d=True, expect="ValueError"),
     "rank0_sinks_wrong_shape": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="contiguous", n=16,
                                     sinks=True, rank0_bad_sinks=True, expect="ValueError"),
+    "ranks_disagree_on_softcap": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="contiguous", n=16,
+                                      softcap="rank0", expect="ValueError"),
     "zigzag_wrong_lengths": dict(heads=(2, 2), d=32, dtype="float32", causal=True, layout="zigzag",
                                  lengths=lambda w: ([1] + [5] * (w - 1),) * 2, expect="ValueError"),
 }
+
+
+def _expect(spec: dict, mode: str) -> str:
+    expect = spec.get("expect", "ok")
+    return expect[mode] if isinstance(expect, dict) else expect
 
 
 def _local_lengths(spec: dict, world: int) -> tuple[list[int], list[int], int, int]:
@@ -106,8 +119,24 @@ def _cut(x: np.ndarray, lengths: list[int], rank: int, world: int, layout: str) 
     return np.ascontiguousarray(x[:, :, start:start + lengths[rank]])
 
 
+def _rank_call(spec: dict, chunks: tuple, rank: int, mode: str, sinks, slopes) -> dict:
+    """The keyword arguments of one rank's ring_forward call."""
+    q, k, v = chunks
+    if spec.get("rank0_3d") and rank == 0:
+        q = q[:, 0]
+    if sinks is not None and spec.get("rank0_bad_sinks") and rank == 0:
+        sinks = sinks[1:]
+    causal = (rank == 0) if spec["causal"] == "rank0" else spec["causal"]
+    softcap = float(rank == 0) if spec.get("softcap") == "rank0" else spec.get("softcap", 0.0)
+    call = dict(q=q, k=k, v=v, causal=causal, layout=spec["layout"], softmax_scale=spec.get("scale"),
+                window=spec.get("window"), softcap=softcap, mode=mode, sinks=sinks, alibi_slopes=slopes)
+    if spec.get("strided"):
+        call["strided"] = ("q", "k", "v")
+    return call
+
+
 def _make_cases(seed: int, groups: dict[int, list[int]]) -> dict:
-    """(world, name) -> case dict with the full inputs and every rank's chunks."""
+    """(world, name, mode) -> case (harness format) plus the full inputs for the checks."""
     rng = np.random.default_rng(seed)
     cases = {}
     for world in groups:
@@ -124,110 +153,32 @@ def _make_cases(seed: int, groups: dict[int, list[int]]) -> dict:
                             ((q, q_lengths), (k, k_lengths), (v, k_lengths))) for r in range(world)]
             # Sinks: one head without (-inf), the others around the scores' scale.
             sinks = np.concatenate([[-np.inf], rng.normal(0.5, 1.5, hq - 1)]).astype(np.float32)
-            cases[(world, name)] = dict(spec={key: val for key, val in spec.items() if key != "lengths"},
-                                        full=(q, k, v), chunks=chunks, sinks=sinks if spec.get("sinks") else None)
+            sinks = sinks if spec.get("sinks") else None
+            slopes = None
+            if spec.get("alibi"):
+                shape = (2, hq) if spec["alibi"] == "per_entry" else (hq,)
+                slopes = rng.uniform(0.01, 0.5, shape).astype(np.float32)
+            for mode in (MODES if name in SPECS else ("auto",)):
+                cases[(world, name, mode)] = dict(
+                    call="ring_forward", world=world,
+                    ranks=[_rank_call(spec, chunks[r], r, mode, sinks, slopes) for r in range(world)],
+                    spec={key: val for key, val in spec.items() if key != "lengths"}, full=(q, k, v), sinks=sinks,
+                    slopes=slopes)
     return cases
 
 
-# --------------------------------------------------------------------------------------------------
-# The worker (a spawned process)
-# --------------------------------------------------------------------------------------------------
-
-def _to_torch(x: np.ndarray, strided: bool) -> "torch.Tensor":
-    if x.dtype.name == "bfloat16":
-        t = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(x)
-    if strided:  # (B, H, N, d) seen through a (B, N, H, d) buffer, as a model's activations would be
-        t = t.transpose(1, 2).contiguous().transpose(1, 2)
-    return t
-
-
-def _to_numpy(t: "torch.Tensor") -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
-def _worker(rank: int, workdir: str, processes: int, device: str) -> None:
-    """One rank: every case of every group it belongs to; results (or the exception's name) to a file."""
-    from cutlassfa.distributed import ring_forward
-
-    torch.set_num_threads(1)
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    else:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: no dependence on the host's name
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{workdir}/store",
-                            rank=rank, world_size=processes, timeout=timedelta(seconds=120))
-    with open(f"{workdir}/cases.pkl", "rb") as f:
-        groups, cases = pickle.load(f)
-    handles = {w: (dist.new_group(ranks) if w < processes else None) for w, ranks in groups.items()}
-    results = {}
-    for (world, name), case in cases.items():
-        if rank not in groups[world]:
-            continue
-        group_rank = groups[world].index(rank)
-        spec = case["spec"]
-        q, k, v = (_to_torch(x, spec.get("strided", False)).to(device) for x in case["chunks"][group_rank])
-        causal = (group_rank == 0) if spec["causal"] == "rank0" else spec["causal"]
-        if spec.get("rank0_3d") and group_rank == 0:
-            q = q[:, 0]
-        sinks = None if case["sinks"] is None else torch.from_numpy(case["sinks"]).to(device)
-        if spec.get("rank0_bad_sinks") and group_rank == 0:
-            sinks = sinks[1:]
-        try:
-            out, lse = ring_forward(q, k, v, group=handles[world], causal=causal, layout=spec["layout"],
-                                    softmax_scale=spec.get("scale"), window=spec.get("window"), sinks=sinks,
-                                    backend="cpu" if device == "cpu" else "auto", return_lse=True)
-            results[(world, name)] = ("ok", _to_numpy(out.cpu()), lse.cpu().numpy())
-        except Exception as error:  # reported to the test, which checks every rank raised alike
-            results[(world, name)] = (type(error).__name__, str(error))
-    with open(f"{workdir}/results_{rank}.pkl", "wb") as f:
-        pickle.dump(results, f)
-    dist.destroy_process_group()
-
-
-def _run_workers(workdir: Path, processes: int, device: str) -> None:
-    """Spawns the workers, waits at most TIMEOUT_S, kills them on expiry; raises a worker's error."""
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(_worker, args=(str(workdir), processes, device), nprocs=processes, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ring workers still running after {TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-
-
-def _ring_run(workdir: Path, processes: int, device: str) -> dict:
-    """Runs every case once; returns the seed, the groups, the cases and each rank's results."""
-    pinned = os.environ.get("CUTLASSFA_TEST_SEED")
-    seed = int(pinned) if pinned else int(np.random.SeedSequence().entropy % (1 << 63))
-    groups = _groups(processes)
+def _run(tmp_path_factory: pytest.TempPathFactory, processes: int, device: str) -> dict:
+    seed = harness.session_seed()
+    groups = harness.groups_for(processes)
     cases = _make_cases(seed, groups)
-    with open(workdir / "cases.pkl", "wb") as f:
-        pickle.dump((groups, cases), f)
-    _run_workers(workdir, processes, device)
-    results = {}
-    for rank in range(processes):
-        with open(workdir / f"results_{rank}.pkl", "rb") as f:
-            results[rank] = pickle.load(f)
+    results = harness.run(tmp_path_factory.mktemp(f"ring_{device}"), processes, device, cases)
     return dict(seed=seed, groups=groups, cases=cases, results=results, device=device)
 
 
 @pytest.fixture(scope="module")
 def ring_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Every case on CPU with gloo, 4 processes."""
-    return _ring_run(tmp_path_factory.mktemp("ring"), WORLD, "cpu")
+    return _run(tmp_path_factory, WORLD, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -238,45 +189,24 @@ def nccl_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     status = cutlassfa.backends()["tensorcore"]
     if not status.available:
         pytest.skip(f"tensorcore: {status.reason}")
-    return _ring_run(tmp_path_factory.mktemp("ring_nccl"), min(WORLD, torch.cuda.device_count()), "cuda")
+    return _run(tmp_path_factory, min(WORLD, torch.cuda.device_count()), "cuda")
 
 
-def _case_results(run: dict, world: int, name: str) -> tuple[dict, list]:
+def _case_results(run: dict, world: int, name: str, mode: str) -> tuple[dict, list]:
     if world not in run["groups"]:
         pytest.skip(f"machine: {world} ranks need {world} GPUs, {len(run['results'])} present")
-    case = run["cases"][(world, name)]
-    per_rank = [run["results"][rank][(world, name)] for rank in run["groups"][world]]
-    return case, per_rank
+    key = (world, name, mode)
+    return run["cases"][key], harness.per_rank(run["results"], run["groups"], world, key)
 
 
 # --------------------------------------------------------------------------------------------------
 # End-to-end
 # --------------------------------------------------------------------------------------------------
 
-def _windowed_reference(q, k, v, causal, window, scale=None):
-    """fp64 attention under the global mask of `window` (bottom-right aligned), for small shapes."""
-    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k64, v64 = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
-    nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
-    scale = 1 / math.sqrt(d) if scale is None else scale
-    left, right = (math.inf if s in (None, -1) else s for s in window)
-    right = min(right, 0) if causal else right
-    i, j = np.arange(nq)[:, None] + nk - nq, np.arange(nk)[None, :]
-    visible = (j >= i - left) & (j <= i + right)
-    s = np.where(visible, q64 @ np.swapaxes(k64, -1, -2) * scale, -np.inf)
-    m = np.where(visible.any(-1)[:, None], s.max(-1, keepdims=True), 0)
-    p = np.exp(s - m)
-    total = p.sum(-1, keepdims=True)
-    out = np.where(total > 0, p @ v64 / np.where(total > 0, total, 1), 0)
-    with np.errstate(divide="ignore"):
-        return out, (m + np.log(total))[..., 0]
-
-
-def _check_case(run: dict, world: int, name: str) -> None:
-    case, per_rank = _case_results(run, world, name)
+def _check_case(run: dict, world: int, name: str, mode: str) -> None:
+    case, per_rank = _case_results(run, world, name, mode)
     spec, seed = case["spec"], run["seed"]
-    expect = spec.get("expect", "ok")
+    expect = _expect(spec, mode)
     statuses = [result[0] for result in per_rank]
     assert statuses == [expect] * world, (seed, [result[1:] if result[0] != "ok" else "ok" for result in per_rank])
     if expect != "ok":
@@ -287,46 +217,45 @@ def _check_case(run: dict, world: int, name: str) -> None:
     q, k, v = case["full"]
     assert out.shape == q.shape and out.dtype == q.dtype and lse.dtype == np.float32
 
+    window = tuple(-1 if side is None else side for side in spec["window"]) if spec.get("window") else None
+    options = dict(causal=spec["causal"], softmax_scale=spec.get("scale"), window=window,
+                   softcap=spec.get("softcap", 0.0), sinks=case["sinks"], alibi_slopes=case["slopes"])
+    ref, ref_lse = attention_reference(q, k, v, **options)
     # The single-process run: the cpu backend, or on the GPU the default one (numpy in, GPU compute).
-    backend = "cpu" if run["device"] == "cpu" else "auto"
-    window = spec.get("window")
-    if window is None:
-        sinks = case["sinks"]
-        ref, ref_lse = attention_reference(q, k, v, causal=spec["causal"], softmax_scale=spec.get("scale"),
-                                           sinks=sinks)
-        single, single_lse = cutlassfa.forward(q, k, v, causal=spec["causal"], softmax_scale=spec.get("scale"),
-                                               sinks=sinks, backend=backend, return_lse=True)
-    else:
-        ref, ref_lse = _windowed_reference(q, k, v, spec["causal"], window, spec.get("scale"))
-        single, single_lse = ref, ref_lse
+    single, single_lse = cutlassfa.forward(q, k, v, backend="cpu" if run["device"] == "cpu" else "auto",
+                                           return_lse=True, **{n: x for n, x in options.items() if x is not None})
     bound = bound_for("cpu" if run["device"] == "cpu" else "tensorcore", spec["dtype"])
     # Partial outputs come back in the input dtype before the fp32 merge: half precision rounds once
     # per partial, which stays within the backend's bound.
     assert rel_l2(out.astype(np.float64), ref) <= bound.rel_l2, (seed, rel_l2(out.astype(np.float64), ref))
     assert rel_l2(out.astype(np.float64), single.astype(np.float64)) <= bound.rel_l2, seed
     seen = np.isfinite(ref_lse)
-    assert np.all(lse[~seen] == -np.inf) and np.all(out[~seen].astype(np.float64) == 0), seed
+    unseen_lse = -np.inf if case["sinks"] is None else np.broadcast_to(case["sinks"][None, :, None], lse.shape)
+    assert np.all(lse[~seen] == np.broadcast_to(unseen_lse, lse.shape)[~seen]), seed
+    assert np.all(out[~seen].astype(np.float64) == 0), seed
     np.testing.assert_allclose(lse[seen], ref_lse[seen], atol=bound.lse, rtol=0, err_msg=f"seed {seed}")
     np.testing.assert_allclose(lse[seen], single_lse[seen], atol=bound.lse, rtol=0, err_msg=f"seed {seed}")
 
 
-@pytest.mark.parametrize("world", sorted(GROUPS))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_ring_matches_single_process_and_reference(ring_run, world, name):
-    _check_case(ring_run, world, name)
+def test_ring_matches_single_process_and_reference(ring_run, world, name, mode):
+    _check_case(ring_run, world, name, mode)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("world", sorted(GROUPS))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_ring_nccl_matches_single_gpu_and_reference(nccl_run, world, name):
-    _check_case(nccl_run, world, name)
+def test_ring_nccl_matches_single_gpu_and_reference(nccl_run, world, name, mode):
+    _check_case(nccl_run, world, name, mode)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("name", sorted(BAD_SPECS))
 def test_ranks_raise_together(ring_run, world, name):
-    case, per_rank = _case_results(ring_run, world, name)
+    case, per_rank = _case_results(ring_run, world, name, "auto")
     assert [result[0] for result in per_rank] == [case["spec"]["expect"]] * world, per_rank
 
 
@@ -334,7 +263,7 @@ def test_ranks_raise_together(ring_run, world, name):
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("name", sorted(BAD_SPECS))
 def test_ranks_raise_together_nccl(nccl_run, world, name):
-    case, per_rank = _case_results(nccl_run, world, name)
+    case, per_rank = _case_results(nccl_run, world, name, "auto")
     assert [result[0] for result in per_rank] == [case["spec"]["expect"]] * world, per_rank
 
 
@@ -489,11 +418,15 @@ def test_ring_bench_smoke_run_on_cpu(tmp_path):
     result = tmp_path / "ring.json"
     try:
         assert bench.main(["--device", "cpu", "--seqlens", "96", "--heads", "2:1", "--head-dim", "32",
-                           "--dtype", "float32", "--iters", "1", "--warmup", "0", "--json", str(result)]) == 0
+                           "--dtype", "float32", "--iters", "1", "--warmup", "0", "--json", str(result),
+                           "--modes", "ring", "allgather"]) == 0
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    (row,) = json.loads(result.read_text())["rows"]
-    assert row["N"] == 96 and row["W"] == 1 and row["steps"] == 1
-    assert row["check_rel_l2"] <= 1e-5 and row["check_lse_max_abs"] <= 1e-5
-    assert row["ring_s"] > 0 and row["single_s"] > 0 and row["compute_s"] > 0
+    ring, gathered = json.loads(result.read_text())["rows"]
+    assert ring["mode"] == ring["resolved_mode"] == "ring" and ring["steps"] == 1
+    assert gathered["mode"] == gathered["resolved_mode"] == "allgather" and gathered["pieces"] == 2  # zigzag runs
+    for row in (ring, gathered):
+        assert row["N"] == 96 and row["W"] == 1
+        assert row["check_rel_l2"] <= 1e-5 and row["check_lse_max_abs"] <= 1e-5
+        assert row["ring_s"] > 0 and row["single_s"] > 0 and row["compute_s"] > 0 and row["exchange_s"] > 0

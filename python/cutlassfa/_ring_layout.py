@@ -61,6 +61,19 @@ def positions(runs: Segments) -> np.ndarray:
     return np.concatenate([np.arange(start, start + n, dtype=np.int64) for start, n in runs])
 
 
+def global_order(runs: list[Segments]) -> np.ndarray:
+    """(total, 2) int64: the (rank, local row) that holds each global position, given every rank's runs."""
+    total = sum(n for rank_runs in runs for _, n in rank_runs)
+    order = np.zeros((total, 2), dtype=np.int64)
+    for rank, rank_runs in enumerate(runs):
+        offset = 0
+        for start, n in rank_runs:
+            order[start:start + n, 0] = rank
+            order[start:start + n, 1] = np.arange(offset, offset + n)
+            offset += n
+    return order
+
+
 def _take(x: Any, dim: int, start: int, stop: int) -> Any:
     index = [slice(None)] * len(x.shape)
     index[dim] = slice(start, stop)

@@ -103,6 +103,22 @@ def plan(q_pos: np.ndarray, k_pos: np.ndarray, mask: Mask) -> list[Piece]:
     return pieces
 
 
+def plan_runs(q_runs: Segments, nk: int, mask: Mask) -> list[Piece]:
+    """The pieces of the local queries against all nk keys in global order (the allgather mode), planned
+    one run of consecutive query positions at a time; rows of different pieces never overlap. Under a
+    mask that sees no key past the diagonal (mask.upper <= 0), each piece's last row sees up to its
+    diagonal, so the slice's bottom-right alignment is the global one and the distance between a query
+    and a key is that of their slice indices (which ALiBi's bias reads)."""
+    k_pos = np.arange(nk, dtype=np.int64)
+    pieces: list[Piece] = []
+    offset = 0
+    for start, n in q_runs:
+        for p in plan(np.arange(start, start + n, dtype=np.int64), k_pos, mask):
+            pieces.append(Piece((p.rows[0] + offset, p.rows[1] + offset), p.keys, p.causal, p.window))
+        offset += n
+    return pieces
+
+
 def _piece(lo: np.ndarray, hi: np.ndarray, r0: int, r1: int, kind: int) -> list[Piece]:
     """The call for rows [r0, r1) whose lo / hi grow as `kind` (2*dlo + dhi) says, trimmed of rows that
     see nothing (the width hi - lo changes by at most one per row, so they sit at the ends)."""

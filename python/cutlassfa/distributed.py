@@ -1,49 +1,61 @@
-"""Context-parallel (ring) attention over torch.distributed.
+"""Context-parallel attention over torch.distributed: one sequence, or a batch of packed documents,
+split across the ranks of a process group; and decoding against a KV cache sharded over the ranks.
 
-The sequence is split across the ranks of a process group; each rank holds its queries and its block of
-keys/values. The K/V blocks travel around the ring (rank r sends to r + 1 and receives from r - 1) while
-each rank attends its queries to the block it holds; the partial results are merged by their lse in
-float32 (`cutlassfa.merge`). After W steps every rank has attended to every block:
+`ring_forward` (one sequence, (B, H, N_local, d) chunks) runs in one of two modes:
 
-    step s: rank r holds the block of rank (r - s) mod W
-            posts: send that block to r + 1, receive the block of rank (r - s - 1) mod W from r - 1
-            attends its queries to the block it holds (overlapping the exchange), merges the result
-            waits for the exchange
+* ``allgather``: every rank gathers every rank's K/V (one all_gather, the rows put in global order by
+  one copy) and attends its queries to them: one `forward` call per run of local query positions, no
+  merge. With grouped heads the K/V is a fraction of Q (32/8 heads: a quarter), and gathering it costs
+  a few percent of the attention time (Llama 3's context parallelism does this).
+* ``ring``: the K/V blocks travel around the ring (rank r sends to r + 1 and receives from r - 1) while
+  each rank attends its queries to the block it holds; the partial results are merged by their lse in
+  float32 (`cutlassfa.merge`). After W steps every rank has attended to every block:
 
-The exchange is one `torch.distributed.batch_isend_irecv` per step (NCCL between GPUs, gloo on CPU),
-issued from a side CUDA stream for CUDA tensors, so it runs beside the attention kernels. Only the K/V
-heads travel (GQA). Masks are those of the global sequence (see `_ring_plan`): a step whose block no
-query of any rank may see is skipped, and the ring stops after the last step any rank needs.
+      step s: rank r holds the block of rank (r - s) mod W
+              posts: send that block to r + 1, receive the block of rank (r - s - 1) mod W from r - 1
+              attends its queries to the block it holds (overlapping the exchange), merges the result
+              waits for the exchange
+
+  The exchange is one `torch.distributed.batch_isend_irecv` per step (NCCL between GPUs, gloo on CPU),
+  issued from a side CUDA stream for CUDA tensors, so it runs beside the attention kernels. Memory: two
+  blocks instead of the whole K/V.
+
+Only the K/V heads travel (GQA). Masks are those of the global sequence (see `_ring_plan`): a ring step
+whose block no query of any rank may see is skipped, and the ring stops after the last step any rank
+needs. `ring_varlen_forward` (packed documents, `_ring_varlen`) and `sharded_decode` (`_sharded_decode`)
+are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import _ring_layout, _ring_plan
-from ._api import forward, select_backend
-from ._arrays import stand_in
+from . import _context_parallel, _ring_layout, _ring_plan
+from ._api import forward
+from ._context_parallel import check_local, free_bytes, gathered_bytes, window_bounds
 from ._ring_layout import LAYOUTS, shard, unshard
 from ._ring_plan import Mask, Piece
+from ._ring_varlen import ring_varlen_forward, shard_varlen, unshard_varlen
+from ._sharded_decode import sharded_decode
 from .merge import merge_attention, merge_attention_into
 
-__all__ = ["LAYOUTS", "ring_forward", "shard", "unshard"]
+__all__ = ["LAYOUTS", "MODES", "ring_forward", "ring_varlen_forward", "shard", "shard_varlen", "sharded_decode",
+           "unshard", "unshard_varlen"]
 
-_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
-# Pieces whose mask is a band (sliding windows) need `forward(..., window=(left, right))`.
-_FORWARD_TAKES_WINDOW = "window" in inspect.signature(forward).parameters
+MODES = ("auto", "ring", "allgather")
+# `auto` gathers the K/V when the gathered copies take at most this share of every rank's free memory.
+_GATHER_MEMORY_SHARE = 0.5
 
 
 def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = False,
                  softmax_scale: float | None = None, return_lse: bool = False, layout: str = "contiguous",
-                 backend: str = "auto", window: tuple[int | None, int | None] | None = None,
-                 sinks: Any = None) -> Any:
+                 backend: str = "auto", window: tuple[int | None, int | None] | None = None, softcap: float = 0.0,
+                 sinks: Any = None, alibi_slopes: Any = None, mode: str = "auto") -> Any:
     """Attention over a sequence split across the ranks of a torch.distributed process group.
 
     Every rank of `group` (default: the whole world) calls this with its local chunk:
@@ -61,24 +73,35 @@ def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = Fa
             j <= i + Nk - Nq (Nq, Nk the totals over all ranks).
         window: (left, right), a sliding window over the global sequence, bottom-right aligned: query i
             sees keys [i + Nk - Nq - left, i + Nk - Nq + right]; None or -1 leaves a side unbounded;
-            causal forces right = 0. Steps wholly outside the window are skipped.
+            causal forces right = 0. Ring steps wholly outside the window are skipped.
+        softcap: c > 0 caps every score to c * tanh(s / c), as `forward`.
         sinks: optional (Hq,) attention-sink logits (a torch tensor on q's device, the same on every
-            rank), as `forward(..., sinks=)` of the global sequence: merged once, after the last step.
+            rank), as `forward(..., sinks=)` of the global sequence: counted once per row.
+        alibi_slopes: optional (Hq,) or (B, Hq) ALiBi slopes (a torch tensor on q's device, the same on
+            every rank), on global positions: -slope * |i + Nk - Nq - j|. Needs a mask that sees no key
+            past the diagonal (causal, or window right bound 0) and runs in the allgather mode (the ring's
+            partial blocks would need each piece's position offset in the kernels).
+        mode: "allgather", "ring" or "auto" (the module's docstring says what each does): auto gathers
+            when the gathered K/V (twice its size during the gather) fits in half of every rank's free
+            device memory, or when ALiBi asks for it, and runs the ring otherwise.
         softmax_scale: defaults to 1/sqrt(d). backend: as for `forward`, for the local attention.
         return_lse: also return the float32 (B, Hq, Nq_local) lse of the global softmax (natural log).
 
     Returns:
         The local (B, Hq, Nq_local, d) output in q's dtype, or (out, lse). A row that sees no key gives
-        0 and lse -inf. Forward only (no autograd).
+        0 and lse -inf (the sink's logit with sinks). Forward only (no autograd).
 
     Raises:
         ValueError / TypeError on every rank alike when the ranks disagree or an argument is invalid;
-        NotImplementedError for a window that cuts blocks into bands while `forward` has no window.
+        NotImplementedError (every rank) for ALiBi with a mask that sees past the diagonal or mode "ring".
     """
     import torch
 
     ring = _setup(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale, layout=layout,
-                  backend=backend, window=window, sinks=sinks)
+                  backend=backend, window=window, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes, mode=mode)
+    if ring.mode == "allgather":
+        out, lse = _gathered_attention(ring, q, k, v, sinks, alibi_slopes)
+        return (out, lse) if return_lse else out
     acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # normalized partial output
     acc_lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
     block = (k.contiguous(), v.contiguous())  # sent as is: point-to-point ops need contiguous tensors
@@ -99,17 +122,22 @@ def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = Fa
 
 @dataclass(frozen=True)
 class _Ring:
-    """Everything a rank needs to run the ring; identical on all ranks except `rank` and `own_plans`."""
+    """Everything a rank needs to run the call; identical on all ranks except `rank` and the plans."""
 
     group: Any
     rank: int
     world: int
     next_peer: int  # global ranks, as point-to-point ops name them
     prev_peer: int
+    q_lengths: tuple[int, ...]  # every rank's Nq_local
     k_lengths: tuple[int, ...]  # every rank's Nk_local
-    steps: int  # ring steps run: 1 + the last step any rank needs
-    own_plans: tuple[tuple[Piece, ...], ...]  # this rank's pieces at each step
+    mode: str  # "ring" or "allgather"
+    steps: int  # ring steps run: 1 + the last step any rank needs (ring mode)
+    own_plans: tuple[tuple[Piece, ...], ...]  # ring mode: this rank's pieces at each step
+    gathered_plan: tuple[Piece, ...]  # allgather mode: this rank's pieces against the keys in global order
+    key_order: np.ndarray  # allgather mode: (Nk, 2) the (rank, local row) of each global key
     scale: float
+    softcap: float
     backend: str
 
     def source(self, step: int) -> int:
@@ -117,121 +145,106 @@ class _Ring:
         return (self.rank - step) % self.world
 
 
-def _check_local(q: Any, k: Any, v: Any, sinks: Any = None) -> None:
-    import torch
-
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N_local, d), got shape {tuple(t.shape)}")
-    if not q.dtype == k.dtype == v.dtype or str(q.dtype) not in _DTYPES:
-        raise TypeError(f"q, k, v must share one dtype of float32, float16, bfloat16; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    (b, hq, _, d), (bk, hkv, _, dk) = q.shape, k.shape
-    if b != bk or d != dk:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"the heads of q ({hq}) must be a multiple of the heads of k and v ({hkv})")
-    if sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.device != q.device):
-        raise ValueError(f"sinks must be a torch tensor on q's device ({q.device}), got "
-                         f"{getattr(sinks, 'device', type(sinks).__name__)}")
-    # The head dim, dtype and sinks as forward's validator judges them (which backend runs a block is
-    # forward's question, asked on each block).
-    select_backend(stand_in(q), stand_in(k), stand_in(v), sinks=stand_in(sinks))
-
-
-def _window_bounds(window: Any) -> tuple[int | None, int | None]:
-    """(left, right) with None for an unbounded side (given as None or -1)."""
-    if window is None:
-        return None, None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"window must be None or a (left, right) pair, got {window!r}")
-    bounds = []
-    for side in window:
-        if side is None or side == -1:
-            bounds.append(None)
-        elif isinstance(side, (int, np.integer)) and not isinstance(side, bool) and side >= 0:
-            bounds.append(int(side))
-        else:
-            raise ValueError(f"window sides must be integers >= 0, or -1 / None for unbounded; got {window!r}")
-    return bounds[0], bounds[1]
-
-
-# What each rank reports: its local lengths, then what all ranks must agree on.
-_FIELDS = ("Nq_local", "Nk_local", "B", "Hq", "Hkv", "d", "dtype", "causal", "layout", "window left",
-           "window right", "softmax_scale")
+# What each rank reports: its local lengths and its free memory, then what all ranks must agree on.
+_FIELDS = ("Nq_local", "Nk_local", "free bytes", "B", "Hq", "Hkv", "d", "dtype", "causal", "layout", "window left",
+           "window right", "softmax_scale", "softcap", "sinks", "alibi_slopes", "mode", "kv row bytes")
+_LOCAL_FIELDS = 3
 
 
 def _local_settings(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, layout: Any, window: Any,
-                    sinks: Any = None) -> list[float]:
+                    softcap: Any, sinks: Any, alibi_slopes: Any, mode: Any) -> list[float]:
     """This rank's row of _FIELDS (-1 for an unbounded window side); raises for invalid arguments."""
-    _check_local(q, k, v, sinks)
+    check_local(q, k, v, sinks=sinks, alibi_slopes=alibi_slopes, softcap=softcap)
     _ring_layout.check_layout(layout)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    left, right = _window_bounds(window)
+    left, right = window_bounds(window)
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    return [q.shape[2], k.shape[2], q.shape[0], q.shape[1], k.shape[1], d, _DTYPES.index(str(q.dtype)),
-            int(causal), LAYOUTS.index(layout), -1 if left is None else left, -1 if right is None else right,
-            scale]
+    return [q.shape[2], k.shape[2], free_bytes(q), q.shape[0], q.shape[1], k.shape[1], d,
+            _context_parallel.DTYPES.index(str(q.dtype)), int(causal), LAYOUTS.index(layout), -1 if left is None else left,
+            -1 if right is None else right, scale, float(softcap), int(sinks is not None),
+            int(alibi_slopes is not None), MODES.index(mode), gathered_bytes(k, 1)]
 
 
 def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: float | None, layout: str,
-           backend: str, window: Any, sinks: Any = None) -> _Ring:
-    """Validates the local arguments, gathers every rank's sizes and settings and plans the steps.
-
-    The one all_gather comes before any check can raise, so that a mistake on one rank (or ranks that
-    disagree) raises on every rank instead of leaving the others waiting in the ring."""
-    import torch
+           backend: str, window: Any, softcap: float = 0.0, sinks: Any = None, alibi_slopes: Any = None,
+           mode: str = "auto") -> _Ring:
+    """Validates the local arguments, agrees on every rank's sizes and settings (`_context_parallel.agree`)
+    and plans the call."""
     import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("ring_forward needs an initialized torch.distributed process group")
+    _context_parallel.require_group("ring_forward")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    try:
-        mine, error = _local_settings(q, k, v, causal, softmax_scale, layout, window, sinks), None
-    except (TypeError, ValueError) as invalid:
-        mine, error = [math.nan] * len(_FIELDS), invalid  # NaN marks a rank with invalid arguments
-    device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
-    local = torch.tensor(mine, dtype=torch.float64, device=device)
-    gathered = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local, group=group)
-    table = np.array([t.cpu().numpy() for t in gathered])  # (world, fields)
-    if error is not None:
-        raise error
-    invalid_ranks = np.flatnonzero(np.isnan(table).any(axis=1)).tolist()
-    if invalid_ranks:
-        raise ValueError(f"ranks {invalid_ranks} of the group passed invalid arguments (their error says which)")
-    for column, name in enumerate(_FIELDS[2:], start=2):
-        if np.any(table[:, column] != table[0, column]):
-            raise ValueError(f"every rank must pass the same {name}; got {table[:, column].tolist()} by rank")
+    table = _context_parallel.agree(group, _context_parallel.device_of(q), _FIELDS,
+                              lambda: _local_settings(q, k, v, causal, softmax_scale, layout, window, softcap, sinks,
+                                                      alibi_slopes, mode), _FIELDS[_LOCAL_FIELDS:])
     agreed = dict(zip(_FIELDS, table[0].tolist()))
     left, right = (None if agreed[side] < 0 else int(agreed[side]) for side in ("window left", "window right"))
-    scale = agreed["softmax_scale"]
     q_lengths, k_lengths = table[:, 0].astype(int).tolist(), table[:, 1].astype(int).tolist()
     q_runs = _ring_layout.segments(layout, q_lengths)
     k_runs = _ring_layout.segments(layout, k_lengths)
     mask = Mask(sum(k_lengths) - sum(q_lengths), causal, left, right)
+    gather_fits = bool(np.all(agreed["kv row bytes"] * sum(k_lengths) <= _GATHER_MEMORY_SHARE * table[:, 2]))
+    mode = _choose_mode(mode, mask, alibi=bool(agreed["alibi_slopes"]), gather_fits=gather_fits)
 
     def plans(r: int, steps: int) -> tuple[tuple[Piece, ...], ...]:
         q_pos = _ring_layout.positions(q_runs[r])
         return tuple(tuple(_ring_plan.plan(q_pos, _ring_layout.positions(k_runs[(r - s) % world]), mask))
                      for s in range(steps))
 
-    steps = _ring_plan.steps_needed(q_runs, k_runs, mask)
-    if left is not None and not _FORWARD_TAKES_WINDOW:
-        # Decided from every rank's plans, so that all ranks raise together.
-        if any(p.window is not None for r in range(world) for step in plans(r, steps) for p in step):
-            raise NotImplementedError("this window cuts ring steps into bands, which needs forward(window=...)")
-
+    own_plans, gathered_plan, key_order, steps = (), (), np.zeros((0, 2), dtype=np.int64), 0
+    if mode == "ring":
+        steps = _ring_plan.steps_needed(q_runs, k_runs, mask)
+        own_plans = plans(rank, steps)
+    else:
+        gathered_plan = tuple(_ring_plan.plan_runs(q_runs[rank], sum(k_lengths), mask))
+        key_order = _ring_layout.global_order(k_runs)
     peer = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
-    return _Ring(group, rank, world, peer((rank + 1) % world), peer((rank - 1) % world), tuple(k_lengths),
-                 steps, plans(rank, steps), scale, backend)
+    return _Ring(group, rank, world, peer((rank + 1) % world), peer((rank - 1) % world), tuple(q_lengths),
+                 tuple(k_lengths), mode, steps, own_plans, gathered_plan, key_order, agreed["softmax_scale"],
+                 agreed["softcap"], backend)
+
+
+def _choose_mode(mode: str, mask: Mask, *, alibi: bool, gather_fits: bool) -> str:
+    """The mode a call runs in, from values every rank agrees on (so every rank chooses alike)."""
+    if alibi and mask.upper > 0:
+        raise NotImplementedError("alibi_slopes on a split sequence needs a mask that sees no key past the "
+                                  "diagonal (causal, or a window whose right bound is 0)")
+    if alibi and mode == "ring":
+        raise NotImplementedError("alibi_slopes runs in mode 'allgather' (the ring's blocks would need the "
+                                  "position offset of each piece in the kernels)")
+    if mode == "auto":
+        return "allgather" if gather_fits or alibi else "ring"
+    return mode
+
+
+# --------------------------------------------------------------------------------------------------
+# The allgather mode: every rank's K/V in global order, one call per run of local queries
+# --------------------------------------------------------------------------------------------------
+
+def _gathered_attention(ring: _Ring, q: Any, k: Any, v: Any, sinks: Any, alibi_slopes: Any) -> tuple[Any, Any]:
+    """(out, lse) of the local queries against every rank's keys, gathered in global order."""
+    k_all, v_all = _context_parallel.gather_rows([k, v], ring.k_lengths, 2, ring.key_order, ring.group)
+    return _attend_gathered(ring, q, k_all, v_all, sinks, alibi_slopes)
+
+
+def _attend_gathered(ring: _Ring, q: Any, k_all: Any, v_all: Any, sinks: Any, alibi_slopes: Any) -> tuple[Any, Any]:
+    """One `forward` per piece of the gathered plan, each writing its own rows of the output."""
+    import torch
+
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+    if sinks is not None:  # rows that see no key: the sink alone
+        lse.copy_(sinks.float()[None, :, None].expand(lse.shape))
+    for piece in ring.gathered_plan:
+        rows, keys = slice(*piece.rows), slice(*piece.keys)
+        _, part_lse = _forward_piece(q[:, :, rows], k_all[:, :, keys], v_all[:, :, keys], piece, ring,
+                                     out=out[:, :, rows], sinks=sinks, alibi_slopes=alibi_slopes)
+        lse[:, :, rows] = part_lse
+    return out, lse
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,8 +305,11 @@ def _attend(ring: _Ring, step: int, q: Any, block: tuple[Any, Any], acc: Any, ac
         merge_attention_into(acc[:, :, rows], acc_lse[:, :, rows], part, part_lse)
 
 
-def _forward_piece(q: Any, k: Any, v: Any, piece: Piece, ring: _Ring) -> tuple[Any, Any]:
+def _forward_piece(q: Any, k: Any, v: Any, piece: Piece, ring: _Ring, **options: Any) -> tuple[Any, Any]:
     """One `forward` call with the piece's own mask (bottom-right aligned on the slices)."""
-    window = {} if piece.window is None else {"window": piece.window}
+    if piece.window is not None:
+        options["window"] = piece.window
+    if ring.softcap > 0:
+        options["softcap"] = ring.softcap
     return forward(q, k, v, causal=piece.causal, softmax_scale=ring.scale, backend=ring.backend, return_lse=True,
-               **window)
+                   **options)

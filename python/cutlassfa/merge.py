@@ -64,31 +64,30 @@ def _ops_for(array: Any) -> _Ops:
     return _Ops(xp, lambda a: a.astype(xp.float32), lambda a, like: a.astype(like.dtype), add_scaled)
 
 
-def _weights(ops: _Ops, lses: Sequence[Any], sink_lse: Any = None) -> tuple[list[Any], Any]:
-    """The weight exp(lse_p - lse) of each part, shaped (..., N, 1), and the merged lse (..., N), float32.
-    sink_lse: a part with no output (attention sinks), broadcast against the lses, or None.
+def _weights(ops: _Ops, lses: Any, sink_lse: Any = None) -> tuple[Any, Any]:
+    """The weight exp(lse_p - lse) of each part, stacked (P, ..., N, 1), and the merged lse (..., N),
+    float32. lses: the parts' lses stacked (P, ..., N). sink_lse: a part with no output (attention
+    sinks), broadcast against one lse, or None.
 
     Everything is shifted by the row's largest lse (0 where that is -inf), so no exp overflows and a row
     that no part sees gets weights 0 and lse log(0) = -inf rather than exp(-inf + inf) = NaN.
     """
     xp = ops.xp
-    parts = len(lses)
-    lses32 = [ops.to_float32(lse) for lse in lses]
-    if sink_lse is not None:
-        lses32.append(xp.zeros_like(lses32[0]) + ops.to_float32(sink_lse))
-    row_max = lses32[0]
-    for lse in lses32[1:]:
-        row_max = xp.maximum(row_max, lse)  # NaN propagates
+    lses32 = ops.to_float32(lses)
+    row_max = xp.amax(lses32, 0)  # NaN propagates
+    sink32 = None if sink_lse is None else xp.zeros_like(row_max) + ops.to_float32(sink_lse)
+    if sink32 is not None:
+        row_max = xp.maximum(row_max, sink32)
     shift = xp.where(row_max == -math.inf, xp.zeros_like(row_max), row_max)
-    exps = [xp.exp(lse - shift) for lse in lses32]
-    total = exps[0]
-    for e in exps[1:]:
-        total = total + e
+    exps = xp.exp(lses32 - shift)
+    total = xp.sum(exps, 0)
+    if sink32 is not None:
+        total = total + xp.exp(sink32 - shift)
     # total is 0 exactly where every part has lse -inf; dividing by 1 there keeps the weights 0.
     inverse = 1.0 / xp.where(total == 0, xp.ones_like(total), total)
     with np.errstate(divide="ignore"):  # numpy: log(0) = -inf is the intended lse of an unseen row
         lse = shift + xp.log(total)
-    return [(e * inverse)[..., None] for e in exps[:parts]], lse
+    return (exps * inverse)[..., None], lse
 
 
 def merge_attention(outs: Sequence[Any], lses: Sequence[Any], *, sinks: Any = None,
@@ -131,11 +130,21 @@ def merged_float32(outs: Sequence[Any], lses: Sequence[Any], sink_lse: Any = Non
     """The merge in float32, unchecked: (out, lse). sink_lse: the sinks' part (no output) broadcast
     against the lses, or None (the cpu backend passes it shifted as its lses are)."""
     ops = _ops_for(outs[0])
-    weights, lse = _weights(ops, lses, sink_lse)
+    weights, lse = _weights(ops, ops.xp.stack([ops.to_float32(x) for x in lses]), sink_lse)
     merged = ops.to_float32(outs[0]) * weights[0]
-    for o, w in zip(outs[1:], weights[1:]):
-        merged = merged + ops.to_float32(o) * w
+    for p in range(1, len(outs)):
+        merged = merged + ops.to_float32(outs[p]) * weights[p]
     return merged, lse
+
+
+def merged_stacked_float32(outs: Any, lses: Any, sinks: Any = None) -> tuple[Any, Any]:
+    """The merge of parts stacked along a first axis, outs (P, ..., N, d) and lses (P, ..., N), in
+    float32, unchecked: (out, lse). One pass of a few array operations whatever P is (the combine of a
+    decode step across ranks). sinks: (H,) as in `merge_attention`, or None."""
+    ops = _ops_for(outs)
+    sink_lse = None if sinks is None else _sink_column(sinks, lses[0], ops)
+    weights, lse = _weights(ops, lses, sink_lse)
+    return ops.xp.sum(ops.to_float32(outs) * weights, 0), lse
 
 
 def merge_attention_into(acc: Any, acc_lse: Any, part: Any, part_lse: Any) -> None:
@@ -152,9 +161,9 @@ def merge_attention_into(acc: Any, acc_lse: Any, part: Any, part_lse: Any) -> No
     ops = _ops_for(acc)
     if acc.dtype != ops.xp.float32 or acc_lse.dtype != ops.xp.float32:
         raise TypeError(f"acc and acc_lse must be float32, got {acc.dtype} and {acc_lse.dtype}")
-    (w_acc, w_part), lse = _weights(ops, [acc_lse, part_lse])
-    acc *= w_acc
-    ops.add_scaled(acc, part, w_part)
+    weights, lse = _weights(ops, ops.xp.stack([acc_lse, ops.to_float32(part_lse)]))
+    acc *= weights[0]
+    ops.add_scaled(acc, part, weights[1])
     acc_lse[...] = lse
 
 

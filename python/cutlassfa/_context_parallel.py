@@ -1,0 +1,157 @@
+"""What every context-parallel call shares: the checks of a rank's own arguments, agreeing on them
+with the other ranks before any rank can raise, and gathering every rank's rows of a tensor.
+
+Agreement comes first in each call: one all_gather of a row of numbers per rank (its sizes and its
+settings, NaN for a rank whose arguments are invalid), so that an invalid argument on one rank, or ranks
+that disagree, raise on every rank together instead of leaving the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ._api import select_backend
+from ._arrays import stand_in
+
+DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
+
+
+def check_local(q: Any, k: Any, v: Any, *, sinks: Any = None, alibi_slopes: Any = None, softcap: Any = 0.0) -> None:
+    """The checks of one rank's (B, H, N, d) torch chunks: dtypes, devices, shapes, and the options as
+    forward's validator judges them (which backend runs a piece is forward's question, asked per piece)."""
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N_local, d), got shape {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype or str(q.dtype) not in DTYPES:
+        raise TypeError(f"q, k, v must share one dtype of float32, float16, bfloat16; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    (b, hq, _, d), (bk, hkv, _, dk) = q.shape, k.shape
+    if b != bk or d != dk:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"the heads of q ({hq}) must be a multiple of the heads of k and v ({hkv})")
+    for name, t in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.device != q.device):
+            raise ValueError(f"{name} must be a torch tensor on q's device ({q.device}), got "
+                             f"{getattr(t, 'device', type(t).__name__)}")
+    select_backend(stand_in(q), stand_in(k), stand_in(v), sinks=stand_in(sinks), alibi_slopes=stand_in(alibi_slopes),
+                   softcap=softcap)
+
+
+def window_bounds(window: Any) -> tuple[int | None, int | None]:
+    """(left, right) with None for an unbounded side (given as None or -1)."""
+    if window is None:
+        return None, None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a (left, right) pair, got {window!r}")
+    bounds = []
+    for side in window:
+        if side is None or side == -1:
+            bounds.append(None)
+        elif isinstance(side, (int, np.integer)) and not isinstance(side, bool) and side >= 0:
+            bounds.append(int(side))
+        else:
+            raise ValueError(f"window sides must be integers >= 0, or -1 / None for unbounded; got {window!r}")
+    return bounds[0], bounds[1]
+
+
+def gathered_bytes(k: Any, total_rows: int) -> int:
+    """Device bytes the gathered K and V of `total_rows` rows take, twice (the received rows and the
+    ordered copy). k: (B, Hkv, N, d) or (N, Hkv, d)."""
+    shape = tuple(k.shape)
+    per_row = shape[0] * shape[1] * shape[3] if len(shape) == 4 else shape[1] * shape[2]
+    return 2 * 2 * k.element_size() * per_row * total_rows
+
+
+def free_bytes(x: Any) -> float:
+    """Free device memory where x lives (CPU tensors: unbounded)."""
+    import torch
+
+    return torch.cuda.mem_get_info(x.device)[0] if x.is_cuda else math.inf
+
+
+def require_group(name: str) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{name} needs an initialized torch.distributed process group")
+
+
+def agree(group: Any, device: Any, fields: Sequence[str], local: Callable[[], list[float]],
+          agreed: Sequence[str]) -> np.ndarray:
+    """Every rank's row of `fields` (world, fields), float64, after checking that the `agreed` fields are
+    the same on every rank. `local()` computes this rank's row and raises TypeError / ValueError for
+    invalid arguments; that error is raised on this rank, and the others say which ranks were invalid,
+    after the one all_gather every rank joins."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        mine, error = local(), None
+    except (TypeError, ValueError) as invalid:
+        mine, error = [math.nan] * len(fields), invalid  # NaN marks a rank with invalid arguments
+    row = torch.tensor(mine, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, row, group=group)
+    table = np.array([t.cpu().numpy() for t in gathered])
+    if error is not None:
+        raise error
+    invalid_ranks = np.flatnonzero(np.isnan(table).any(axis=1)).tolist()
+    if invalid_ranks:
+        raise ValueError(f"ranks {invalid_ranks} of the group passed invalid arguments (their error says which)")
+    for name in agreed:
+        column = table[:, list(fields).index(name)]
+        if np.any(column != column[0]):
+            raise ValueError(f"every rank must pass the same {name}; got {column.tolist()} by rank")
+    return table
+
+
+def all_gather_tensor(output: Any, local: Any, group: Any) -> None:
+    """All ranks' `local` (same shape everywhere) concatenated along dim 0 into `output`, on every rank
+    (all_gather_single where this PyTorch has it, else its older name all_gather_into_tensor)."""
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, local, group=group)
+
+
+def device_of(x: Any) -> Any:
+    """Where a call's collectives run: x's device for a torch tensor, else the CPU."""
+    import torch
+
+    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+
+
+def gather_rows(parts: Sequence[Any], lengths: Sequence[int], dim: int, order: np.ndarray, group: Any) -> list[Any]:
+    """Every rank's rows of each tensor in `parts`, in a chosen global order, on every rank.
+
+    parts: this rank's tensors, cut along `dim` into rows (lengths[rank] of them), every other dim the
+    same on all ranks. lengths: every rank's row count. order: (total, 2) int array, the (rank, local
+    row) that global row g comes from. One all_gather_into_tensor moves every part at once (each rank's
+    rows padded to the longest), one indexing copy puts the rows in order. Returns, per part, a tensor
+    with `dim` holding the `total` rows: a view with that dim's stride free (the last dim contiguous).
+    """
+    import torch
+
+    world, longest = len(lengths), max(lengths)
+    first = parts[0]
+    # The send buffer: (longest, parts, *the other dims), rows first, so that one index gathers them all.
+    moved = [p.movedim(dim, 0) for p in parts]
+    send = torch.zeros((longest, len(parts), *moved[0].shape[1:]), dtype=first.dtype, device=first.device)
+    for i, p in enumerate(moved):
+        send[:p.shape[0], i] = p
+    received = torch.empty((world * longest, *send.shape[1:]), dtype=send.dtype, device=send.device)
+    all_gather_tensor(received, send, group)
+    index = torch.as_tensor(order[:, 0] * longest + order[:, 1], dtype=torch.int64, device=send.device)
+    ordered = received.index_select(0, index)  # (total, parts, ...)
+    return [ordered[:, i].movedim(0, dim) for i in range(len(parts))]

@@ -1,0 +1,204 @@
+"""Packed documents (varlen_forward's layout) split across the ranks of a process group.
+
+Layout ("document zigzag"): every document is cut into 2W chunks (the first of them one longer where
+the length does not divide) and rank r holds chunks r and 2W-1-r of every document, so that under a
+causal mask every rank does the same work on every document. A rank's rows are its first chunks of all
+documents in document order, then its second chunks: two halves, each a packed batch of its own.
+`shard_varlen` / `unshard_varlen` make and undo it; `shard_varlen_rows` says which global rows a rank holds
+(for position ids).
+
+The attention gathers every rank's K/V rows in global order (one all_gather and one copy: with grouped
+heads the K/V is a fraction of Q) and runs one `varlen_forward` per half. In a half, the chunk of document
+b whose queries sit at rows [a, a + m) of the document sees the document's keys [0, E), E = a + m + Nk_b -
+Nq_b under a mask that sees nothing past the diagonal: an entry whose bottom-right alignment is the
+document's. Between two such entries lie keys no query of the half sees; an entry with no queries covers
+them, so that the entries' keys tile the gathered keys as varlen's prefix sums need.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _context_parallel
+from ._context_parallel import DTYPES, check_local, free_bytes, window_bounds
+from ._api import varlen_forward
+from ._ring_layout import split_sizes
+
+__all__ = ["ring_varlen_forward", "shard_varlen", "shard_varlen_rows", "unshard_varlen"]
+
+
+def _lengths(cu_seqlens: Any, name: str) -> np.ndarray:
+    """A host (B+1,) prefix sum, checked, as int64 lengths (B,)."""
+    if hasattr(cu_seqlens, "detach"):
+        cu_seqlens = cu_seqlens.detach().cpu().numpy()
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.size < 1 or not np.issubdtype(cu.dtype, np.integer):
+        raise ValueError(f"{name} must be a 1-D integer prefix sum (B+1,), got {cu.shape} {cu.dtype}")
+    lengths = np.diff(cu.astype(np.int64))
+    if cu[0] != 0 or np.any(lengths < 0):
+        raise ValueError(f"{name} must start at 0 and never decrease, got {cu.tolist()}")
+    return lengths
+
+
+def _chunks(lengths: np.ndarray, world: int) -> np.ndarray:
+    """(B, 2W) chunk lengths of every document."""
+    return np.array([split_sizes(int(n), 2 * world) for n in lengths], dtype=np.int64).reshape(len(lengths), 2 * world)
+
+
+def _half_rows(lengths: np.ndarray, rank: int, world: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each half (chunk r, then chunk 2W-1-r): (first row in the document, length) per document."""
+    chunks = _chunks(lengths, world)
+    starts = np.cumsum(chunks, axis=1) - chunks
+    return [(starts[:, c], chunks[:, c]) for c in (rank, 2 * world - 1 - rank)]
+
+
+def shard_varlen_rows(cu_seqlens: Any, rank: int, world: int) -> np.ndarray:
+    """The global rows (int64) that rank `rank` of `world` holds, in its local order."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    lengths = _lengths(cu_seqlens, "cu_seqlens")
+    doc_starts = np.cumsum(lengths) - lengths
+    rows = [np.arange(s, s + n) + d for first, n_all in _half_rows(lengths, rank, world)
+            for d, s, n in zip(doc_starts, first, n_all)]
+    return np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, dtype=np.int64)
+
+
+def _take_rows(x: Any, rows: np.ndarray, dim: int) -> Any:
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        return x.index_select(dim, torch.as_tensor(rows, device=x.device))
+    return np.take(x, rows, axis=dim) if isinstance(x, np.ndarray) else x.take(rows, axis=dim)
+
+
+def shard_varlen(x: Any, cu_seqlens: Any, rank: int, world: int, *, dim: int = 0) -> Any:
+    """The rows of a packed batch `x` ((total, H, d) by default, rows along `dim`) that rank `rank` of
+    `world` holds (a copy). numpy, PyTorch and CuPy arrays."""
+    return _take_rows(x, shard_varlen_rows(cu_seqlens, rank, world), dim)
+
+
+def unshard_varlen(chunks: Sequence[Any], cu_seqlens: Any, *, dim: int = 0) -> Any:
+    """The packed batch from every rank's rows (in rank order): the inverse of `shard_varlen`. For an lse
+    of varlen's (H, total) layout, pass dim=1."""
+    chunks = list(chunks)
+    world = len(chunks)
+    rows = np.concatenate([shard_varlen_rows(cu_seqlens, r, world) for r in range(world)])
+    inverse = np.argsort(rows, kind="stable")
+    if type(chunks[0]).__module__.startswith("torch"):
+        import torch
+
+        return torch.cat(chunks, dim).index_select(dim, torch.as_tensor(inverse, device=chunks[0].device))
+    xp = np if isinstance(chunks[0], np.ndarray) else __import__("cupy")
+    return xp.take(xp.concatenate(chunks, axis=dim), inverse, axis=dim)
+
+
+# --------------------------------------------------------------------------------------------------
+# The attention
+# --------------------------------------------------------------------------------------------------
+
+_FIELDS = ("rows q", "rows k", "free bytes", "documents", "total q", "total k", "cu_seqlens_q sum",
+           "cu_seqlens_k sum", "Hq", "Hkv", "d", "dtype", "causal", "window left", "window right", "softmax_scale",
+           "softcap", "sinks", "alibi_slopes")
+_LOCAL_FIELDS = 3
+
+
+def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, group: Any = None,
+                        causal: bool = False, softmax_scale: float | None = None,
+                        window: tuple[int | None, int | None] | None = None, softcap: float = 0.0, sinks: Any = None,
+                        alibi_slopes: Any = None, backend: str = "auto", return_lse: bool = False) -> Any:
+    """`varlen_forward` of a packed batch of documents whose rows are split across the ranks of a
+    torch.distributed process group, in the layout of `shard_varlen` (this module's docstring).
+
+    Args:
+        q: this rank's rows (total_q_local, Hq, d), `shard_varlen(q_packed, cu_seqlens_q, rank, W)`; k, v
+            (total_k_local, Hkv, d) likewise with cu_seqlens_k; torch tensors, CUDA (NCCL) or CPU (gloo),
+            dtypes and head dims as `varlen_forward`.
+        cu_seqlens_q, cu_seqlens_k: the whole batch's (B+1,) prefix sums (host integers, numpy arrays or
+            CPU tensors), the same on every rank.
+        causal, window, softcap, sinks, alibi_slopes, softmax_scale, backend: as `varlen_forward`, on each
+            document's global positions (bottom-right aligned within the document). A window must see
+            nothing past the diagonal (causal, or a right bound of 0) or be absent; ALiBi needs such a mask.
+        return_lse: also return the float32 lse (Hq, total_q_local).
+
+    Returns:
+        out (total_q_local, Hq, d) in q's dtype, or (out, lse). Every rank of the group must call it with
+        the same sizes and settings; ranks that disagree or pass invalid arguments all raise.
+    """
+    import torch
+    import torch.distributed as dist
+
+    _context_parallel.require_group("ring_varlen_forward")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+
+    def local() -> list[float]:
+        nq, nk = _lengths(cu_seqlens_q, "cu_seqlens_q"), _lengths(cu_seqlens_k, "cu_seqlens_k")
+        if len(nq) != len(nk):
+            raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe as many documents, got {len(nq)} and "
+                             f"{len(nk)}")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                raise ValueError(f"{name} must be a 3-D torch tensor (total_local, H, d), got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+        check_local(q[None].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2), sinks=sinks,
+                    alibi_slopes=alibi_slopes, softcap=softcap)
+        for name, lengths, t in (("q", nq, q), ("k", nk, k)):
+            expected = int(sum(int(c.sum()) for _, c in _half_rows(lengths, rank, world)))
+            if t.shape[0] != expected:
+                raise ValueError(f"{name} holds {t.shape[0]} rows; shard_varlen gives rank {rank} of {world} "
+                                 f"{expected} rows of this batch")
+        left, right = window_bounds(window)
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+        cu_q, cu_k = np.concatenate([[0], np.cumsum(nq)]), np.concatenate([[0], np.cumsum(nk)])
+        return [q.shape[0], k.shape[0], free_bytes(q), len(nq), cu_q[-1], cu_k[-1], float(cu_q.sum()),
+                float(cu_k.sum()), q.shape[1], k.shape[1], q.shape[2], DTYPES.index(str(q.dtype)) if str(q.dtype) in DTYPES else -1,
+                int(causal), -1 if left is None else left, -1 if right is None else right, scale, float(softcap),
+                int(sinks is not None), int(alibi_slopes is not None)]
+
+    table = _context_parallel.agree(group, _context_parallel.device_of(q), _FIELDS, local, _FIELDS[_LOCAL_FIELDS:])
+    agreed = dict(zip(_FIELDS, table[0].tolist()))
+    left = None if agreed["window left"] < 0 else int(agreed["window left"])
+    right = None if agreed["window right"] < 0 else int(agreed["window right"])
+    sees_past_diagonal = not causal and right != 0
+    if sees_past_diagonal and (left is not None or right is not None):
+        raise NotImplementedError("ring_varlen_forward takes windows that see nothing past the diagonal (causal, "
+                                  "or a right bound of 0)")
+    if sees_past_diagonal and alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes in ring_varlen_forward needs causal=True or a right window bound of 0")
+
+    nq, nk = _lengths(cu_seqlens_q, "cu_seqlens_q"), _lengths(cu_seqlens_k, "cu_seqlens_k")
+    k_rows = [shard_varlen_rows(cu_seqlens_k, r, world) for r in range(world)]
+    order = np.zeros((int(nk.sum()), 2), dtype=np.int64)
+    for r, rows in enumerate(k_rows):
+        order[rows, 0], order[rows, 1] = r, np.arange(len(rows))
+    k_all, v_all = _context_parallel.gather_rows([k, v], [len(rows) for rows in k_rows], 0, order, group)
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lses = []
+    first_row = 0
+    for first, m in _half_rows(nq, rank, world):
+        ends = nk if sees_past_diagonal else np.clip(first + m + nk - nq, 0, nk)  # E of each document's entry
+        rows = slice(first_row, first_row + int(m.sum()))
+        entries_q = np.stack([m, np.zeros_like(m)], axis=1).reshape(-1)  # each document, then the gap after it
+        entries_k = np.stack([ends, nk - ends], axis=1).reshape(-1)
+        cu_q = np.concatenate([[0], np.cumsum(entries_q)]).astype(np.int32)
+        cu_k = np.concatenate([[0], np.cumsum(entries_k)]).astype(np.int32)
+        slopes = alibi_slopes
+        if slopes is not None and slopes.dim() == 2:  # (B, Hq): the gap entries take any row
+            slopes = slopes.repeat_interleave(2, dim=0)
+        options = {} if left is None and right is None else dict(window=(-1 if left is None else left, 0))
+        if softcap > 0:
+            options["softcap"] = softcap
+        _, lse = varlen_forward(q[rows], k_all, v_all, cu_q, cu_k, max_seqlen_q=max(int(m.max(initial=0)), 1),
+                                max_seqlen_k=max(int(entries_k.max(initial=0)), 1), causal=causal,
+                                softmax_scale=agreed["softmax_scale"], sinks=sinks, alibi_slopes=slopes, backend=backend,
+                                return_lse=True, out=out[rows], **options)
+        lses.append(lse)
+        first_row = rows.stop
+    lse = torch.cat(lses, dim=1)
+    return (out, lse) if return_lse else out
+
