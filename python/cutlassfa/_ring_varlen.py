@@ -142,8 +142,12 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
             if not isinstance(t, torch.Tensor) or t.dim() != 3:
                 raise ValueError(f"{name} must be a 3-D torch tensor (total_local, H, d), got "
                                  f"{getattr(t, 'shape', type(t).__name__)}")
+        per_document = alibi_slopes is not None and getattr(alibi_slopes, "dim", lambda: 1)() == 2
+        if per_document and alibi_slopes.shape[0] != len(nq):
+            raise ValueError(f"alibi_slopes must have shape ({q.shape[1]},) or ({len(nq)}, {q.shape[1]}), one per "
+                             f"query head (and document), got {tuple(alibi_slopes.shape)}")
         check_local(q[None].transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2), sinks=sinks,
-                    alibi_slopes=alibi_slopes, softcap=softcap)
+                    alibi_slopes=alibi_slopes[:1] if per_document else alibi_slopes, softcap=softcap)
         for name, lengths, t in (("q", nq, q), ("k", nk, k)):
             expected = int(sum(int(c.sum()) for _, c in _half_rows(lengths, rank, world)))
             if t.shape[0] != expected:

@@ -31,7 +31,7 @@ def sharded_decode(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, gr
                    owner: int | None = None, k_new: Any = None, v_new: Any = None, block_table: Any = None,
                    causal: bool = True, softmax_scale: float | None = None, softcap: float = 0.0, sinks: Any = None,
                    k_descale: Any = None, v_descale: Any = None, num_splits: int | None = None,
-                   backend: str = "auto", return_lse: bool = False) -> Any:
+                   backend: str = "auto", return_lse: bool = False, check_ranks: bool = True) -> Any:
     """Attention of a few query tokens over a KV cache whose keys are split across the ranks of a
     torch.distributed process group; the merged result on every rank.
 
@@ -49,11 +49,16 @@ def sharded_decode(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, gr
         causal, softmax_scale, softcap, sinks (counted once, in the merge), num_splits, backend: as
             `forward`. Windows and ALiBi read positions, which the parts do not carry: not taken.
         return_lse: also return the float32 (B, Hq, Nq) lse over the whole cache.
+        check_ranks: agree with the other ranks on sizes and settings first (one all_gather and a read of
+            it on the host), so that ranks that disagree or pass invalid arguments all raise. A decode loop
+            that calls with the same settings every step, or captures the call into a CUDA graph, passes
+            False after a first checked call: the ranks then must agree (a mismatch can hang the collective);
+            each rank's own arguments are still validated.
 
     Returns:
         out (B, Hq, Nq, d) in q's dtype, or (out, lse); the same on every rank. The call is one
-        `forward`, two small copies, one all_gather of B x Hq x Nq x (d + 1) floats and the merge: it
-        captures into a CUDA graph (the append moves no host value).
+        `forward`, two small copies, one all_gather of B x Hq x Nq x (d + 1) floats and the merge; with
+        check_ranks=False it captures into a CUDA graph (the append moves no host value).
     """
     import torch
     import torch.distributed as dist
@@ -90,15 +95,19 @@ def sharded_decode(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, gr
                 if str(q.dtype) in DTYPES else -1, k_cache.shape[1], int(causal), owner_rank, scale, float(softcap),
                 int(sinks is not None), int(k_new is not None), int(block_table is not None)]
 
-    _context_parallel.agree(group, _context_parallel.device_of(q), _FIELDS, local, _FIELDS)
+    if check_ranks:
+        _context_parallel.agree(group, _context_parallel.device_of(q), _FIELDS, local, _FIELDS)
+    else:
+        local()
     part, part_lse = forward(q, k_cache, v_cache, causal=causal and mine, softmax_scale=softmax_scale,
                              backend=backend, return_lse=True, **options)
     d = q.shape[-1]
     send = torch.empty((*q.shape[:-1], d + 1), dtype=torch.float32, device=q.device)
     send[..., :d] = part
     send[..., d] = part_lse
-    received = torch.empty((world, *send.shape), dtype=torch.float32, device=q.device)
+    received = torch.empty((world * send.shape[0], *send.shape[1:]), dtype=torch.float32, device=q.device)
     _context_parallel.all_gather_tensor(received, send, group)
+    received = received.view(world, *send.shape)
     out, lse = merged_stacked_float32(received[..., :d], received[..., d], sinks)
     out = out.to(q.dtype)
     return (out, lse) if return_lse else out

@@ -40,11 +40,12 @@ from ._api import forward
 from ._context_parallel import check_local, free_bytes, gathered_bytes, window_bounds
 from ._ring_layout import LAYOUTS, shard, unshard
 from ._ring_plan import Mask, Piece
-from ._ring_varlen import ring_varlen_forward, shard_varlen, unshard_varlen
+from ._ring_varlen import ring_varlen_forward, shard_varlen, shard_varlen_rows, unshard_varlen
 from ._sharded_decode import sharded_decode
 from .merge import merge_attention, merge_attention_into
 
-__all__ = ["LAYOUTS", "MODES", "ring_forward", "ring_varlen_forward", "shard", "shard_varlen", "sharded_decode",
+__all__ = ["LAYOUTS", "MODES", "ring_forward", "ring_varlen_forward", "shard", "shard_varlen", "shard_varlen_rows",
+           "sharded_decode",
            "unshard", "unshard_varlen"]
 
 MODES = ("auto", "ring", "allgather")
