@@ -8,7 +8,8 @@ GPUs against one GPU, the slowest rank deciding each time.
   `--min-doc` and `--max-doc`, scaled to sum to `--total` (each kept within those bounds), causal; each
   rank holds `shard_varlen` of the batch. T_W = ring_varlen_forward, T_1 = varlen_forward of the whole batch
   on one GPU (run on every rank at once, no communication); efficiency T_1 / (W * T_W); median of
-  `--iters` calls after `--warmup`. Checked: every rank's rows against T_1's output.
+  `--iters` calls after `--warmup`; gather_s (the K/V gather alone) and compute_s (the two varlen calls
+  alone, on keys gathered beforehand). Checked: every rank's rows against T_1's output.
 * decode: one query token, `--cache` keys an entry split evenly over the ranks (contiguous, and paged with
   `--page`), B of `--batches`; T_W = one sharded_decode step (its forward, the all_gather of the partial
   rows and the merge), T_1 = forward over the whole cache on one GPU; both captured into a CUDA graph
@@ -32,6 +33,8 @@ import torch.distributed as dist
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout, after an installed package
 import cutlassfa  # noqa: E402
+from cutlassfa import _ring_varlen  # noqa: E402
+from cutlassfa._context_parallel import gather_rows  # noqa: E402
 from cutlassfa.distributed import ring_varlen_forward, shard_varlen, sharded_decode  # noqa: E402
 
 
@@ -159,10 +162,18 @@ def packed(rank: int, world: int, device: torch.device, args: argparse.Namespace
     ref = single()
     check = rel_l2_all(out_l, shard_varlen(ref, cu, rank, world), device)
     del out_l, ref
+    # The breakdown: the gather alone, and the two varlen calls alone on keys gathered beforehand.
+    plan = _ring_varlen._plan(rank, world, tuple(lengths), tuple(lengths), False)
+    t_gather = timed(lambda: gather_rows([k_l, v_l], plan.key_order, 0, None), device, args.warmup, args.iters)
+    gathered = gather_rows([k_l, v_l], plan.key_order, 0, None)
+    t_compute = timed(lambda: _ring_varlen._attend_halves(plan, q_l, *gathered, causal=True, alibi_slopes=None),
+                      device, args.warmup, args.iters)
+    del gathered
     t_1 = timed(single, device, args.warmup, args.iters)
     pairs = sum(n * (n + 1) / 2 for n in lengths)
     return dict(case="packed", W=world, documents=lengths, total=args.total, Hq=hq, Hkv=hkv, d=args.head_dim,
                 dtype=args.dtype, t_w_s=t_w, t_1_s=t_1, efficiency=t_1 / (world * t_w), check_rel_l2=check,
+                gather_s=t_gather, compute_s=t_compute,
                 tflops_1=4 * pairs * hq * args.head_dim / t_1 / 1e12)
 
 

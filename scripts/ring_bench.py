@@ -151,9 +151,9 @@ def breakdown(q_l, k_l, v_l, mode: str, device: torch.device, args: argparse.Nam
                   backend=args.backend, window=None, mode=mode)
     row = dict(resolved_mode=ring.mode, steps=ring.steps, pieces=len(ring.gathered_plan))
     if ring.mode == "allgather":
-        gathered = gather_rows([k_l, v_l], ring.k_lengths, 2, ring.key_order, ring.group)
+        gathered = gather_rows([k_l, v_l], ring.key_order, 2, ring.group)
         compute = lambda: _attend_gathered(ring, q_l, *gathered, None, None)  # noqa: E731
-        exchange = lambda: gather_rows([k_l, v_l], ring.k_lengths, 2, ring.key_order, ring.group)  # noqa: E731
+        exchange = lambda: gather_rows([k_l, v_l], ring.key_order, 2, ring.group)  # noqa: E731
     elif len(set(ring.k_lengths)) == 1:  # an even split: the local block stands in for every received one
         acc = torch.zeros(q_l.shape, dtype=torch.float32, device=device)
         acc_lse = torch.full(q_l.shape[:-1], float("-inf"), dtype=torch.float32, device=device)

@@ -277,3 +277,31 @@ def test_torch_cuda_parts_from_forward(rng, make_qkv, dtype):
     ref, ref_lse = attention_reference(tq.float().cpu().numpy(), tk.float().cpu().numpy(), tv.float().cpu().numpy())
     assert rel_l2(out.float().cpu().numpy(), ref) <= bound_for("tensorcore", dtype).rel_l2
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=1e-3)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_stacked_merge_equals_the_list_merge(rng, framework, with_sinks):
+    """merged_stacked_float32 (the combine of a sharded decode step: parts stacked on a first axis; torch
+    has its own shorter path) gives merge_attention's result, rows that no part sees included."""
+    from cutlassfa.merge import merged_stacked_float32
+
+    parts, heads = 3, 4
+    outs = rng.standard_normal((parts, 2, heads, 5, 16)).astype(np.float32)
+    lses = rng.normal(0, 3, (parts, 2, heads, 5)).astype(np.float32)
+    lses[:, 0, 1, 2] = -np.inf  # a row no part sees
+    lses[1, 1, 0, :] = -np.inf  # a part that sees nothing of some rows
+    sinks = np.array([-np.inf, 0.5, 2.0, -1.0], np.float32) if with_sinks else None
+    expect, expect_lse = merge_attention(list(outs), list(lses), sinks=sinks)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        got, got_lse = merged_stacked_float32(torch.from_numpy(outs), torch.from_numpy(lses),
+                                              None if sinks is None else torch.from_numpy(sinks))
+        got, got_lse = got.numpy(), got_lse.numpy()
+    else:
+        got, got_lse = merged_stacked_float32(outs, lses, sinks)
+    np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_lse, expect_lse, rtol=1e-5, atol=1e-5)
+    unseen = np.isneginf(expect_lse)
+    assert unseen.any() == (not with_sinks)  # with sinks, the unseen row's head has a finite sink
+    assert np.all(got[unseen] == 0) and np.all(np.isneginf(got_lse[unseen]))

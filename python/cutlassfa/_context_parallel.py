@@ -132,26 +132,43 @@ def device_of(x: Any) -> Any:
     return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
 
 
-def gather_rows(parts: Sequence[Any], lengths: Sequence[int], dim: int, order: np.ndarray, group: Any) -> list[Any]:
-    """Every rank's rows of each tensor in `parts`, in a chosen global order, on every rank.
+class RowOrder:
+    """Which rank's local row each global row is: order (total, 2) of (rank, local row), every rank's row
+    count in `lengths`. The index into the gathered buffer (each rank's rows padded to the longest) is
+    built once per device and kept, as the plans that hold this object are."""
 
-    parts: this rank's tensors, cut along `dim` into rows (lengths[rank] of them), every other dim the
-    same on all ranks. lengths: every rank's row count. order: (total, 2) int array, the (rank, local
-    row) that global row g comes from. One all_gather_into_tensor moves every part at once (each rank's
-    rows padded to the longest), one indexing copy puts the rows in order. Returns, per part, a tensor
-    with `dim` holding the `total` rows: a view with that dim's stride free (the last dim contiguous).
+    def __init__(self, order: np.ndarray, lengths: Sequence[int]) -> None:
+        self.lengths = tuple(int(n) for n in lengths)
+        self.longest = max(self.lengths, default=0)
+        self.flat = order[:, 0] * self.longest + order[:, 1]
+        self._index: dict[Any, Any] = {}
+
+    def index(self, device: Any) -> Any:
+        import torch
+
+        if device not in self._index:
+            self._index[device] = torch.as_tensor(self.flat, dtype=torch.int64, device=device)
+        return self._index[device]
+
+
+def gather_rows(parts: Sequence[Any], order: RowOrder, dim: int, group: Any) -> list[Any]:
+    """Every rank's rows of each tensor in `parts`, in the global order `order` gives, on every rank.
+
+    parts: this rank's tensors, cut along `dim` into rows, every other dim the same on all ranks. One
+    all_gather moves every part at once (each rank's rows padded to the longest), one indexing copy puts
+    the rows in order. Returns, per part, a tensor with `dim` holding the global rows: a view with that
+    dim's stride free (the last dim contiguous).
     """
     import torch
 
-    world, longest = len(lengths), max(lengths)
+    world, longest = len(order.lengths), order.longest
     first = parts[0]
     # The send buffer: (longest, parts, *the other dims), rows first, so that one index gathers them all.
     moved = [p.movedim(dim, 0) for p in parts]
-    send = torch.zeros((longest, len(parts), *moved[0].shape[1:]), dtype=first.dtype, device=first.device)
+    send = torch.empty((longest, len(parts), *moved[0].shape[1:]), dtype=first.dtype, device=first.device)
     for i, p in enumerate(moved):
         send[:p.shape[0], i] = p
     received = torch.empty((world * longest, *send.shape[1:]), dtype=send.dtype, device=send.device)
     all_gather_tensor(received, send, group)
-    index = torch.as_tensor(order[:, 0] * longest + order[:, 1], dtype=torch.int64, device=send.device)
-    ordered = received.index_select(0, index)  # (total, parts, ...)
+    ordered = received.index_select(0, order.index(send.device))  # (total, parts, ...)
     return [ordered[:, i].movedim(0, dim) for i in range(len(parts))]

@@ -17,7 +17,9 @@ them, so that the entries' keys tile the gathered keys as varlen's prefix sums n
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -59,7 +61,10 @@ def shard_varlen_rows(cu_seqlens: Any, rank: int, world: int) -> np.ndarray:
     """The global rows (int64) that rank `rank` of `world` holds, in its local order."""
     if not 0 <= rank < world:
         raise ValueError(f"rank must be in [0, {world}), got {rank}")
-    lengths = _lengths(cu_seqlens, "cu_seqlens")
+    return _rows(_lengths(cu_seqlens, "cu_seqlens"), rank, world)
+
+
+def _rows(lengths: np.ndarray, rank: int, world: int) -> np.ndarray:
     doc_starts = np.cumsum(lengths) - lengths
     rows = [np.arange(s, s + n) + d for first, n_all in _half_rows(lengths, rank, world)
             for d, s, n in zip(doc_starts, first, n_all)]
@@ -174,35 +179,80 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
     if sees_past_diagonal and alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes in ring_varlen_forward needs causal=True or a right window bound of 0")
 
-    nq, nk = _lengths(cu_seqlens_q, "cu_seqlens_q"), _lengths(cu_seqlens_k, "cu_seqlens_k")
-    k_rows = [shard_varlen_rows(cu_seqlens_k, r, world) for r in range(world)]
-    order = np.zeros((int(nk.sum()), 2), dtype=np.int64)
+    plan = _plan(rank, world, tuple(_lengths(cu_seqlens_q, "cu_seqlens_q").tolist()),
+                 tuple(_lengths(cu_seqlens_k, "cu_seqlens_k").tolist()), sees_past_diagonal)
+    k_all, v_all = _context_parallel.gather_rows([k, v], plan.key_order, 0, group)
+    options = {} if left is None and right is None else dict(window=(-1 if left is None else left, 0))
+    if agreed["softcap"] > 0:
+        options["softcap"] = agreed["softcap"]
+    out, lse = _attend_halves(plan, q, k_all, v_all, causal=causal, softmax_scale=agreed["softmax_scale"], sinks=sinks,
+                              alibi_slopes=alibi_slopes, backend=backend, **options)
+    return (out, lse) if return_lse else out
+
+
+@dataclass(frozen=True)
+class _Half:
+    """One varlen call: the local rows of one half against the gathered keys, as entries (a document's
+    chunk, then the keys its queries do not see)."""
+
+    rows: tuple[int, int]
+    cu_q: np.ndarray  # int32 prefix sums of the entries' queries and keys
+    cu_k: np.ndarray
+    max_q: int
+    max_k: int
+    on_device: dict = field(default_factory=dict, compare=False)
+
+    def cu_seqlens(self, device: Any) -> tuple[Any, Any]:
+        """The prefix sums on `device`, copied once (host ones would be checked and copied every call)."""
+        import torch
+
+        if device not in self.on_device:
+            self.on_device[device] = tuple(torch.as_tensor(cu, device=device) for cu in (self.cu_q, self.cu_k))
+        return self.on_device[device]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    key_order: _context_parallel.RowOrder
+    halves: tuple[_Half, ...]
+
+
+@functools.lru_cache(maxsize=32)
+def _plan(rank: int, world: int, nq: tuple[int, ...], nk: tuple[int, ...], sees_past_diagonal: bool) -> _Plan:
+    """Where the gathered keys come from and this rank's two calls; kept for the next call of the batch."""
+    nq_a, nk_a = np.array(nq, dtype=np.int64), np.array(nk, dtype=np.int64)
+    k_rows = [_rows(nk_a, r, world) for r in range(world)]
+    order = np.zeros((int(nk_a.sum()), 2), dtype=np.int64)
     for r, rows in enumerate(k_rows):
         order[rows, 0], order[rows, 1] = r, np.arange(len(rows))
-    k_all, v_all = _context_parallel.gather_rows([k, v], [len(rows) for rows in k_rows], 0, order, group)
+    halves, first_row = [], 0
+    for first, m in _half_rows(nq_a, rank, world):
+        # E of each document's entry: its keys up to the chunk's last diagonal (all of them when the mask
+        # sees past the diagonal), then an entry of no queries over the rest of the document.
+        ends = nk_a if sees_past_diagonal else np.clip(first + m + nk_a - nq_a, 0, nk_a)
+        entries_q = np.stack([m, np.zeros_like(m)], axis=1).reshape(-1)
+        entries_k = np.stack([ends, nk_a - ends], axis=1).reshape(-1)
+        rows = (first_row, first_row + int(m.sum()))
+        halves.append(_Half(rows, np.concatenate([[0], np.cumsum(entries_q)]).astype(np.int32),
+                            np.concatenate([[0], np.cumsum(entries_k)]).astype(np.int32),
+                            max(int(m.max(initial=0)), 1), max(int(entries_k.max(initial=0)), 1)))
+        first_row = rows[1]
+    return _Plan(_context_parallel.RowOrder(order, [len(rows) for rows in k_rows]), tuple(halves))
+
+
+def _attend_halves(plan: _Plan, q: Any, k_all: Any, v_all: Any, *, alibi_slopes: Any, **options: Any) -> tuple[Any, Any]:
+    """(out, lse) of the local rows: one varlen_forward per half, each writing its own rows."""
+    import torch
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lses = []
-    first_row = 0
-    for first, m in _half_rows(nq, rank, world):
-        ends = nk if sees_past_diagonal else np.clip(first + m + nk - nq, 0, nk)  # E of each document's entry
-        rows = slice(first_row, first_row + int(m.sum()))
-        entries_q = np.stack([m, np.zeros_like(m)], axis=1).reshape(-1)  # each document, then the gap after it
-        entries_k = np.stack([ends, nk - ends], axis=1).reshape(-1)
-        cu_q = np.concatenate([[0], np.cumsum(entries_q)]).astype(np.int32)
-        cu_k = np.concatenate([[0], np.cumsum(entries_k)]).astype(np.int32)
-        slopes = alibi_slopes
-        if slopes is not None and slopes.dim() == 2:  # (B, Hq): the gap entries take any row
-            slopes = slopes.repeat_interleave(2, dim=0)
-        options = {} if left is None and right is None else dict(window=(-1 if left is None else left, 0))
-        if softcap > 0:
-            options["softcap"] = softcap
-        _, lse = varlen_forward(q[rows], k_all, v_all, cu_q, cu_k, max_seqlen_q=max(int(m.max(initial=0)), 1),
-                                max_seqlen_k=max(int(entries_k.max(initial=0)), 1), causal=causal,
-                                softmax_scale=agreed["softmax_scale"], sinks=sinks, alibi_slopes=slopes, backend=backend,
-                                return_lse=True, out=out[rows], **options)
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:  # (B, Hq): the gap entries take any row
+        alibi_slopes = alibi_slopes.repeat_interleave(2, dim=0)
+    for half in plan.halves:
+        rows = slice(*half.rows)
+        cu_q, cu_k = half.cu_seqlens(q.device)
+        _, lse = varlen_forward(q[rows], k_all, v_all, cu_q, cu_k, max_seqlen_q=half.max_q, max_seqlen_k=half.max_k,
+                                alibi_slopes=alibi_slopes, return_lse=True, out=out[rows], **options)
         lses.append(lse)
-        first_row = rows.stop
-    lse = torch.cat(lses, dim=1)
-    return (out, lse) if return_lse else out
+    return out, torch.cat(lses, dim=1)
 

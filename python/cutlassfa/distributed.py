@@ -29,6 +29,7 @@ are re-exported here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -136,7 +137,7 @@ class _Ring:
     steps: int  # ring steps run: 1 + the last step any rank needs (ring mode)
     own_plans: tuple[tuple[Piece, ...], ...]  # ring mode: this rank's pieces at each step
     gathered_plan: tuple[Piece, ...]  # allgather mode: this rank's pieces against the keys in global order
-    key_order: np.ndarray  # allgather mode: (Nk, 2) the (rank, local row) of each global key
+    key_order: _context_parallel.RowOrder | None  # allgather mode: where each global key comes from
     scale: float
     softcap: float
     backend: str
@@ -185,28 +186,40 @@ def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: f
     agreed = dict(zip(_FIELDS, table[0].tolist()))
     left, right = (None if agreed[side] < 0 else int(agreed[side]) for side in ("window left", "window right"))
     q_lengths, k_lengths = table[:, 0].astype(int).tolist(), table[:, 1].astype(int).tolist()
-    q_runs = _ring_layout.segments(layout, q_lengths)
-    k_runs = _ring_layout.segments(layout, k_lengths)
     mask = Mask(sum(k_lengths) - sum(q_lengths), causal, left, right)
     gather_fits = bool(np.all(agreed["kv row bytes"] * sum(k_lengths) <= _GATHER_MEMORY_SHARE * table[:, 2]))
     mode = _choose_mode(mode, mask, alibi=bool(agreed["alibi_slopes"]), gather_fits=gather_fits)
-
-    def plans(r: int, steps: int) -> tuple[tuple[Piece, ...], ...]:
-        q_pos = _ring_layout.positions(q_runs[r])
-        return tuple(tuple(_ring_plan.plan(q_pos, _ring_layout.positions(k_runs[(r - s) % world]), mask))
-                     for s in range(steps))
-
-    own_plans, gathered_plan, key_order, steps = (), (), np.zeros((0, 2), dtype=np.int64), 0
-    if mode == "ring":
-        steps = _ring_plan.steps_needed(q_runs, k_runs, mask)
-        own_plans = plans(rank, steps)
-    else:
-        gathered_plan = tuple(_ring_plan.plan_runs(q_runs[rank], sum(k_lengths), mask))
-        key_order = _ring_layout.global_order(k_runs)
+    plan = _plan(rank, layout, tuple(q_lengths), tuple(k_lengths), mask, mode)
     peer = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
     return _Ring(group, rank, world, peer((rank + 1) % world), peer((rank - 1) % world), tuple(q_lengths),
-                 tuple(k_lengths), mode, steps, own_plans, gathered_plan, key_order, agreed["softmax_scale"],
-                 agreed["softcap"], backend)
+                 tuple(k_lengths), mode, plan.steps, plan.own_plans, plan.gathered_plan, plan.key_order,
+                 agreed["softmax_scale"], agreed["softcap"], backend)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    steps: int
+    own_plans: tuple[tuple[Piece, ...], ...]
+    gathered_plan: tuple[Piece, ...]
+    key_order: _context_parallel.RowOrder | None
+
+
+@functools.lru_cache(maxsize=32)
+def _plan(rank: int, layout: str, q_lengths: tuple[int, ...], k_lengths: tuple[int, ...], mask: Mask,
+          mode: str) -> _Plan:
+    """This rank's calls, from values every rank agrees on; kept for the next call of the same sizes (the
+    plans of a long sequence take milliseconds of numpy, and the gather's index a copy to the device)."""
+    world = len(q_lengths)
+    q_runs = _ring_layout.segments(layout, q_lengths)
+    k_runs = _ring_layout.segments(layout, k_lengths)
+    if mode == "ring":
+        steps = _ring_plan.steps_needed(q_runs, k_runs, mask)
+        q_pos = _ring_layout.positions(q_runs[rank])
+        own = tuple(tuple(_ring_plan.plan(q_pos, _ring_layout.positions(k_runs[(rank - s) % world]), mask))
+                    for s in range(steps))
+        return _Plan(steps, own, (), None)
+    order = _context_parallel.RowOrder(_ring_layout.global_order(k_runs), k_lengths)
+    return _Plan(0, (), tuple(_ring_plan.plan_runs(q_runs[rank], sum(k_lengths), mask)), order)
 
 
 def _choose_mode(mode: str, mask: Mask, *, alibi: bool, gather_fits: bool) -> str:
@@ -228,7 +241,7 @@ def _choose_mode(mode: str, mask: Mask, *, alibi: bool, gather_fits: bool) -> st
 
 def _gathered_attention(ring: _Ring, q: Any, k: Any, v: Any, sinks: Any, alibi_slopes: Any) -> tuple[Any, Any]:
     """(out, lse) of the local queries against every rank's keys, gathered in global order."""
-    k_all, v_all = _context_parallel.gather_rows([k, v], ring.k_lengths, 2, ring.key_order, ring.group)
+    k_all, v_all = _context_parallel.gather_rows([k, v], ring.key_order, 2, ring.group)
     return _attend_gathered(ring, q, k_all, v_all, sinks, alibi_slopes)
 
 

@@ -143,6 +143,17 @@ def merged_stacked_float32(outs: Any, lses: Any, sinks: Any = None) -> tuple[Any
     decode step across ranks). sinks: (H,) as in `merge_attention`, or None."""
     ops = _ops_for(outs)
     sink_lse = None if sinks is None else _sink_column(sinks, lses[0], ops)
+    if ops.xp.__name__ == "torch":
+        # The same merge in fewer kernels (a decode step's combine is launch-bound): logsumexp gives -inf
+        # for a row no part sees, and the weights' NaN there (-inf - -inf) become 0.
+        import torch
+
+        lses32 = lses.float()
+        lse = torch.logsumexp(lses32, 0)
+        if sink_lse is not None:
+            lse = torch.logaddexp(lse, sink_lse.float())
+        weights = torch.exp(lses32 - lse).nan_to_num_(nan=0.0)
+        return (outs.float() * weights[..., None]).sum(0), lse
     weights, lse = _weights(ops, lses, sink_lse)
     return ops.xp.sum(ops.to_float32(outs) * weights, 0), lse
 
