@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout, after an installed package
 import cutlassfa  # noqa: E402
-from cutlassfa import _ring_varlen  # noqa: E402
+from cutlassfa import _context_parallel, _ring_varlen  # noqa: E402
 from cutlassfa._context_parallel import gather_rows  # noqa: E402
 from cutlassfa.distributed import ring_varlen_forward, shard_varlen, sharded_decode  # noqa: E402
 
@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--gather-groups", type=int, nargs="+", default=[1],
+                   help="packed: each number of K/V head groups gathered one after another (a row each)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
@@ -142,7 +144,8 @@ def document_lengths(args: argparse.Namespace) -> list[int]:
     return lengths.tolist()
 
 
-def packed(rank: int, world: int, device: torch.device, args: argparse.Namespace) -> dict:
+def packed(rank: int, world: int, device: torch.device, args: argparse.Namespace) -> list[dict]:
+    """One row per value of --gather-groups."""
     hq, hkv = (int(h) for h in args.heads.split(":"))
     dtype = getattr(torch, args.dtype)
     lengths = document_lengths(args)
@@ -157,24 +160,30 @@ def packed(rank: int, world: int, device: torch.device, args: argparse.Namespace
         return cutlassfa.varlen_forward(q, k, v, cu_dev, cu_dev, max_seqlen_q=longest, max_seqlen_k=longest,
                                         causal=True)
 
-    t_w = timed(lambda: ring_varlen_forward(q_l, k_l, v_l, cu, cu, causal=True), device, args.warmup, args.iters)
-    out_l = ring_varlen_forward(q_l, k_l, v_l, cu, cu, causal=True)
-    ref = single()
-    check = rel_l2_all(out_l, shard_varlen(ref, cu, rank, world), device)
-    del out_l, ref
+    t_w, check = {}, {}
+    ref = shard_varlen(single(), cu, rank, world)
+    for groups in args.gather_groups:
+        _context_parallel.GATHER_HEAD_GROUPS = groups
+        t_w[groups] = timed(lambda: ring_varlen_forward(q_l, k_l, v_l, cu, cu, causal=True), device, args.warmup,
+                            args.iters)
+        check[groups] = rel_l2_all(ring_varlen_forward(q_l, k_l, v_l, cu, cu, causal=True), ref, device)
+    del ref
     # The breakdown: the gather alone, and the two varlen calls alone on keys gathered beforehand.
     plan = _ring_varlen._plan(rank, world, tuple(lengths), tuple(lengths), False)
     t_gather = timed(lambda: gather_rows([k_l, v_l], plan.key_order, 0, None), device, args.warmup, args.iters)
     gathered = gather_rows([k_l, v_l], plan.key_order, 0, None)
-    t_compute = timed(lambda: _ring_varlen._attend_halves(plan, q_l, *gathered, causal=True, alibi_slopes=None),
-                      device, args.warmup, args.iters)
+    out = torch.empty_like(q_l)
+    lse = torch.empty((hq, q_l.shape[0]), dtype=torch.float32, device=device)
+    t_compute = timed(lambda: _ring_varlen._attend_halves(plan, q_l, *gathered, out, lse, causal=True,
+                                                          alibi_slopes=None), device, args.warmup, args.iters)
     gathered = None  # noqa: F841  (freed before the one-GPU run)
     t_1 = timed(single, device, args.warmup, args.iters)
     pairs = sum(n * (n + 1) / 2 for n in lengths)
-    return dict(case="packed", W=world, documents=lengths, total=args.total, Hq=hq, Hkv=hkv, d=args.head_dim,
-                dtype=args.dtype, t_w_s=t_w, t_1_s=t_1, efficiency=t_1 / (world * t_w), check_rel_l2=check,
-                gather_s=t_gather, compute_s=t_compute,
-                tflops_1=4 * pairs * hq * args.head_dim / t_1 / 1e12)
+    return [dict(case="packed", W=world, documents=lengths, total=args.total, Hq=hq, Hkv=hkv, d=args.head_dim,
+                 dtype=args.dtype, gather_groups=groups, t_w_s=t_w[groups], t_1_s=t_1,
+                 efficiency=t_1 / (world * t_w[groups]), check_rel_l2=check[groups], gather_s=t_gather,
+                 compute_s=t_compute, tflops_1=4 * pairs * hq * args.head_dim / t_1 / 1e12)
+            for groups in args.gather_groups]
 
 
 def paged_view(cache: torch.Tensor, page: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world, device = init_group(args.device)
     rows = []
     if "packed" in args.cases:
-        rows.append(packed(rank, world, device, args))
+        rows.extend(packed(rank, world, device, args))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if "decode" in args.cases:

@@ -44,6 +44,7 @@ import torch.distributed as dist
 sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout, after an installed package
 import cutlassfa  # noqa: E402
 from cutlassfa import _ring_layout  # noqa: E402
+from cutlassfa import _context_parallel, distributed  # noqa: E402
 from cutlassfa._context_parallel import gather_rows  # noqa: E402
 from cutlassfa.distributed import MODES, _attend, _attend_gathered, _Exchange, _setup, ring_forward, shard  # noqa: E402
 
@@ -60,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default="auto")
     p.add_argument("--modes", nargs="+", default=["ring", "allgather", "auto"], choices=list(MODES),
                    help="ring_forward modes to time (auto: the one it chooses, reported as resolved_mode)")
+    p.add_argument("--gather-groups", type=int, nargs="+", default=[1],
+                   help="allgather and auto: each number of K/V head groups gathered one after another (a row each)")
+    p.add_argument("--ring-overlap", nargs="+", default=["on"], choices=["on", "off"],
+                   help="ring mode: each setting of distributed.RING_OVERLAP (a row each)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--single-n", type=int, default=None, help="length of the single-GPU baseline (default N)")
@@ -152,7 +157,9 @@ def breakdown(q_l, k_l, v_l, mode: str, device: torch.device, args: argparse.Nam
     row = dict(resolved_mode=ring.mode, steps=ring.steps, pieces=len(ring.gathered_plan))
     if ring.mode == "allgather":
         gathered = gather_rows([k_l, v_l], ring.key_order, 2, ring.group)
-        compute = lambda: _attend_gathered(ring, q_l, *gathered, None, None)  # noqa: E731
+        out = torch.empty_like(q_l)
+        lse = torch.empty(q_l.shape[:-1], dtype=torch.float32, device=device)
+        compute = lambda: _attend_gathered(ring, q_l, *gathered, None, None, out, lse)  # noqa: E731
         exchange = lambda: gather_rows([k_l, v_l], ring.key_order, 2, ring.group)  # noqa: E731
     elif len(set(ring.k_lengths)) == 1:  # an even split: the local block stands in for every received one
         acc = torch.zeros(q_l.shape, dtype=torch.float32, device=device)
@@ -184,9 +191,16 @@ def run_one(n: int, rank: int, world: int, device: torch.device, args: argparse.
     base = dict(N=n, W=world, B=args.batch, Hq=hq, Hkv=hkv, d=args.head_dim, dtype=args.dtype, causal=args.causal,
                 layout=args.layout)
     rows = []
-    for mode in args.modes:
+    settings = [(mode, groups, overlap) for mode in args.modes
+                for groups in (args.gather_groups if mode != "ring" else [None])
+                for overlap in (args.ring_overlap if mode == "ring" else [None])]
+    for mode, groups, overlap in settings:
+        if groups is not None:
+            _context_parallel.GATHER_HEAD_GROUPS = groups
+        if overlap is not None:
+            distributed.RING_OVERLAP = overlap == "on"
         kwargs = dict(causal=args.causal, layout=args.layout, backend=args.backend, mode=mode)
-        row = dict(base, mode=mode)
+        row = dict(base, mode=mode, gather_groups=groups, ring_overlap=overlap)
         t_call = timed(lambda: ring_forward(q_l, k_l, v_l, **kwargs), device, args.warmup, args.iters)
         row.update(ring_s=t_call, ring_tflops_per_gpu=tflops(args.batch, hq, n, n, args.head_dim, args.causal,
                                                              t_call) / world)
@@ -225,7 +239,8 @@ def run_one(n: int, rank: int, world: int, device: torch.device, args: argparse.
 
 
 def report(rows: list[dict]) -> None:
-    columns = [("N", "{}"), ("W", "{}"), ("mode", "{}"), ("resolved_mode", "{}"), ("ring_s", "{:.4g}"), ("ring_tflops_per_gpu", "{:.4g}"),
+    columns = [("N", "{}"), ("W", "{}"), ("mode", "{}"), ("resolved_mode", "{}"), ("gather_groups", "{}"),
+               ("ring_overlap", "{}"), ("ring_s", "{:.4g}"), ("ring_tflops_per_gpu", "{:.4g}"),
                ("single_s", "{:.4g}"), ("single_tflops", "{:.4g}"), ("efficiency", "{:.3f}"),
                ("compute_s", "{:.4g}"), ("exchange_s", "{:.4g}"), ("exchange_hidden", "{:.2f}"),
                ("check_rel_l2", "{:.2e}"), ("check_lse_max_abs", "{:.2e}")]

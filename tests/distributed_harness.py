@@ -5,7 +5,8 @@ of its group, the call and its arguments.
 A case: {"call": name in cutlassfa.distributed, "world": size of its group, "ranks": [kwargs of group
 rank 0, 1, ...]}. Argument values that are numpy arrays become torch tensors on the process's device
 (bfloat16 through ml_dtypes); a key "strided" in a rank's kwargs lists the names to pass through a
-(B, N, H, d) buffer. The worker records ("ok", out, lse) as numpy, or (exception name, message).
+(B, N, H, d) buffer; "gather_head_groups" sets `_context_parallel.GATHER_HEAD_GROUPS` for the call. The
+worker records ("ok", out, lse) as numpy, or (exception name, message).
 World sizes below the number of processes run on subgroups (`groups`), so peers are translated from
 group to global ranks.
 """
@@ -55,7 +56,7 @@ def _worker(rank: int, workdir: str, processes: int, device: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from cutlassfa import distributed
+    from cutlassfa import _context_parallel, distributed
 
     torch.set_num_threads(1)
     if device == "cuda":
@@ -74,6 +75,7 @@ def _worker(rank: int, workdir: str, processes: int, device: str) -> None:
             continue
         kwargs = dict(case["ranks"][groups[world].index(rank)])
         strided = kwargs.pop("strided", ())
+        _context_parallel.GATHER_HEAD_GROUPS = kwargs.pop("gather_head_groups", 1)
         for name, value in kwargs.items():
             if isinstance(value, np.ndarray):
                 kwargs[name] = to_torch(value, name in strided).to(device)

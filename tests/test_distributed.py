@@ -42,7 +42,7 @@ def _first(values: list[int], world: int) -> list[int]:
 
 
 # name -> (spec), spec keys: heads (Hq, Hkv), d, dtype, causal, layout, lengths (q, k) per world size or
-# an int N for shard's cut, window, scale, softcap, sinks, alibi, expect ("ok" or the exception every rank
+# an int N for shard's cut, window, scale, softcap, sinks, alibi, gather_head_groups (allgather), expect ("ok" or the exception every rank
 # raises; a dict of mode -> expect where the modes differ).
 SPECS = {
     "dense": dict(heads=(2, 2), d=32, dtype="float32", causal=False, layout="contiguous", n=40),
@@ -62,7 +62,7 @@ SPECS = {
     "window_not_binding": dict(heads=(2, 1), d=32, dtype="float32", causal=True, layout="zigzag", n=30,
                                window=(30, -1)),
     "sinks_zigzag_causal_gqa": dict(heads=(4, 2), d=32, dtype="float32", causal=True, layout="zigzag", n=40,
-                                    sinks=True),
+                                    sinks=True, gather_head_groups=2),
     "sinks_unseen_rows_bf16": dict(heads=(2, 1), d=32, dtype="bfloat16", causal=True, layout="contiguous",
                                    lengths=lambda w: (_first([12, 10, 8, 6], w), _first([4, 0, 5, 2], w)),
                                    sinks=True),
@@ -76,6 +76,10 @@ SPECS = {
                                  window=(7, 0), softcap=3.0, sinks=True),
     "alibi_zigzag_causal_gqa": dict(heads=(4, 2), d=32, dtype="float32", causal=True, layout="zigzag", n=46,
                                     alibi=True, expect=dict(ring="NotImplementedError", allgather="ok")),
+    "alibi_per_entry_heads_in_three_groups": dict(heads=(6, 3), d=32, dtype="float32", causal=True,
+                                                  layout="zigzag", n=38, alibi="per_entry", sinks=True,
+                                                  gather_head_groups=3,
+                                                  expect=dict(ring="NotImplementedError", allgather="ok")),
     "alibi_per_entry_window_nq_lt_nk": dict(heads=(2, 1), d=32, dtype="bfloat16", causal=True, layout="contiguous",
                                             lengths=lambda w: (_first([3, 1, 4, 2], w), _first([20, 9, 0, 14], w)),
                                             window=(9, 0), alibi="per_entry",
@@ -132,6 +136,7 @@ def _rank_call(spec: dict, chunks: tuple, rank: int, mode: str, sinks, slopes) -
                 window=spec.get("window"), softcap=softcap, mode=mode, sinks=sinks, alibi_slopes=slopes)
     if spec.get("strided"):
         call["strided"] = ("q", "k", "v")
+    call["gather_head_groups"] = spec.get("gather_head_groups", 1)
     return call
 
 

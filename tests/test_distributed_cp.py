@@ -34,6 +34,8 @@ VARLEN = {
     "causal_nq_ne_nk": dict(heads=(2, 1), d=32, dtype="float32", docs=[12, 30, 5], k_docs=[20, 30, 2], causal=True),
     "window_softcap_sinks": dict(heads=(4, 1), d=32, dtype="float32", docs=[50, 17, 33], causal=True, window=(6, 0),
                                  softcap=4.0, sinks=True),
+    "sinks_alibi_heads_in_two_groups": dict(heads=(6, 3), d=32, dtype="float32", docs=[21, 40, 3], causal=True,
+                                            sinks=True, alibi="per_entry", gather_head_groups=2),
     "alibi_per_document_fp16": dict(heads=(4, 2), d=32, dtype="float16", docs=[29, 44, 8], causal=True,
                                     alibi="per_entry"),
     "alibi_heads_window_right_zero": dict(heads=(2, 2), d=32, dtype="float32", docs=[26, 15], causal=False,
@@ -85,7 +87,8 @@ def _varlen_cases(rng, groups):
                 ranks.append(dict(q=shard_varlen(q, cu_q, r, world), k=shard_varlen(k, cu_k, r, world),
                                   v=shard_varlen(v, cu_k, r, world), cu_seqlens_q=cu_q_r.tolist(),
                                   cu_seqlens_k=cu_k.tolist(), causal=spec["causal"], window=spec.get("window"),
-                                  softcap=spec.get("softcap", 0.0), sinks=sinks, alibi_slopes=slopes))
+                                  softcap=spec.get("softcap", 0.0), sinks=sinks, alibi_slopes=slopes,
+                                  gather_head_groups=spec.get("gather_head_groups", 1)))
             expect = spec.get("expect", "ok")
             if spec.get("rank0_docs") and world == 1:
                 expect = "ok"

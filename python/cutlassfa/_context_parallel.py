@@ -172,3 +172,51 @@ def gather_rows(parts: Sequence[Any], order: RowOrder, dim: int, group: Any) -> 
     all_gather_tensor(received, send, group)
     ordered = received.index_select(0, order.index(send.device))  # (total, parts, ...)
     return [ordered[:, i].movedim(0, dim) for i in range(len(parts))]
+
+
+# How many groups of K/V heads the gathered modes gather one after another, each gathered on a side
+# stream while the previous group's queries attend (1: one gather, then the attention).
+GATHER_HEAD_GROUPS = 1
+
+
+def gather_rows_by_heads(parts: Sequence[Any], order: RowOrder, dim: int, heads_dim: int, group: Any,
+                         groups: int | None = None) -> Any:
+    """`gather_rows` one group of heads at a time: yields (heads slice, gathered parts) for `groups`
+    near-equal groups of the heads at `heads_dim` (default GATHER_HEAD_GROUPS). On a GPU the gather of
+    the next group is posted on a side stream before the caller computes on this one."""
+    import torch
+
+    first = parts[0]
+    heads = first.shape[heads_dim]
+    groups = max(1, min(heads, GATHER_HEAD_GROUPS if groups is None else groups))
+    bounds = [heads * i // groups for i in range(groups + 1)]
+    slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def gather(heads_slice: slice) -> list[Any]:
+        return gather_rows([p.narrow(heads_dim, heads_slice.start, heads_slice.stop - heads_slice.start)
+                            for p in parts], order, dim, group)
+
+    if groups == 1 or not first.is_cuda:
+        for heads_slice in slices:
+            yield heads_slice, gather(heads_slice)
+        return
+    main = torch.cuda.current_stream(first.device)
+    side = torch.cuda.Stream(device=first.device)
+    side.wait_stream(main)  # the parts are ready
+
+    def post(heads_slice: slice) -> tuple[list[Any], Any]:
+        with torch.cuda.stream(side):
+            gathered = gather(heads_slice)
+            done = torch.cuda.Event()
+            done.record(side)
+        return gathered, done
+
+    pending = post(slices[0])
+    for i, heads_slice in enumerate(slices):
+        gathered, done = pending
+        if i + 1 < len(slices):
+            pending = post(slices[i + 1])
+        main.wait_event(done)
+        for t in gathered:
+            t.record_stream(main)  # made on the side stream, read and freed on the main one
+        yield heads_slice, gathered

@@ -181,12 +181,18 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
 
     plan = _plan(rank, world, tuple(_lengths(cu_seqlens_q, "cu_seqlens_q").tolist()),
                  tuple(_lengths(cu_seqlens_k, "cu_seqlens_k").tolist()), sees_past_diagonal)
-    k_all, v_all = _context_parallel.gather_rows([k, v], plan.key_order, 0, group)
     options = {} if left is None and right is None else dict(window=(-1 if left is None else left, 0))
     if agreed["softcap"] > 0:
         options["softcap"] = agreed["softcap"]
-    out, lse = _attend_halves(plan, q, k_all, v_all, causal=causal, softmax_scale=agreed["softmax_scale"], sinks=sinks,
-                              alibi_slopes=alibi_slopes, backend=backend, **options)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    per_kv_head = q.shape[1] // k.shape[1]
+    for kv_heads, (k_all, v_all) in _context_parallel.gather_rows_by_heads([k, v], plan.key_order, 0, 1, group):
+        heads = slice(kv_heads.start * per_kv_head, kv_heads.stop * per_kv_head)
+        slopes = None if alibi_slopes is None else alibi_slopes[..., heads]
+        _attend_halves(plan, q[:, heads], k_all, v_all, out[:, heads], lse[heads], causal=causal,
+                       softmax_scale=agreed["softmax_scale"], sinks=None if sinks is None else sinks[heads],
+                       alibi_slopes=slopes, backend=backend, **options)
     return (out, lse) if return_lse else out
 
 
@@ -240,19 +246,15 @@ def _plan(rank: int, world: int, nq: tuple[int, ...], nk: tuple[int, ...], sees_
     return _Plan(_context_parallel.RowOrder(order, [len(rows) for rows in k_rows]), tuple(halves))
 
 
-def _attend_halves(plan: _Plan, q: Any, k_all: Any, v_all: Any, *, alibi_slopes: Any, **options: Any) -> tuple[Any, Any]:
-    """(out, lse) of the local rows: one varlen_forward per half, each writing its own rows."""
-    import torch
-
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lses = []
+def _attend_halves(plan: _Plan, q: Any, k_all: Any, v_all: Any, out: Any, lse: Any, *, alibi_slopes: Any,
+                   **options: Any) -> None:
+    """One varlen_forward per half of the local rows, each writing its own rows of out and lse (Hq, rows)."""
     if alibi_slopes is not None and alibi_slopes.dim() == 2:  # (B, Hq): the gap entries take any row
         alibi_slopes = alibi_slopes.repeat_interleave(2, dim=0)
     for half in plan.halves:
         rows = slice(*half.rows)
         cu_q, cu_k = half.cu_seqlens(q.device)
-        _, lse = varlen_forward(q[rows], k_all, v_all, cu_q, cu_k, max_seqlen_q=half.max_q, max_seqlen_k=half.max_k,
-                                alibi_slopes=alibi_slopes, return_lse=True, out=out[rows], **options)
-        lses.append(lse)
-    return out, torch.cat(lses, dim=1)
-
+        _, part_lse = varlen_forward(q[rows], k_all, v_all, cu_q, cu_k, max_seqlen_q=half.max_q,
+                                     max_seqlen_k=half.max_k, alibi_slopes=alibi_slopes, return_lse=True,
+                                     out=out[rows], **options)
+        lse[:, rows] = part_lse

@@ -50,6 +50,8 @@ __all__ = ["LAYOUTS", "MODES", "ring_forward", "ring_varlen_forward", "shard", "
            "unshard", "unshard_varlen"]
 
 MODES = ("auto", "ring", "allgather")
+# Ring mode: attend to the block at hand while the next one travels (False: receive it first, then attend).
+RING_OVERLAP = True
 # `auto` gathers the K/V when the gathered copies take at most this share of every rank's free memory.
 _GATHER_MEMORY_SHARE = 0.5
 
@@ -109,9 +111,10 @@ def ring_forward(q: Any, k: Any, v: Any, *, group: Any = None, causal: bool = Fa
     block = (k.contiguous(), v.contiguous())  # sent as is: point-to-point ops need contiguous tensors
     for step in range(ring.steps):
         exchange = _Exchange(ring, step, block) if step + 1 < ring.steps else None
+        received = exchange.wait() if exchange is not None and not RING_OVERLAP else None
         _attend(ring, step, q, block, acc, acc_lse)
         if exchange is not None:
-            block = exchange.wait()
+            block = received if received is not None else exchange.wait()
     if sinks is not None:  # one more part with no value, once (merge.py)
         acc, acc_lse = merge_attention([acc], [acc_lse], sinks=sinks)
     out = acc.to(q.dtype)
@@ -240,25 +243,30 @@ def _choose_mode(mode: str, mask: Mask, *, alibi: bool, gather_fits: bool) -> st
 # --------------------------------------------------------------------------------------------------
 
 def _gathered_attention(ring: _Ring, q: Any, k: Any, v: Any, sinks: Any, alibi_slopes: Any) -> tuple[Any, Any]:
-    """(out, lse) of the local queries against every rank's keys, gathered in global order."""
-    k_all, v_all = _context_parallel.gather_rows([k, v], ring.key_order, 2, ring.group)
-    return _attend_gathered(ring, q, k_all, v_all, sinks, alibi_slopes)
-
-
-def _attend_gathered(ring: _Ring, q: Any, k_all: Any, v_all: Any, sinks: Any, alibi_slopes: Any) -> tuple[Any, Any]:
-    """One `forward` per piece of the gathered plan, each writing its own rows of the output."""
+    """(out, lse) of the local queries against every rank's keys, gathered in global order (one group of
+    K/V heads at a time, `_context_parallel.gather_rows_by_heads`)."""
     import torch
 
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
     if sinks is not None:  # rows that see no key: the sink alone
         lse.copy_(sinks.float()[None, :, None].expand(lse.shape))
+    per_kv_head = q.shape[1] // k.shape[1]
+    for kv_heads, (k_all, v_all) in _context_parallel.gather_rows_by_heads([k, v], ring.key_order, 2, 1, ring.group):
+        heads = slice(kv_heads.start * per_kv_head, kv_heads.stop * per_kv_head)
+        _attend_gathered(ring, q[:, heads], k_all, v_all, None if sinks is None else sinks[heads],
+                         None if alibi_slopes is None else alibi_slopes[..., heads], out[:, heads], lse[:, heads])
+    return out, lse
+
+
+def _attend_gathered(ring: _Ring, q: Any, k_all: Any, v_all: Any, sinks: Any, alibi_slopes: Any, out: Any,
+                     lse: Any) -> None:
+    """One `forward` per piece of the gathered plan, each writing its own rows of out and lse."""
     for piece in ring.gathered_plan:
         rows, keys = slice(*piece.rows), slice(*piece.keys)
         _, part_lse = _forward_piece(q[:, :, rows], k_all[:, :, keys], v_all[:, :, keys], piece, ring,
                                      out=out[:, :, rows], sinks=sinks, alibi_slopes=alibi_slopes)
         lse[:, :, rows] = part_lse
-    return out, lse
 
 
 # --------------------------------------------------------------------------------------------------
