@@ -8,8 +8,8 @@ GPUs against one GPU, the slowest rank deciding each time.
   `--min-doc` and `--max-doc`, scaled to sum to `--total` (each kept within those bounds), causal; each
   rank holds `shard_varlen` of the batch. T_W = ring_varlen_forward, T_1 = varlen_forward of the whole batch
   on one GPU (run on every rank at once, no communication); efficiency T_1 / (W * T_W); median of
-  `--iters` calls after `--warmup`; gather_s (the K/V gather alone) and compute_s (the two varlen calls
-  alone, on keys gathered beforehand). Checked: every rank's rows against T_1's output.
+  `--iters` calls after `--warmup`; gather_s (the K/V gather alone) and compute_s (the varlen call alone,
+  on keys gathered beforehand). Checked: every rank's rows against T_1's output.
 * decode: one query token, `--cache` keys an entry split evenly over the ranks (contiguous, and paged with
   `--page`), B of `--batches`; T_W = one sharded_decode step (its forward, the all_gather of the partial
   rows and the merge), T_1 = forward over the whole cache on one GPU; both captured into a CUDA graph
@@ -168,14 +168,15 @@ def packed(rank: int, world: int, device: torch.device, args: argparse.Namespace
                             args.iters)
         check[groups] = rel_l2_all(ring_varlen_forward(q_l, k_l, v_l, cu, cu, causal=True), ref, device)
     del ref
-    # The breakdown: the gather alone, and the two varlen calls alone on keys gathered beforehand.
+    # The breakdown: the gather alone, and the varlen call alone on keys gathered beforehand.
     plan = _ring_varlen._plan(rank, world, tuple(lengths), tuple(lengths), False)
-    t_gather = timed(lambda: gather_rows([k_l, v_l], plan.key_order, 0, None), device, args.warmup, args.iters)
-    gathered = gather_rows([k_l, v_l], plan.key_order, 0, None)
+    t_gather = timed(lambda: gather_rows([k_l, v_l], plan.key_rows, 0, None), device, args.warmup, args.iters)
+    gathered = gather_rows([k_l, v_l], plan.key_rows, 0, None)
     out = torch.empty_like(q_l)
-    lse = torch.empty((hq, q_l.shape[0]), dtype=torch.float32, device=device)
-    t_compute = timed(lambda: _ring_varlen._attend_halves(plan, q_l, *gathered, out, lse, causal=True,
-                                                          alibi_slopes=None), device, args.warmup, args.iters)
+    cu_q, cu_k = plan.cu_seqlens(device)
+    t_compute = timed(lambda: cutlassfa.varlen_forward(q_l, *gathered, cu_q, cu_k, max_seqlen_q=plan.max_q,
+                                                       max_seqlen_k=plan.max_k, causal=True, out=out),
+                      device, args.warmup, args.iters)
     gathered = None  # noqa: F841  (freed before the one-GPU run)
     t_1 = timed(single, device, args.warmup, args.iters)
     pairs = sum(n * (n + 1) / 2 for n in lengths)

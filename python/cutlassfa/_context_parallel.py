@@ -175,7 +175,9 @@ def gather_rows(parts: Sequence[Any], order: RowOrder, dim: int, group: Any) -> 
 
 
 # How many groups of K/V heads the gathered modes gather one after another, each gathered on a side
-# stream while the previous group's queries attend (1: one gather, then the attention).
+# stream while the previous group's queries attend (1: one gather, then the attention). Measured on 4
+# H200s (bf16 32/8 d 128, zigzag causal, N = 262,144): 1 group 0.226 s, 2 groups 0.233 s, 4 groups 0.237 s;
+# the NCCL kernels beside the attention kernels cost them more than the gather takes alone (3.7 ms).
 GATHER_HEAD_GROUPS = 1
 
 

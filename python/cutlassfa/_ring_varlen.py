@@ -7,12 +7,13 @@ documents in document order, then its second chunks: two halves, each a packed b
 `shard_varlen` / `unshard_varlen` make and undo it; `shard_varlen_rows` says which global rows a rank holds
 (for position ids).
 
-The attention gathers every rank's K/V rows in global order (one all_gather and one copy: with grouped
-heads the K/V is a fraction of Q) and runs one `varlen_forward` per half. In a half, the chunk of document
+The attention is one `varlen_forward` over 2B entries, one for each local chunk: the chunk of document
 b whose queries sit at rows [a, a + m) of the document sees the document's keys [0, E), E = a + m + Nk_b -
-Nq_b under a mask that sees nothing past the diagonal: an entry whose bottom-right alignment is the
-document's. Between two such entries lie keys no query of the half sees; an entry with no queries covers
-them, so that the entries' keys tile the gathered keys as varlen's prefix sums need.
+Nq_b under a mask that sees nothing past the diagonal (all Nk_b keys otherwise): an entry whose
+bottom-right alignment is the document's. The keys of the entries, one after another, are what one
+all_gather of every rank's K/V rows and one indexing copy make (with grouped heads the K/V is a fraction
+of Q; the copy holds about (2W+1)/2W of the keys, as the entries of a document's two chunks share its
+first keys).
 """
 
 from __future__ import annotations
@@ -186,30 +187,34 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
         options["softcap"] = agreed["softcap"]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:  # (B, Hq): one row per entry, chunk by chunk
+        alibi_slopes = torch.cat([alibi_slopes, alibi_slopes])
     per_kv_head = q.shape[1] // k.shape[1]
-    for kv_heads, (k_all, v_all) in _context_parallel.gather_rows_by_heads([k, v], plan.key_order, 0, 1, group):
+    for kv_heads, (k_entries, v_entries) in _context_parallel.gather_rows_by_heads([k, v], plan.key_rows, 0, 1, group):
         heads = slice(kv_heads.start * per_kv_head, kv_heads.stop * per_kv_head)
-        slopes = None if alibi_slopes is None else alibi_slopes[..., heads]
-        _attend_halves(plan, q[:, heads], k_all, v_all, out[:, heads], lse[heads], causal=causal,
-                       softmax_scale=agreed["softmax_scale"], sinks=None if sinks is None else sinks[heads],
-                       alibi_slopes=slopes, backend=backend, **options)
+        cu_q, cu_k = plan.cu_seqlens(q.device)
+        _, part_lse = varlen_forward(q[:, heads], k_entries, v_entries, cu_q, cu_k, max_seqlen_q=plan.max_q,
+                                     max_seqlen_k=plan.max_k, causal=causal, softmax_scale=agreed["softmax_scale"],
+                                     sinks=None if sinks is None else sinks[heads],
+                                     alibi_slopes=None if alibi_slopes is None else alibi_slopes[..., heads],
+                                     backend=backend, return_lse=True, out=out[:, heads], **options)
+        lse[heads] = part_lse
     return (out, lse) if return_lse else out
 
 
 @dataclass(frozen=True)
-class _Half:
-    """One varlen call: the local rows of one half against the gathered keys, as entries (a document's
-    chunk, then the keys its queries do not see)."""
+class _Plan:
+    """This rank's one varlen call: which gathered key rows its entries read, in order, and the entries'
+    prefix sums (int32; on each device once: host ones would be checked and copied every call)."""
 
-    rows: tuple[int, int]
-    cu_q: np.ndarray  # int32 prefix sums of the entries' queries and keys
+    key_rows: _context_parallel.RowOrder
+    cu_q: np.ndarray
     cu_k: np.ndarray
     max_q: int
     max_k: int
     on_device: dict = field(default_factory=dict, compare=False)
 
     def cu_seqlens(self, device: Any) -> tuple[Any, Any]:
-        """The prefix sums on `device`, copied once (host ones would be checked and copied every call)."""
         import torch
 
         if device not in self.on_device:
@@ -217,44 +222,25 @@ class _Half:
         return self.on_device[device]
 
 
-@dataclass(frozen=True)
-class _Plan:
-    key_order: _context_parallel.RowOrder
-    halves: tuple[_Half, ...]
-
-
 @functools.lru_cache(maxsize=32)
 def _plan(rank: int, world: int, nq: tuple[int, ...], nk: tuple[int, ...], sees_past_diagonal: bool) -> _Plan:
-    """Where the gathered keys come from and this rank's two calls; kept for the next call of the batch."""
+    """The plan of a batch of these lengths; kept for the next call of the batch."""
     nq_a, nk_a = np.array(nq, dtype=np.int64), np.array(nk, dtype=np.int64)
     k_rows = [_rows(nk_a, r, world) for r in range(world)]
-    order = np.zeros((int(nk_a.sum()), 2), dtype=np.int64)
+    source = np.zeros((int(nk_a.sum()), 2), dtype=np.int64)  # (rank, local row) of each global key
     for r, rows in enumerate(k_rows):
-        order[rows, 0], order[rows, 1] = r, np.arange(len(rows))
-    halves, first_row = [], 0
+        source[rows, 0], source[rows, 1] = r, np.arange(len(rows))
+    k_starts = np.cumsum(nk_a) - nk_a
+    entries_q, entries_k, picked = [], [], []
     for first, m in _half_rows(nq_a, rank, world):
-        # E of each document's entry: its keys up to the chunk's last diagonal (all of them when the mask
-        # sees past the diagonal), then an entry of no queries over the rest of the document.
+        # E: the document's keys up to this chunk's last diagonal (all of them when the mask sees past it).
         ends = nk_a if sees_past_diagonal else np.clip(first + m + nk_a - nq_a, 0, nk_a)
-        entries_q = np.stack([m, np.zeros_like(m)], axis=1).reshape(-1)
-        entries_k = np.stack([ends, nk_a - ends], axis=1).reshape(-1)
-        rows = (first_row, first_row + int(m.sum()))
-        halves.append(_Half(rows, np.concatenate([[0], np.cumsum(entries_q)]).astype(np.int32),
-                            np.concatenate([[0], np.cumsum(entries_k)]).astype(np.int32),
-                            max(int(m.max(initial=0)), 1), max(int(entries_k.max(initial=0)), 1)))
-        first_row = rows[1]
-    return _Plan(_context_parallel.RowOrder(order, [len(rows) for rows in k_rows]), tuple(halves))
-
-
-def _attend_halves(plan: _Plan, q: Any, k_all: Any, v_all: Any, out: Any, lse: Any, *, alibi_slopes: Any,
-                   **options: Any) -> None:
-    """One varlen_forward per half of the local rows, each writing its own rows of out and lse (Hq, rows)."""
-    if alibi_slopes is not None and alibi_slopes.dim() == 2:  # (B, Hq): the gap entries take any row
-        alibi_slopes = alibi_slopes.repeat_interleave(2, dim=0)
-    for half in plan.halves:
-        rows = slice(*half.rows)
-        cu_q, cu_k = half.cu_seqlens(q.device)
-        _, part_lse = varlen_forward(q[rows], k_all, v_all, cu_q, cu_k, max_seqlen_q=half.max_q,
-                                     max_seqlen_k=half.max_k, alibi_slopes=alibi_slopes, return_lse=True,
-                                     out=out[rows], **options)
-        lse[:, rows] = part_lse
+        entries_q.append(m)
+        entries_k.append(ends)
+        picked += [np.arange(start, start + end) for start, end in zip(k_starts, ends)]
+    entries_q, entries_k = np.concatenate(entries_q), np.concatenate(entries_k)
+    rows = np.concatenate(picked).astype(np.int64) if picked else np.zeros(0, dtype=np.int64)
+    key_rows = _context_parallel.RowOrder(source[rows], [len(r) for r in k_rows])
+    return _Plan(key_rows, np.concatenate([[0], np.cumsum(entries_q)]).astype(np.int32),
+                 np.concatenate([[0], np.cumsum(entries_k)]).astype(np.int32), max(int(entries_q.max(initial=0)), 1),
+                 max(int(entries_k.max(initial=0)), 1))
