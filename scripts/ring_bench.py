@@ -63,8 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ring_forward modes to time (auto: the one it chooses, reported as resolved_mode)")
     p.add_argument("--gather-groups", type=int, nargs="+", default=[1],
                    help="allgather and auto: each number of K/V head groups gathered one after another (a row each)")
-    p.add_argument("--ring-overlap", nargs="+", default=["on"], choices=["on", "off"],
-                   help="ring mode: each setting of distributed.RING_OVERLAP (a row each)")
+    p.add_argument("--ring-overlap", nargs="+", default=[None], choices=["on", "off"],
+                   help="ring mode: each setting of distributed.RING_OVERLAP (a row each; default: the module's)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--single-n", type=int, default=None, help="length of the single-GPU baseline (default N)")
@@ -199,6 +199,8 @@ def run_one(n: int, rank: int, world: int, device: torch.device, args: argparse.
             _context_parallel.GATHER_HEAD_GROUPS = groups
         if overlap is not None:
             distributed.RING_OVERLAP = overlap == "on"
+        elif mode == "ring":
+            overlap = "on" if distributed.RING_OVERLAP else "off"
         kwargs = dict(causal=args.causal, layout=args.layout, backend=args.backend, mode=mode)
         row = dict(base, mode=mode, gather_groups=groups, ring_overlap=overlap)
         t_call = timed(lambda: ring_forward(q_l, k_l, v_l, **kwargs), device, args.warmup, args.iters)
