@@ -345,3 +345,26 @@ def test_cp_bench_smoke_run_on_cpu(tmp_path):
     assert sum(packed["documents"]) == 1024 and all(64 <= n <= 512 for n in packed["documents"])
     for row in rows:
         assert row["W"] == 1 and row["check_rel_l2"] <= 1e-5 and row["t_w_s"] > 0 and row["t_1_s"] > 0
+
+
+def test_cp_scaling_reads_the_committed_results():
+    """scripts/cp_scaling.py turns the committed ring_bench and cp_bench results into its table: every row
+    of every file, efficiencies as the files give them."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "bench" / "results").glob("nvidia-h200x4-*.json"))
+    assert files, "the context-parallel results are committed"
+    spec = importlib.util.spec_from_file_location("cp_scaling", root / "scripts" / "cp_scaling.py")
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    rows = [row for path in files for row in scaling.rows_of(path)]
+    assert len(rows) == sum(len(json.loads(path.read_text())["rows"]) for path in files)
+    lines = scaling.table(rows).splitlines()
+    assert len(lines) == len(rows) + 2
+    for row, line in zip(rows, lines[2:]):
+        if row["efficiency"] is not None:
+            assert f"| {row['efficiency']:.3f} |" in line
+            assert abs(row["efficiency"] - row["t_1"] / (row["W"] * row["t_w"])) < 1e-9
