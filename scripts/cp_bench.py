@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,10 +30,12 @@ import torch
 import torch.distributed as dist
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))  # a source checkout, after an installed package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ring_bench beside this file
 import cutlassfa  # noqa: E402
 from cutlassfa import _context_parallel, _ring_varlen  # noqa: E402
 from cutlassfa._context_parallel import gather_rows  # noqa: E402
 from cutlassfa.distributed import ring_varlen_forward, shard_varlen, sharded_decode  # noqa: E402
+from ring_bench import init_group  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,22 +60,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
-
-
-def init_group(device: str) -> tuple[int, int, torch.device]:
-    """torchrun's environment, or a one-process group when started with plain python."""
-    if "RANK" not in os.environ:
-        store = tempfile.mktemp(prefix="cp_bench_store_")
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{store}",
-                                rank=0, world_size=1)
-    else:
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if device == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        return rank, world, torch.device("cuda", local)
-    return rank, world, torch.device("cpu")
 
 
 def slowest(times: list[float], device: torch.device) -> float:
@@ -151,7 +135,8 @@ def packed(rank: int, world: int, device: torch.device, args: argparse.Namespace
     lengths = document_lengths(args)
     cu = np.concatenate([[0], np.cumsum(lengths)])
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    q, k, v = (torch.randn(args.total, h, args.head_dim, generator=gen, device=device).to(dtype) for h in (hq, hkv, hkv))
+    q, k, v = (torch.randn(args.total, h, args.head_dim, generator=gen, device=device).to(dtype)
+               for h in (hq, hkv, hkv))
     q_l, k_l, v_l = (shard_varlen(x, cu, rank, world) for x in (q, k, v))
     cu_dev = torch.as_tensor(cu, dtype=torch.int32, device=device)
     longest = int(max(lengths))
@@ -229,7 +214,8 @@ def decode(rank: int, world: int, device: torch.device, args: argparse.Namespace
         one = {}
     del parts_k, parts_v
     lens_1 = torch.full((batch,), local * world, dtype=torch.int32, device=device)
-    t_1 = graph_timed(lambda: cutlassfa.forward(q, k_all, v_all, cache_seqlens=lens_1, causal=True, **one), device, args)
+    t_1 = graph_timed(lambda: cutlassfa.forward(q, k_all, v_all, cache_seqlens=lens_1, causal=True, **one), device,
+                      args)
     ref = cutlassfa.forward(q, k_all, v_all, cache_seqlens=lens_1, causal=True, **one)
     check = rel_l2_all(out_w, ref, device) / world ** 0.5  # every rank holds the whole result
     cache_bytes = 2 * batch * hkv * local * world * args.head_dim * q.element_size()

@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def init_group(device: str) -> tuple[int, int, torch.device]:
     """torchrun's environment, or a one-process group when started with plain python."""
     if "RANK" not in os.environ:
-        store = tempfile.mktemp(prefix="ring_bench_store_")
+        store = tempfile.mktemp(prefix="cutlassfa_bench_store_")
         dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{store}",
                                 rank=0, world_size=1)
     else:

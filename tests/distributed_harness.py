@@ -123,3 +123,38 @@ def session_seed() -> int:
 def per_rank(results: dict, groups: dict[int, list[int]], world: int, key: Any) -> list:
     """The results of one case, in group-rank order."""
     return [results[rank][key] for rank in groups[world]]
+
+
+def run_script(name: str, argv: list[str]) -> int:
+    """scripts/<name>.py's main(argv) in this process (one rank, gloo; no second torch import), its process
+    group destroyed afterwards."""
+    import importlib.util
+
+    import torch.distributed as dist
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return module.main(argv)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def nccl_processes(limit: int) -> int:
+    """How many NCCL processes a GPU run takes (one a GPU, at most `limit`); skips the caller's test when
+    PyTorch has no CUDA device or NCCL, or the tensor-core backend cannot run."""
+    import pytest
+    import torch
+    import torch.distributed as dist
+
+    import cutlassfa
+
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        pytest.skip("no CUDA device (or no NCCL) for PyTorch")
+    status = cutlassfa.backends()["tensorcore"]
+    if not status.available:
+        pytest.skip(f"tensorcore: {status.reason}")
+    return min(limit, torch.cuda.device_count())

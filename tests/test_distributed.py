@@ -11,8 +11,6 @@ backend.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -42,8 +40,8 @@ def _first(values: list[int], world: int) -> list[int]:
 
 
 # name -> (spec), spec keys: heads (Hq, Hkv), d, dtype, causal, layout, lengths (q, k) per world size or
-# an int N for shard's cut, window, scale, softcap, sinks, alibi, gather_head_groups (allgather), expect ("ok" or the exception every rank
-# raises; a dict of mode -> expect where the modes differ).
+# an int N for shard's cut, window, scale, softcap, sinks, alibi, gather_head_groups (allgather), expect
+# ("ok" or the exception every rank raises; a dict of mode -> expect where the modes differ).
 SPECS = {
     "dense": dict(heads=(2, 2), d=32, dtype="float32", causal=False, layout="contiguous", n=40),
     "causal_gqa_uneven_strided": dict(heads=(4, 2), d=32, dtype="float32", causal=True, layout="contiguous",
@@ -189,12 +187,7 @@ def ring_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture(scope="module")
 def nccl_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Every case on CUDA with NCCL, one process per GPU (up to 4)."""
-    if not torch.cuda.is_available() or not dist.is_nccl_available():
-        pytest.skip("no CUDA device (or no NCCL) for PyTorch")
-    status = cutlassfa.backends()["tensorcore"]
-    if not status.available:
-        pytest.skip(f"tensorcore: {status.reason}")
-    return _run(tmp_path_factory, min(WORLD, torch.cuda.device_count()), "cuda")
+    return _run(tmp_path_factory, harness.nccl_processes(WORLD), "cuda")
 
 
 def _case_results(run: dict, world: int, name: str, mode: str) -> tuple[dict, list]:
@@ -411,23 +404,14 @@ def test_layout_errors():
 def test_ring_bench_smoke_run_on_cpu(tmp_path):
     """scripts/ring_bench.py with one process on the CPU (in this process: no second torch import):
     it runs, and its own check finds the ring right."""
-    import importlib.util
     import json
 
     if dist.is_initialized():
         pytest.skip("a process group is initialized in this process")
-    path = Path(__file__).resolve().parents[1] / "scripts" / "ring_bench.py"
-    spec = importlib.util.spec_from_file_location("ring_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     result = tmp_path / "ring.json"
-    try:
-        assert bench.main(["--device", "cpu", "--seqlens", "96", "--heads", "2:1", "--head-dim", "32",
-                           "--dtype", "float32", "--iters", "1", "--warmup", "0", "--json", str(result),
-                           "--modes", "ring", "allgather"]) == 0
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    assert harness.run_script("ring_bench", ["--device", "cpu", "--seqlens", "96", "--heads", "2:1", "--head-dim", "32",
+                                             "--dtype", "float32", "--iters", "1", "--warmup", "0", "--json",
+                                             str(result), "--modes", "ring", "allgather"]) == 0
     ring, gathered = json.loads(result.read_text())["rows"]
     assert ring["mode"] == ring["resolved_mode"] == "ring" and ring["steps"] == 1
     assert gathered["mode"] == gathered["resolved_mode"] == "allgather" and gathered["pieces"] == 2  # zigzag runs

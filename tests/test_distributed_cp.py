@@ -204,12 +204,7 @@ def gloo_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def nccl_run(tmp_path_factory):
-    if not torch.cuda.is_available() or not dist.is_nccl_available():
-        pytest.skip("no CUDA device (or no NCCL) for PyTorch")
-    status = cutlassfa.backends()["tensorcore"]
-    if not status.available:
-        pytest.skip(f"tensorcore: {status.reason}")
-    return _run(tmp_path_factory, min(WORLD, torch.cuda.device_count()), "cuda")
+    return _run(tmp_path_factory, harness.nccl_processes(WORLD), "cuda")
 
 
 def _results(run, key):
@@ -320,25 +315,15 @@ def test_shard_varlen_holds_chunk_r_then_its_mirror():
 def test_cp_bench_smoke_run_on_cpu(tmp_path):
     """scripts/cp_bench.py with one process on the CPU (in this process): it runs both cases, and its own
     checks find them right."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     if dist.is_initialized():
         pytest.skip("a process group is initialized in this process")
-    path = Path(__file__).resolve().parents[1] / "scripts" / "cp_bench.py"
-    spec = importlib.util.spec_from_file_location("cp_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     result = tmp_path / "cp.json"
-    try:
-        assert bench.main(["--device", "cpu", "--total", "1024", "--documents", "4", "--min-doc", "64", "--max-doc",
-                           "512", "--cache", "2048", "--heads", "4:2", "--head-dim", "32", "--dtype", "float32",
-                           "--batches", "2", "--page", "64", "--iters", "1", "--warmup", "0",
-                           "--json", str(result)]) == 0
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    assert harness.run_script("cp_bench", ["--device", "cpu", "--total", "1024", "--documents", "4", "--min-doc", "64",
+                                           "--max-doc", "512", "--cache", "2048", "--heads", "4:2", "--head-dim", "32",
+                                           "--dtype", "float32", "--batches", "2", "--page", "64", "--iters", "1",
+                                           "--warmup", "0", "--json", str(result)]) == 0
     rows = json.loads(result.read_text())["rows"]
     assert [(row["case"], row.get("paged")) for row in rows] == [("packed", None), ("decode", False), ("decode", True)]
     packed = rows[0]

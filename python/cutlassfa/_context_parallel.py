@@ -30,7 +30,8 @@ def check_local(q: Any, k: Any, v: Any, *, sinks: Any = None, alibi_slopes: Any 
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N_local, d), got shape {tuple(t.shape)}")
     if not q.dtype == k.dtype == v.dtype or str(q.dtype) not in DTYPES:
-        raise TypeError(f"q, k, v must share one dtype of float32, float16, bfloat16; got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"q, k, v must share one dtype of float32, float16, bfloat16; got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}")
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:

@@ -172,8 +172,8 @@ def _local_settings(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, lay
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     return [q.shape[2], k.shape[2], free_bytes(q), q.shape[0], q.shape[1], k.shape[1], d,
-            _context_parallel.DTYPES.index(str(q.dtype)), int(causal), LAYOUTS.index(layout), -1 if left is None else left,
-            -1 if right is None else right, scale, float(softcap), int(sinks is not None),
+            _context_parallel.DTYPES.index(str(q.dtype)), int(causal), LAYOUTS.index(layout),
+            -1 if left is None else left, -1 if right is None else right, scale, float(softcap), int(sinks is not None),
             int(alibi_slopes is not None), MODES.index(mode), gathered_bytes(k, 1)]
 
 
