@@ -67,11 +67,10 @@ def window_bounds(window: Any) -> tuple[int | None, int | None]:
 
 
 def gathered_bytes(k: Any, total_rows: int) -> int:
-    """Device bytes the gathered K and V of `total_rows` rows take, twice (the received rows and the
-    ordered copy). k: (B, Hkv, N, d) or (N, Hkv, d)."""
-    shape = tuple(k.shape)
-    per_row = shape[0] * shape[1] * shape[3] if len(shape) == 4 else shape[1] * shape[2]
-    return 2 * 2 * k.element_size() * per_row * total_rows
+    """Device bytes the gathered K and V of `total_rows` keys take, twice (the received rows and the ordered
+    copy). k: (B, Hkv, N, d)."""
+    b, hkv, _, d = k.shape
+    return 2 * 2 * k.element_size() * b * hkv * d * total_rows
 
 
 def free_bytes(x: Any) -> float:

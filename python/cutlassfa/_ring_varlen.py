@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _context_parallel
-from ._context_parallel import DTYPES, check_local, free_bytes, window_bounds
+from ._context_parallel import DTYPES, check_local, window_bounds
 from ._api import varlen_forward
 from ._ring_layout import split_sizes
 
@@ -105,10 +105,10 @@ def unshard_varlen(chunks: Sequence[Any], cu_seqlens: Any, *, dim: int = 0) -> A
 # The attention
 # --------------------------------------------------------------------------------------------------
 
-_FIELDS = ("rows q", "rows k", "free bytes", "documents", "total q", "total k", "cu_seqlens_q sum",
+_FIELDS = ("rows q", "rows k", "documents", "total q", "total k", "cu_seqlens_q sum",
            "cu_seqlens_k sum", "Hq", "Hkv", "d", "dtype", "causal", "window left", "window right", "softmax_scale",
            "softcap", "sinks", "alibi_slopes")
-_LOCAL_FIELDS = 3
+_LOCAL_FIELDS = 2
 
 
 def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, group: Any = None,
@@ -128,6 +128,9 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
             document's global positions (bottom-right aligned within the document). A window must see
             nothing past the diagonal (causal, or a right bound of 0) or be absent; ALiBi needs such a mask.
         return_lse: also return the float32 lse (Hq, total_q_local).
+
+    Every rank holds the whole batch's K/V during the call (gathered, about (2W+1)/2W of it in the order
+    the entries read it, and the received copy).
 
     Returns:
         out (total_q_local, Hq, d) in q's dtype, or (out, lse). Every rank of the group must call it with
@@ -165,7 +168,7 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
         scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
         cu_q, cu_k = np.concatenate([[0], np.cumsum(nq)]), np.concatenate([[0], np.cumsum(nk)])
         dtype = DTYPES.index(str(q.dtype)) if str(q.dtype) in DTYPES else -1
-        return [q.shape[0], k.shape[0], free_bytes(q), len(nq), cu_q[-1], cu_k[-1], float(cu_q.sum()),
+        return [q.shape[0], k.shape[0], len(nq), cu_q[-1], cu_k[-1], float(cu_q.sum()),
                 float(cu_k.sum()), q.shape[1], k.shape[1], q.shape[2], dtype,
                 int(causal), -1 if left is None else left, -1 if right is None else right, scale, float(softcap),
                 int(sinks is not None), int(alibi_slopes is not None)]

@@ -70,8 +70,8 @@ def sharded_decode(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, gr
     mine = rank == owner_rank
     options = dict(cache_seqlens=cache_seqlens, block_table=block_table, k_descale=k_descale, v_descale=v_descale,
                    num_splits=num_splits)
-    if softcap > 0:
-        options["softcap"] = softcap
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap == 0):
+        options["softcap"] = softcap  # judged by the validator in local(), on every rank alike
     if mine and k_new is not None:
         options.update(k_new=k_new, v_new=v_new)
     options = {name: value for name, value in options.items() if value is not None}

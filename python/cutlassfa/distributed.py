@@ -137,7 +137,6 @@ class _Ring:
     world: int
     next_peer: int  # global ranks, as point-to-point ops name them
     prev_peer: int
-    q_lengths: tuple[int, ...]  # every rank's Nq_local
     k_lengths: tuple[int, ...]  # every rank's Nk_local
     mode: str  # "ring" or "allgather"
     steps: int  # ring steps run: 1 + the last step any rank needs (ring mode)
@@ -187,8 +186,8 @@ def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: f
     _context_parallel.require_group("ring_forward")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     table = _context_parallel.agree(group, _context_parallel.device_of(q), _FIELDS,
-                              lambda: _local_settings(q, k, v, causal, softmax_scale, layout, window, softcap, sinks,
-                                                      alibi_slopes, mode), _FIELDS[_LOCAL_FIELDS:])
+                                    lambda: _local_settings(q, k, v, causal, softmax_scale, layout, window, softcap,
+                                                            sinks, alibi_slopes, mode), _FIELDS[_LOCAL_FIELDS:])
     agreed = dict(zip(_FIELDS, table[0].tolist()))
     left, right = (None if agreed[side] < 0 else int(agreed[side]) for side in ("window left", "window right"))
     q_lengths, k_lengths = table[:, 0].astype(int).tolist(), table[:, 1].astype(int).tolist()
@@ -197,13 +196,15 @@ def _setup(q: Any, k: Any, v: Any, *, group: Any, causal: bool, softmax_scale: f
     mode = _choose_mode(mode, mask, alibi=bool(agreed["alibi_slopes"]), gather_fits=gather_fits)
     plan = _plan(rank, layout, tuple(q_lengths), tuple(k_lengths), mask, mode)
     peer = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
-    return _Ring(group, rank, world, peer((rank + 1) % world), peer((rank - 1) % world), tuple(q_lengths),
-                 tuple(k_lengths), mode, plan.steps, plan.own_plans, plan.gathered_plan, plan.key_order,
-                 agreed["softmax_scale"], agreed["softcap"], backend)
+    return _Ring(group, rank, world, peer((rank + 1) % world), peer((rank - 1) % world), tuple(k_lengths), mode,
+                 plan.steps, plan.own_plans, plan.gathered_plan, plan.key_order, agreed["softmax_scale"],
+                 agreed["softcap"], backend)
 
 
 @dataclass(frozen=True)
 class _Plan:
+    """The calls of one rank for one set of sizes and mask (the per-mode fields of `_Ring`)."""
+
     steps: int
     own_plans: tuple[tuple[Piece, ...], ...]
     gathered_plan: tuple[Piece, ...]
