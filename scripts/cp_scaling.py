@@ -69,7 +69,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shown = [r for r in rows if r["efficiency"] is not None]
-    labels = [f"{r['case']}, W {r['W']}\n{r['mode']}" for r in shown]
+    labels = [f"{r['case']}, W {r['W']}\n{r['mode']} ({r['file'].removesuffix('.json')})" for r in shown]
     fig, ax = plt.subplots(figsize=(10, 0.42 * len(shown) + 1.5))
     ys = list(range(len(shown)))[::-1]
     ax.barh(ys, [r["efficiency"] for r in shown], color=["C0" if "allgather" in r["mode"] or r["mode"] == "sharded"
