@@ -26,9 +26,13 @@ TIMEOUT_S = 300  # the whole run of the processes, all cases; ~15-30 s on 2 busy
 
 
 def groups_for(processes: int) -> dict[int, list[int]]:
-    """The ranks of each world size's group for a run of `processes` processes (GPU runs may have fewer)."""
-    return {1: {1: [0]}, 2: {1: [1], 2: [0, 1]}, 3: {1: [2], 2: [0, 2], 3: [0, 1, 2]},
-            4: {1: [3], 2: [1, 3], 3: [0, 2, 3], 4: [0, 1, 2, 3]}}[processes]
+    """The ranks of each world size's group for a run of `processes` processes (GPU runs may have fewer or
+    more): subgroups that do not start at rank 0 where they can, so that peers are translated."""
+    table = {1: {1: [0]}, 2: {1: [1], 2: [0, 1]}, 3: {1: [2], 2: [0, 2], 3: [0, 1, 2]},
+             4: {1: [3], 2: [1, 3], 3: [0, 2, 3], 4: [0, 1, 2, 3]}}
+    if processes in table:
+        return table[processes]
+    return {w: list(range(processes - w, processes)) for w in range(1, processes + 1)}
 
 
 def to_torch(x: np.ndarray, strided: bool = False) -> Any:

@@ -5,8 +5,8 @@ lse), ranks that disagree raise together instead of hanging; plus the step plann
 masks, and shard / unshard.
 
 One set of 4 processes runs every case (tests/distributed_harness.py): world sizes 1-3 use subgroups. With
-CUDA GPUs (marker `gpu`), the same cases run over NCCL, one process per GPU (up to 4), on the default
-backend.
+CUDA GPUs (marker `gpu`), the same cases run over NCCL, one process per GPU (up to 8: world sizes past the
+machine's GPUs skip as "machine:"), on the default backend.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from cutlassfa.check import bound_for  # noqa: E402
 from cutlassfa.distributed import shard, unshard  # noqa: E402
 from cutlassfa.reference import attention_reference, rel_l2  # noqa: E402
 
-WORLD = 4
+WORLD = 4  # gloo processes (CI)
+NCCL_WORLD = 8  # at most this many GPUs, one process each
 MODES = ("ring", "allgather")
 
 
@@ -36,7 +37,8 @@ MODES = ("ring", "allgather")
 # --------------------------------------------------------------------------------------------------
 
 def _first(values: list[int], world: int) -> list[int]:
-    return values[:world]
+    """One length per rank: values in order, repeated past their end (world sizes over 4 on GPUs)."""
+    return [values[i % len(values)] for i in range(world)]
 
 
 # name -> (spec), spec keys: heads (Hq, Hkv), d, dtype, causal, layout, lengths (q, k) per world size or
@@ -186,8 +188,8 @@ def ring_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.fixture(scope="module")
 def nccl_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Every case on CUDA with NCCL, one process per GPU (up to 4)."""
-    return _run(tmp_path_factory, harness.nccl_processes(WORLD), "cuda")
+    """Every case on CUDA with NCCL, one process per GPU (up to NCCL_WORLD)."""
+    return _run(tmp_path_factory, harness.nccl_processes(NCCL_WORLD), "cuda")
 
 
 def _case_results(run: dict, world: int, name: str, mode: str) -> tuple[dict, list]:
@@ -244,7 +246,7 @@ def test_ring_matches_single_process_and_reference(ring_run, world, name, mode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", range(1, NCCL_WORLD + 1))
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_ring_nccl_matches_single_gpu_and_reference(nccl_run, world, name, mode):
     _check_case(nccl_run, world, name, mode)
@@ -258,7 +260,7 @@ def test_ranks_raise_together(ring_run, world, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", range(2, NCCL_WORLD + 1))
 @pytest.mark.parametrize("name", sorted(BAD_SPECS))
 def test_ranks_raise_together_nccl(nccl_run, world, name):
     case, per_rank = _case_results(nccl_run, world, name, "auto")
