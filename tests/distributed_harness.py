@@ -23,6 +23,20 @@ from typing import Any
 import numpy as np
 
 TIMEOUT_S = 300  # the whole run of the processes, all cases; ~15-30 s on 2 busy cores
+GLOO_PROCESSES = 4  # CPU runs (CI)
+NCCL_PROCESSES = 8  # GPU runs: at most this many GPUs, one process each
+
+
+def torch_distributed() -> tuple[Any, Any]:
+    """(torch, torch.distributed) for a test module, or the module skipped when PyTorch or its gloo
+    backend is missing."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+    return torch, dist
 
 
 def groups_for(processes: int) -> dict[int, list[int]]:

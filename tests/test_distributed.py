@@ -14,12 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+import distributed_harness as harness
 
-import distributed_harness as harness  # noqa: E402
+torch, dist = harness.torch_distributed()
 
 import cutlassfa  # noqa: E402
 from cutlassfa import _ring_layout, _ring_plan  # noqa: E402
@@ -27,8 +24,7 @@ from cutlassfa.check import bound_for  # noqa: E402
 from cutlassfa.distributed import shard, unshard  # noqa: E402
 from cutlassfa.reference import attention_reference, rel_l2  # noqa: E402
 
-WORLD = 4  # gloo processes (CI)
-NCCL_WORLD = 8  # at most this many GPUs, one process each
+WORLD, NCCL_WORLD = harness.GLOO_PROCESSES, harness.NCCL_PROCESSES
 MODES = ("ring", "allgather")
 
 

@@ -9,20 +9,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+import distributed_harness as harness
 
-import distributed_harness as harness  # noqa: E402
+torch, dist = harness.torch_distributed()
 
 import cutlassfa  # noqa: E402
 from cutlassfa.check import bound_for  # noqa: E402
 from cutlassfa.distributed import shard_varlen, shard_varlen_rows, unshard_varlen  # noqa: E402
 from cutlassfa.reference import attention_reference, rel_l2  # noqa: E402
 
-WORLD = 4  # gloo processes (CI)
-NCCL_WORLD = 8  # at most this many GPUs, one process each
+WORLD, NCCL_WORLD = harness.GLOO_PROCESSES, harness.NCCL_PROCESSES
 
 # --------------------------------------------------------------------------------------------------
 # Packed documents
@@ -257,30 +253,22 @@ def _check_decode(run, world, name):
         np.testing.assert_array_equal(lse, per_rank[0][2])
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("name", sorted(VARLEN))
-def test_ring_varlen_matches_reference(gloo_run, world, name):
-    _check_varlen(gloo_run, world, name)
+# (the check of a case, its name) for every case: packed documents and sharded decode.
+CASES = [(_check_varlen, name) for name in sorted(VARLEN)] + [(_check_decode, name) for name in sorted(DECODE)]
+CASE_IDS = [f"{'varlen' if check is _check_varlen else 'decode'}-{name}" for check, name in CASES]
+
+
+@pytest.mark.parametrize("world", range(1, WORLD + 1))
+@pytest.mark.parametrize("check, name", CASES, ids=CASE_IDS)
+def test_matches_reference(gloo_run, world, check, name):
+    check(gloo_run, world, name)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", range(1, NCCL_WORLD + 1))
-@pytest.mark.parametrize("name", sorted(VARLEN))
-def test_ring_varlen_nccl_matches_reference(nccl_run, world, name):
-    _check_varlen(nccl_run, world, name)
-
-
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("name", sorted(DECODE))
-def test_sharded_decode_matches_reference(gloo_run, world, name):
-    _check_decode(gloo_run, world, name)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("world", range(1, NCCL_WORLD + 1))
-@pytest.mark.parametrize("name", sorted(DECODE))
-def test_sharded_decode_nccl_matches_reference(nccl_run, world, name):
-    _check_decode(nccl_run, world, name)
+@pytest.mark.parametrize("check, name", CASES, ids=CASE_IDS)
+def test_nccl_matches_reference(nccl_run, world, check, name):
+    check(nccl_run, world, name)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -167,9 +167,8 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
         cu_q, cu_k = np.concatenate([[0], np.cumsum(nq)]), np.concatenate([[0], np.cumsum(nk)])
-        dtype = DTYPES.index(str(q.dtype)) if str(q.dtype) in DTYPES else -1
         return [q.shape[0], k.shape[0], len(nq), cu_q[-1], cu_k[-1], float(cu_q.sum()),
-                float(cu_k.sum()), q.shape[1], k.shape[1], q.shape[2], dtype,
+                float(cu_k.sum()), q.shape[1], k.shape[1], q.shape[2], DTYPES.index(str(q.dtype)),
                 int(causal), -1 if left is None else left, -1 if right is None else right, scale, float(softcap),
                 int(sinks is not None), int(alibi_slopes is not None)]
 

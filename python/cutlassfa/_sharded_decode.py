@@ -91,9 +91,9 @@ def sharded_decode(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, gr
         select_backend(q, k_cache, v_cache, causal=causal and mine, softmax_scale=softmax_scale, backend=backend,
                        **options, **({} if sinks is None else dict(sinks=sinks)))
         scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-        return [q.shape[0], q.shape[1], q.shape[2], q.shape[3], DTYPES.index(str(q.dtype))
-                if str(q.dtype) in DTYPES else -1, k_cache.shape[1], int(causal), owner_rank, scale, float(softcap),
-                int(sinks is not None), int(k_new is not None), int(block_table is not None)]
+        return [q.shape[0], q.shape[1], q.shape[2], q.shape[3], DTYPES.index(str(q.dtype)), k_cache.shape[1],
+                int(causal), owner_rank, scale, float(softcap), int(sinks is not None), int(k_new is not None),
+                int(block_table is not None)]
 
     if check_ranks:
         _context_parallel.agree(group, _context_parallel.device_of(q), _FIELDS, local, _FIELDS)
