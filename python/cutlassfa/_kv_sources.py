@@ -91,16 +91,17 @@ class PagedKeys:
 
 def append_keys(cache: np.ndarray, new: np.ndarray, args: Any) -> None:
     """Write new (B, Hkv, Nnew, d) into the cache at positions [cache_seqlens[b], + Nnew) of entry b; rows
-    whose page is missing (masks.page_present: unchecked tables) are dropped."""
+    outside the cache (KVCacheArgs.appended) or whose page is missing (masks.page_present: unchecked
+    tables) are dropped."""
     for i in range(new.shape[0]):
-        start = int(args.cache_seqlens[i])
+        start, count = int(args.cache_seqlens[i]), args.appended(i)
         if not args.paged:
-            cache[i, :, start : start + args.n_new] = new[i]
+            cache[i, :, start : start + count] = new[i, :, :count]
             continue
-        positions = start + np.arange(args.n_new)
+        positions = start + np.arange(count)
         pages = args.block_table[i, positions // args.page_size]
         kept = page_present(pages, cache.shape[0])
-        rows = new[i].transpose(1, 0, 2)  # (Nnew, Hkv, d)
+        rows = new[i, :, :count].transpose(1, 0, 2)  # (count, Hkv, d)
         cache[pages[kept], :, (positions % args.page_size)[kept]] = rows[kept]
 
 

@@ -10,12 +10,18 @@ keys are masked, masks.page_present).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["KVCacheArgs", "kvcache_layout", "VarlenArgs", "varlen_layout", "per_head"]
+__all__ = ["KVCacheArgs", "kvcache_layout", "VarlenArgs", "varlen_layout", "per_head", "softmax_scale"]
+
+
+def softmax_scale(head_dim: int, given: float | None) -> float:
+    """The scale of the scores: `given`, or 1/sqrt(head_dim) when None (the extension's default)."""
+    return 1.0 / math.sqrt(head_dim) if given is None else float(given)
 
 
 def per_head(value: Any, batch: int, heads: int, name: str, *, one_value: bool = False,
@@ -48,6 +54,25 @@ class KVCacheArgs:
     cache_seqlens: np.ndarray  # (B,) keys in each entry before appending
     cache_leftpad: np.ndarray  # (B,) first valid key of each entry (zeros when not given)
     block_table: np.ndarray | None  # (B, max_pages) page of each entry's p-th block (paged)
+
+    # Index values nobody checked (a device array is not read on the host; the numpy code may be called
+    # directly) follow the kernels' rules (cpp/include/cutlassfa/rules.h, src/append_kv.cu): lengths are
+    # clamped to what the cache holds, and appended rows that would land outside it are dropped.
+
+    def keys(self, b: int) -> int:
+        """Keys of entry b after appending: cache_seqlens[b] + n_new within [0, capacity]
+        (rules::cache_entry_keys)."""
+        return min(max(int(self.cache_seqlens[b]) + self.n_new, 0), self.capacity)
+
+    def leftpad(self, b: int) -> int:
+        """Hidden keys at the front of entry b, within [0, keys(b)] (rules::entry_leftpad)."""
+        return min(max(int(self.cache_leftpad[b]), 0), self.keys(b))
+
+    def appended(self, b: int) -> int:
+        """How many of entry b's n_new rows are written: those at positions [cache_seqlens[b], capacity),
+        none when cache_seqlens[b] < 0. They are the last of its keys(b) keys."""
+        start = int(self.cache_seqlens[b])
+        return 0 if start < 0 else max(min(self.n_new, self.capacity - start), 0)
 
 
 def kvcache_layout(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any = None, cache_leftpad: Any = None,

@@ -19,7 +19,6 @@ first keys).
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -28,6 +27,7 @@ import numpy as np
 from . import _context_parallel
 from ._context_parallel import DTYPES, check_local, window_bounds
 from ._api import varlen_forward
+from ._options import softmax_scale as softmax_scale_of
 from ._ring_layout import split_sizes
 
 __all__ = ["ring_varlen_forward", "shard_varlen", "shard_varlen_rows", "unshard_varlen"]
@@ -165,7 +165,7 @@ def ring_varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
         left, right = window_bounds(window)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-        scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+        scale = softmax_scale_of(q.shape[-1], softmax_scale)
         cu_q, cu_k = np.concatenate([[0], np.cumsum(nq)]), np.concatenate([[0], np.cumsum(nk)])
         return [q.shape[0], k.shape[0], len(nq), cu_q[-1], cu_k[-1], float(cu_q.sum()),
                 float(cu_k.sum()), q.shape[1], k.shape[1], q.shape[2], DTYPES.index(str(q.dtype)),

@@ -13,11 +13,11 @@ that rank as the owner while it takes the new tokens.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from . import _context_parallel
 from ._api import forward, select_backend
+from ._options import softmax_scale as softmax_scale_of
 from ._context_parallel import DTYPES
 from .merge import merged_stacked_float32
 
@@ -90,7 +90,7 @@ def sharded_decode(q: Any, k_cache: Any, v_cache: Any, *, cache_seqlens: Any, gr
         # run on this rank's own call before anything moves.
         select_backend(q, k_cache, v_cache, causal=causal and mine, softmax_scale=softmax_scale, backend=backend,
                        **options, **({} if sinks is None else dict(sinks=sinks)))
-        scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+        scale = softmax_scale_of(q.shape[-1], softmax_scale)
         return [q.shape[0], q.shape[1], q.shape[2], q.shape[3], DTYPES.index(str(q.dtype)), k_cache.shape[1],
                 int(causal), owner_rank, scale, float(softcap), int(sinks is not None), int(k_new is not None),
                 int(block_table is not None)]

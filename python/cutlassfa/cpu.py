@@ -28,7 +28,7 @@ import numpy as np
 
 from . import masks
 from ._kv_sources import DenseKeys, PagedKeys, append_keys, max_abs
-from ._options import kvcache_layout, per_head, varlen_layout
+from ._options import kvcache_layout, per_head, softmax_scale as softmax_scale_of, varlen_layout
 from .merge import merged_float32
 from .masks import Window, resolve_window
 
@@ -88,7 +88,7 @@ def forward_cpu(
     win, cap, splits = resolve_window(causal, window), float(softcap), num_splits or 1
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    scale = _scale(d, softmax_scale)
+    scale = softmax_scale_of(d, softmax_scale)
     if out is None:
         out = np.empty(q.shape, dtype=q.dtype)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
@@ -163,7 +163,7 @@ def kvcache_forward_cpu(
     The arguments are those the extension validated (`cutlassfa.forward(..., backend="cpu")` is the
     checked entry). block_table values are taken as the kernels take a device table: keys behind an
     entry outside [0, num_pages) count as masked (never read), appended keys there are dropped
-    (masks.page_present). Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
+    (masks.page_present); lengths are clamped as the kernels clamp device ones (_options.KVCacheArgs). Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
     """
     _check_blocks(block_m, block_n)
     args = kvcache_layout(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
@@ -172,15 +172,14 @@ def kvcache_forward_cpu(
     b, hq, nq, d = q.shape
     out = _output(out, q.shape, q.dtype)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float32)
-    scale = _scale(d, softmax_scale)
+    scale = softmax_scale_of(d, softmax_scale)
     slopes = per_head(alibi_slopes, b, hq, "alibi_slopes")
     hkv = k_cache.shape[1]
     k_scales = per_head(k_descale, b, hkv, "k_descale", one_value=True)
     v_scales = per_head(v_descale, b, hkv, "v_descale", one_value=True)
     entries = []
     for i in range(b):
-        length = int(args.cache_seqlens[i]) + args.n_new
-        leftpad = int(args.cache_leftpad[i])
+        length, leftpad = args.keys(i), args.leftpad(i)
         k_scale, v_scale = _part(k_scales, i, i + 1), _part(v_scales, i, i + 1)  # (1, Hkv) or None
         # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the
         # same as starting the keys there, L_b - leftpad of them, as FlashAttention does.
@@ -192,10 +191,11 @@ def kvcache_forward_cpu(
                              k_scale=k_scale, v_scale=v_scale)
         # Picked before appending, so that a refusal (a scale overflowing float64) writes nothing: from
         # the keys already in the cache and the new ones (descaled as the cache's).
-        k_max, v_max = keys.max_abs(int(args.cache_seqlens[i]) - leftpad)
-        if k_new is not None:
-            k_max = max(k_max, max_abs(k_new[i : i + 1], k_scale))
-            v_max = max(v_max, max_abs(v_new[i : i + 1], v_scale))
+        appended = args.appended(i)
+        k_max, v_max = keys.max_abs(max(length - appended - leftpad, 0))
+        if appended:
+            k_max = max(k_max, max_abs(k_new[i : i + 1, :, :appended], k_scale))
+            v_max = max(v_max, max_abs(v_new[i : i + 1, :, :appended], v_scale))
         dtype = _compute_dtype(max_abs(q[i]), k_max, v_max, d, length - leftpad, scale, cap)
         entries.append((keys, length - leftpad, leftpad, dtype))
     if k_new is not None:
@@ -245,7 +245,7 @@ def varlen_forward_cpu(
     total_q, hq, d = q.shape
     out = _output(out, q.shape, q.dtype)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float32)
-    scale = _scale(d, softmax_scale)
+    scale = softmax_scale_of(d, softmax_scale)
     slopes = per_head(alibi_slopes, args.batch, hq, "alibi_slopes")
     cu_q, cu_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
     sequences = [(q0, q1, k0, k1) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
@@ -437,10 +437,6 @@ def _compute_dtype(q_max: float, k_max: float, v_max: float, d: int, nk: int, sc
 def _rows_as_4d(x: np.ndarray) -> np.ndarray:
     """(n, H, d) rows of one varlen sequence seen as (1, H, n, d), without a copy."""
     return x.transpose(1, 0, 2)[None]
-
-
-def _scale(d: int, softmax_scale: float | None) -> float:
-    return 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
 
 
 def _check_blocks(block_m: int, block_n: int) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 
 from . import _context_parallel, _ring_layout, _ring_plan
 from ._api import forward
+from ._options import softmax_scale as softmax_scale_of
 from ._context_parallel import check_local, free_bytes, gathered_bytes, window_bounds
 from ._ring_layout import LAYOUTS, shard, unshard
 from ._ring_plan import Mask, Piece
@@ -169,7 +170,7 @@ def _local_settings(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, lay
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     left, right = window_bounds(window)
     d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    scale = softmax_scale_of(d, softmax_scale)
     return [q.shape[2], k.shape[2], free_bytes(q), q.shape[0], q.shape[1], k.shape[1], d,
             _context_parallel.DTYPES.index(str(q.dtype)), int(causal), LAYOUTS.index(layout),
             -1 if left is None else left, -1 if right is None else right, scale, float(softcap), int(sinks is not None),

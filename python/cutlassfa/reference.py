@@ -240,7 +240,9 @@ def kvcache_reference(
             alignment (and ALiBi's distance) is
             bottom-right against L_b = cache_seqlens[b] + Nnew: query i sees key j <= i + L_b - Nq.
         block_table values are taken as the kernels take a device table: keys (cached or new) behind
-            an entry outside [0, num_pages) count as masked (masks.page_present).
+            an entry outside [0, num_pages) count as masked (masks.page_present); lengths as the kernels
+            take device ones: L_b and the leftpad clamped to the capacity, new rows past it (or all of
+            them for a negative cache_seqlens[b]) dropped (_options.KVCacheArgs).
         k_descale, v_descale: None (1), or float32 dequantization scales (FlashAttention-3's): a scalar,
             (Hkv,) or (B, Hkv). Entry b's keys and values of head h, cached and new, are
             k * k_descale[b, h] and v * v_descale[b, h] in float64 (e.g. float8_e4m3fn caches).
@@ -261,10 +263,12 @@ def kvcache_reference(
     out = np.zeros((b, hq, nq, d), dtype=np.float64)
     lse = np.full((b, hq, nq), -np.inf, dtype=np.float64)
     for i in range(b):
-        keys, values = (_cache_entry(c, i, args) for c in (k_cache, v_cache))
-        if k_new is not None:
-            keys = np.concatenate([keys, np.asarray(k_new[i], dtype=np.float64)], axis=1)
-            values = np.concatenate([values, np.asarray(v_new[i], dtype=np.float64)], axis=1)
+        # The entry's keys(i) keys: the cache's, then the appended ones that fit (unchecked lengths clamped).
+        appended = args.appended(i)
+        keys, values = (_cache_entry(c, i, args.keys(i) - appended, args) for c in (k_cache, v_cache))
+        if appended:
+            keys = np.concatenate([keys, np.asarray(k_new[i, :, :appended], dtype=np.float64)], axis=1)
+            values = np.concatenate([values, np.asarray(v_new[i, :, :appended], dtype=np.float64)], axis=1)
         # Not in place: a float64 contiguous cache's entry is a view of the cache.
         if k_scales is not None:
             keys = keys * k_scales[i].astype(np.float64)[:, None, None]
@@ -272,7 +276,7 @@ def kvcache_reference(
             values = values * v_scales[i].astype(np.float64)[:, None, None]
         # Leftpad hides the keys before it without moving the alignment (offset L_b - Nq): the same
         # as dropping them, which leaves (L_b - leftpad) - Nq counted from the first kept key.
-        lp = int(args.cache_leftpad[i])
+        lp = args.leftpad(i)
         present = None
         if args.paged:
             positions = np.arange(keys.shape[1])
@@ -284,9 +288,8 @@ def kvcache_reference(
     return out, lse
 
 
-def _cache_entry(cache: np.ndarray, i: int, args: Any) -> np.ndarray:
-    """Keys [0, cache_seqlens[i]) of entry i as a float64 (Hkv, L, d) copy."""
-    length = int(args.cache_seqlens[i])
+def _cache_entry(cache: np.ndarray, i: int, length: int, args: Any) -> np.ndarray:
+    """Keys [0, length) of entry i as a float64 (Hkv, length, d) copy."""
     if not args.paged:
         return np.asarray(cache[i, :, :length], dtype=np.float64)
     positions = np.arange(length)
