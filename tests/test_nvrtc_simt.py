@@ -114,6 +114,7 @@ def _compile(source: str, name_expressions: list[str], arch: int = 61) -> tuple[
             b"--std=c++17",
             b"-I" + str(SIMT_DIR).encode(),
             b"-I" + str(INCLUDE_DIR).encode(),
+            b"-I" + str(INCLUDE_DIR.parent).encode(),  # cpp/: common/opaque.h
             b"-I" + str(_cuda_runtime_include()).encode(),
         ]
         (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)

@@ -1,7 +1,8 @@
 // The float64 reference of one query row, for the standalone self-tests (cpp/sm80/selftest.cu,
-// cpp/sm90ws/selftest.cu): the softmax of scale * q . k_j over the keys j < visible, kept as its max m
-// and sum l, and o = sum_j exp(s_j - m) v_j (unnormalized: the output row is o / l). dot(j) returns
-// q . k_j and value(j, x) element x of v_j; s has room for `visible` scores, o for d values. Host code.
+// cpp/sm90ws/selftest.cu, cpp/simt/selftest.cu; common/selftest_harness.h measures rows against it): the
+// softmax of scale * q . k_j over the keys j < visible, kept as its max m and sum l, and
+// o = sum_j exp(s_j - m) v_j (unnormalized: the output row is o / l). dot(j) returns q . k_j and
+// value(j, x) element x of v_j; s has room for `visible` scores, o for d values. Host code.
 #pragma once
 
 #include <algorithm>
@@ -12,7 +13,8 @@ namespace cutlassfa {
 
 struct ReferenceRow {
   double m, l;
-  double lse() const { return l > 0 ? m + std::log(l) : -INFINITY; }  // -inf when no key is visible
+  bool sees_keys() const { return l > 0; }  // l >= 1 once a key is visible
+  double lse() const { return sees_keys() ? m + std::log(l) : -INFINITY; }  // -inf when no key is visible
 };
 
 template <class Dot, class Value>

@@ -8,6 +8,8 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "common/opaque.h"
+
 namespace cutlassfa {
 
 using namespace cute;
@@ -57,19 +59,6 @@ __forceinline__ __device__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Returns x unchanged, but hides it from the optimizer's algebra (an empty inline asm). See the
-// comment at its uses in common/mask.h.
-__forceinline__ __device__ int opaque(int x) {
-  asm("" : "+r"(x));
-  return x;
-}
-
-// Same, and never hoisted or merged with another call (volatile): re-evaluated where it stands.
-__forceinline__ __device__ int opaque_volatile(int x) {
-  asm volatile("" : "+r"(x));
-  return x;
 }
 
 // Copy the rows of a (CPY, CPY_ROWS, CPY_K) partition whose tile row is in [row_begin, row_end) and

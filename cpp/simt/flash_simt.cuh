@@ -426,12 +426,15 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocks) flash_fwd_simt_k
     // Boundary steps: keys outside [leftpad, L) and outside the window of each row. Element (i, j) is
     // key n0 + tc*4 + col_of(j) of row m0 + row0 + row_of(i): offsets from this thread's first element.
     if (trips.is_masked(n_block)) {
-      const ElementMask mask(entry, m0 + row0, n0 + tc * 4);
 #pragma unroll
       for (int i = 0; i < kTM; ++i) {
+        int lo, hi;
+        entry.row_range(m0 + row0 + row_of(i), lo, hi);
+        // Relative to this thread's first key, behind opaque() (common/opaque.h says why).
+        const int begin_rel = opaque(lo - (n0 + tc * 4)), end_rel = opaque(hi - (n0 + tc * 4));
 #pragma unroll
         for (int j = 0; j < kTNS; ++j) {
-          if (mask.hidden(col_of(j), row_of(i))) tSrS[i][j] = kNegInf;
+          if (col_of(j) < begin_rel || col_of(j) >= end_rel) tSrS[i][j] = kNegInf;
         }
       }
     }

@@ -10,8 +10,6 @@
 // applies params.h's visibility rule key by key, with hidden cache rows filled with NaN; then
 // CUDA-event timings. `quick` skips the timings; `mask` runs only the host check of the mask helpers
 // (no GPU needed).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,19 +22,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/reference_row.h"
+#include "common/selftest_harness.h"
 #include "cutlassfa/launch.h"
 #include "simt/launch_flash_simt.h"
 
 using namespace cutlassfa;
-
-#define CHECK(x)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #x); \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 // Backend 3: the large_tile variant that sm_86 / sm_89 fall back to, run directly.
 template <typename T, int D>
@@ -51,49 +42,8 @@ static cudaError_t run_backend(int backend, const FwdParams& p, cudaStream_t s) 
     case 0: return launch_naive(p, s);
     case 1: return launch_small_tile(p, s);
     case 2: return launch_large_tile(p, s);
-    default: return simt::dispatch_flash_simt<CompactLaunch>(p, s);
+    default: return simt::dispatch_flash_simt<CompactLaunch, CUTLASSFA_LARGE_TILE_HEAD_DIMS>(p, s);
   }
-}
-
-static size_t elem_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
-static const char* dtype_name(DType t) {
-  return t == DType::kFloat32 ? "fp32" : (t == DType::kFloat16 ? "fp16" : "bf16");
-}
-// Rounds through the dtype and returns its bits (lower 16 for half types).
-static float round_to(DType t, float x, unsigned* bits) {
-  if (t == DType::kFloat32) {
-    std::memcpy(bits, &x, 4);
-    return x;
-  }
-  if (t == DType::kFloat16) {
-    __half h = __float2half_rn(x);
-    unsigned short u;
-    std::memcpy(&u, &h, 2);
-    *bits = u;
-    return __half2float(h);
-  }
-  __nv_bfloat16 h = __float2bfloat16(x);
-  unsigned short u;
-  std::memcpy(&u, &h, 2);
-  *bits = u;
-  return __bfloat162float(h);
-}
-static float from_bits(DType t, const unsigned char* p) {
-  if (t == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  unsigned short u;
-  std::memcpy(&u, p, 2);
-  if (t == DType::kFloat16) {
-    __half h;
-    std::memcpy(&h, &u, 2);
-    return __half2float(h);
-  }
-  __nv_bfloat16 h;
-  std::memcpy(&h, &u, 2);
-  return __bfloat162float(h);
 }
 
 // A (batch, heads, seqlen, d) tensor with layout 0 = contiguous BHSD, 1 = BSHD, 2 = BHSD with the
@@ -117,7 +67,7 @@ struct Tensor {
     }
     elems = (size_t)sb * b;
     val.assign((size_t)b * h * n * d, 0.f);
-    CHECK(cudaMalloc(&dev, elems * elem_size(t) + 64));
+    CHECK_CUDA(cudaMalloc(&dev, elems * dtype_bytes(t) + 64));
   }
   ~Tensor() { cudaFree(dev); }
   long long off(int ib, int ih, int in, int id) const { return ib * sb + ih * sh + in * sr + id; }
@@ -125,21 +75,17 @@ struct Tensor {
   // Rows (ib, in) with keep[ib * n + in] == 0 are NaN (cache rows no key should read).
   void fill_random(std::mt19937& rng, float amp, const std::vector<char>* keep = nullptr) {
     std::uniform_real_distribution<float> u(-amp, amp);
-    std::vector<unsigned char> host(elems * elem_size(t), 0);
-    const unsigned nan_bits = t == DType::kFloat32 ? 0x7fc00000u : (t == DType::kFloat16 ? 0x7e00u : 0x7fc0u);
+    std::vector<unsigned char> host(elems * dtype_bytes(t), 0);
     for (int ib = 0; ib < b; ++ib)
       for (int ih = 0; ih < h; ++ih)
         for (int in = 0; in < n; ++in)
           for (int id = 0; id < d; ++id) {
-            unsigned bits;
-            at(ib, ih, in, id) = round_to(t, u(rng), &bits);
-            if (keep != nullptr && !(*keep)[(size_t)ib * n + in]) {
-              bits = nan_bits;
-              at(ib, ih, in, id) = NAN;
-            }
-            std::memcpy(&host[off(ib, ih, in, id) * elem_size(t)], &bits, elem_size(t));
+            const float x = u(rng);  // drawn for hidden rows too: the other rows keep their values
+            const bool hidden = keep != nullptr && !(*keep)[(size_t)ib * n + in];
+            store_element(t, host.data(), off(ib, ih, in, id), hidden ? NAN : x);
+            at(ib, ih, in, id) = (float)load_element(t, host.data(), off(ib, ih, in, id));
           }
-    CHECK(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice));
   }
 };
 
@@ -167,37 +113,26 @@ static FwdParams make_params(const Tensor& q, const Tensor& k, const Tensor& v, 
   return p;
 }
 
-// fp64 reference of rows [row_begin, row_end) of (b, h); returns max errors into the accumulators.
-static void reference_row(const Tensor& q, const Tensor& k, const Tensor& v, const FwdParams& p, int ib, int ih,
-                          int i, std::vector<double>& o_ref, double& lse_ref) {
+// fp64 reference of query row i of (ib, ih) under make_params's mask (every key, or causal): the
+// normalized output row and its lse.
+static void reference_output_row(const Tensor& q, const Tensor& k, const Tensor& v, const FwdParams& p, int ib,
+                                 int ih, int i, std::vector<double>& o_ref, double& lse_ref) {
   const int hk = ih / p.heads_ratio;
   const int last = p.window_right == 0 ? i + p.seqlen_k - p.seqlen_q : p.seqlen_k - 1;
   const int n_vis = std::max(0, std::min(p.seqlen_k, last + 1));
-  o_ref.assign(p.head_dim, 0.0);
-  if (n_vis == 0) {
-    lse_ref = -INFINITY;
-    return;
-  }
-  std::vector<double> s(n_vis);
-  double m = -1e300;
   const float* qr = &const_cast<Tensor&>(q).at(ib, ih, i, 0);
-  for (int j = 0; j < n_vis; ++j) {
+  auto dot = [&](int j) {
     const float* kr = &const_cast<Tensor&>(k).at(ib, hk, j, 0);
     double acc = 0;
     for (int d = 0; d < p.head_dim; ++d) acc += (double)qr[d] * kr[d];
-    s[j] = acc * p.softmax_scale;
-    m = std::max(m, s[j]);
-  }
-  double l = 0;
-  for (int j = 0; j < n_vis; ++j) {
-    s[j] = std::exp(s[j] - m);
-    l += s[j];
-  }
-  for (int j = 0; j < n_vis; ++j) {
-    const float* vr = &const_cast<Tensor&>(v).at(ib, hk, j, 0);
-    for (int d = 0; d < p.head_dim; ++d) o_ref[d] += s[j] / l * vr[d];
-  }
-  lse_ref = m + std::log(l);
+    return acc;
+  };
+  auto value = [&](int j, int d) { return (double)const_cast<Tensor&>(v).at(ib, hk, j, d); };
+  std::vector<double> s(n_vis);
+  o_ref.resize(p.head_dim);
+  const ReferenceRow row = reference_row(n_vis, p.head_dim, p.softmax_scale, dot, value, s, o_ref);
+  for (double& x : o_ref) x = row.sees_keys() ? x / row.l : 0.0;
+  lse_ref = row.lse();
 }
 
 static int g_failures = 0;
@@ -215,11 +150,11 @@ static bool lse_close(float got, double want) {
 // Compares the rows listed (all rows when `rows` is empty) against the reference.
 static void check(const char* what, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                   const float* d_lse, const FwdParams& p, int max_rows_checked) {
-  std::vector<unsigned char> host(o.elems * elem_size(o.t));
-  CHECK(cudaMemcpy(host.data(), o.dev, host.size(), cudaMemcpyDeviceToHost));
+  std::vector<unsigned char> host(o.elems * dtype_bytes(o.t));
+  CHECK_CUDA(cudaMemcpy(host.data(), o.dev, host.size(), cudaMemcpyDeviceToHost));
   const size_t n_lse = (size_t)p.batch * p.heads_q * p.seqlen_q;
   std::vector<float> lse(n_lse);
-  CHECK(cudaMemcpy(lse.data(), d_lse, n_lse * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(lse.data(), d_lse, n_lse * 4, cudaMemcpyDeviceToHost));
   double max_err = 0, max_lse_err = 0;
   bool bad = false;
   const long long total_rows = (long long)p.batch * p.heads_q * p.seqlen_q;
@@ -230,9 +165,9 @@ static void check(const char* what, const Tensor& q, const Tensor& k, const Tens
     const long long rr = (step > 1) ? (r + (r * 7919) % step) % total_rows : r;
     const int i = (int)(rr % p.seqlen_q), ih = (int)((rr / p.seqlen_q) % p.heads_q),
               ib = (int)(rr / ((long long)p.seqlen_q * p.heads_q));
-    reference_row(q, k, v, p, ib, ih, i, o_ref, lse_ref);
+    reference_output_row(q, k, v, p, ib, ih, i, o_ref, lse_ref);
     for (int d = 0; d < p.head_dim; ++d) {
-      const float got = from_bits(o.t, &host[o.off(ib, ih, i, d) * elem_size(o.t)]);
+      const float got = (float)load_element(o.t, host.data(), o.off(ib, ih, i, d));
       const double err = std::fabs(got - o_ref[d]);
       if (!o_close(o.t, got, o_ref[d])) {
         if (!bad) std::printf("    first bad O at b=%d h=%d i=%d d=%d: got %g want %g\n", ib, ih, i, d, got, o_ref[d]);
@@ -260,19 +195,19 @@ static void run_case(int backend, DType t, const Case& c, std::mt19937& rng) {
   q.fill_random(rng, 1.5f);
   k.fill_random(rng, 1.5f);
   v.fill_random(rng, 1.f);
-  CHECK(cudaMemset(o.dev, 0xff, o.elems * elem_size(t)));  // NaN poison
+  CHECK_CUDA(cudaMemset(o.dev, 0xff, o.elems * dtype_bytes(t)));  // NaN poison
   float* lse;
   const size_t n_lse = (size_t)c.B * c.Hq * c.Nq;
-  CHECK(cudaMalloc(&lse, n_lse * 4));
-  CHECK(cudaMemset(lse, 0xff, n_lse * 4));
+  CHECK_CUDA(cudaMalloc(&lse, n_lse * 4));
+  CHECK_CUDA(cudaMemset(lse, 0xff, n_lse * 4));
   FwdParams p = make_params(q, k, v, o, lse, c.causal);
-  CHECK(run_backend(backend, p, 0));
-  CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(run_backend(backend, p, 0));
+  CHECK_CUDA(cudaDeviceSynchronize());
   char what[256];
   std::snprintf(what, sizeof what, "%-10s %s B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d%s L%d/%d", kBackendNames[backend],
                 dtype_name(t), c.B, c.Hq, c.Hkv, c.Nq, c.Nk, c.D, c.causal ? " causal" : "", c.layout, c.pad);
   check(what, q, k, v, o, lse, p, 3000);
-  CHECK(cudaFree(lse));
+  CHECK_CUDA(cudaFree(lse));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -334,8 +269,8 @@ static bool visible(const HostEntry& e, int left, int right, int i, int j) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host check of the mask helpers the kernels use (simt_common.cuh): tile trips, row ranges and
-// the element mask against the pair-by-pair rule, over random shapes, windows and leftpads.
+// Host check of the mask helpers the kernels use (simt_common.cuh): tile trips and row ranges
+// against the pair-by-pair rule, over random shapes, windows and leftpads.
 // ---------------------------------------------------------------------------------------------
 static void check_masks_on_host(std::mt19937& rng) {
   int bad = 0, configs = 0;
@@ -380,16 +315,6 @@ static void check_masks_on_host(std::mt19937& rng) {
                                      t.last, any, all);
         }
       }
-    }
-    for (int k = 0; k < 20; ++k) {  // element mask from a thread's first element (row, key)
-      const int row = pick(0, e.nq + 10), key = pick(0, e.nk + 10);
-      const simt::ElementMask mask(e, row, key);
-      for (int dr = 0; dr < 64; dr += pick(1, 5))
-        for (int dc = 0; dc < 128; dc += pick(1, 5))
-          if (mask.hidden(dc, dr) == visible(h, e.window_left, e.window_right, row + dr, key + dc)) {
-            if (bad++ < 5) std::printf("    element mask nq=%d nk=%d pad=%d w=(%d,%d) (%d, %d)\n", e.nq, e.nk,
-                                       e.leftpad, e.window_left, e.window_right, row + dr, key + dc);
-          }
     }
   }
   std::printf("  host mask check: %d configurations  %s\n", configs, bad ? "FAIL" : "ok");
@@ -464,21 +389,21 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
   q.fill_random(rng, 1.5f);
   k.fill_random(rng, 1.5f, &keep);
   v.fill_random(rng, 1.f, &keep);
-  CHECK(cudaMemset(o.dev, 0xff, o.elems * elem_size(t)));  // NaN poison
+  CHECK_CUDA(cudaMemset(o.dev, 0xff, o.elems * dtype_bytes(t)));  // NaN poison
 
   // Device arrays of the per-entry lengths.
   std::vector<void*> device_arrays;
   auto upload = [&](const std::vector<int>& host) -> const int* {
     void* d = nullptr;
-    CHECK(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * 4));
-    if (!host.empty()) CHECK(cudaMemcpy(d, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * 4));
+    if (!host.empty()) CHECK_CUDA(cudaMemcpy(d, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
     device_arrays.push_back(d);
     return static_cast<const int*>(d);
   };
   const size_t n_lse = varlen ? (size_t)c.Hq * qn : (size_t)B * c.Hq * c.Nq;
   float* lse;
-  CHECK(cudaMalloc(&lse, n_lse * 4));
-  CHECK(cudaMemset(lse, 0xff, n_lse * 4));
+  CHECK_CUDA(cudaMalloc(&lse, n_lse * 4));
+  CHECK_CUDA(cudaMemset(lse, 0xff, n_lse * 4));
 
   FwdParams p = make_params(q, k, v, o, lse, false);
   p.batch = B, p.seqlen_q = seqlen_q, p.seqlen_k = varlen ? seqlen_k : capacity;
@@ -502,14 +427,14 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
     p.block_table = upload(table), p.block_table_stride = max_pages;
     p.page_size = c.page_size, p.num_pages = num_pages;
   }
-  CHECK(run_backend(backend, p, 0));
-  CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(run_backend(backend, p, 0));
+  CHECK_CUDA(cudaDeviceSynchronize());
 
   // Check every row of every entry.
-  std::vector<unsigned char> o_host(o.elems * elem_size(t));
-  CHECK(cudaMemcpy(o_host.data(), o.dev, o_host.size(), cudaMemcpyDeviceToHost));
+  std::vector<unsigned char> o_host(o.elems * dtype_bytes(t));
+  CHECK_CUDA(cudaMemcpy(o_host.data(), o.dev, o_host.size(), cudaMemcpyDeviceToHost));
   std::vector<float> lse_host(n_lse);
-  CHECK(cudaMemcpy(lse_host.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(lse_host.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
   double max_err = 0;
   bool bad = false;
   std::vector<double> s, o_ref(D);
@@ -519,34 +444,29 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
       const int hk = h / (c.Hq / c.Hkv);
       for (int i = 0; i < e.nq; ++i) {
         const auto qa = q_at(b, i);
-        // fp64 reference over the visible keys.
-        std::vector<int> keys;
+        // fp64 reference over the visible keys, by where they live in k and v. dot gives the whole score
+        // (softcap included), so the reference's scale is 1.
+        std::vector<std::pair<int, int>> keys;
         for (int j = 0; j < e.nk; ++j)
-          if (visible(e, c.left, c.right, i, j) && k_at(b, j).first >= 0) keys.push_back(j);
-        s.assign(keys.size(), 0.0);
-        double m = -INFINITY;
-        for (size_t n = 0; n < keys.size(); ++n) {
-          const auto ka = k_at(b, keys[n]);
+          if (visible(e, c.left, c.right, i, j) && k_at(b, j).first >= 0) keys.push_back(k_at(b, j));
+        auto dot = [&](int n) {
           double acc = 0;
-          for (int d = 0; d < D; ++d) acc += (double)q.at(qa.first, h, qa.second, d) * k.at(ka.first, hk, ka.second, d);
-          s[n] = c.cap > 0.f ? c.cap * std::tanh(acc * scale / c.cap) : acc * scale;
-          m = std::max(m, s[n]);
-        }
-        double l = 0;
-        for (double& x : s) l += (x = std::exp(x - m));
-        std::fill(o_ref.begin(), o_ref.end(), 0.0);
-        for (size_t n = 0; n < keys.size(); ++n) {
-          const auto ka = k_at(b, keys[n]);
-          for (int d = 0; d < D; ++d) o_ref[d] += s[n] / l * v.at(ka.first, hk, ka.second, d);
-        }
-        const double lse_ref = keys.empty() ? -INFINITY : m + std::log(l);
+          for (int d = 0; d < D; ++d)
+            acc += (double)q.at(qa.first, h, qa.second, d) * k.at(keys[n].first, hk, keys[n].second, d);
+          return c.cap > 0.f ? c.cap * std::tanh(acc * scale / c.cap) : acc * scale;
+        };
+        auto value = [&](int n, int d) { return (double)v.at(keys[n].first, hk, keys[n].second, d); };
+        s.resize(keys.size());
+        const ReferenceRow row = reference_row((int)keys.size(), D, 1.0, dot, value, s, o_ref);
+        const double lse_ref = row.lse();
         for (int d = 0; d < D; ++d) {
-          const float got = from_bits(t, &o_host[o.off(qa.first, h, qa.second, d) * elem_size(t)]);
-          if (!o_close(t, got, o_ref[d])) {
-            if (!bad) std::printf("    first bad O at b=%d h=%d i=%d d=%d: got %g want %g\n", b, h, i, d, got, o_ref[d]);
+          const double want = row.sees_keys() ? o_ref[d] / row.l : 0.0;
+          const float got = (float)load_element(t, o_host.data(), o.off(qa.first, h, qa.second, d));
+          if (!o_close(t, got, want)) {
+            if (!bad) std::printf("    first bad O at b=%d h=%d i=%d d=%d: got %g want %g\n", b, h, i, d, got, want);
             bad = true;
           }
-          const double err = std::fabs(got - o_ref[d]);
+          const double err = std::fabs(got - want);
           if (!(err <= max_err)) max_err = std::isnan(err) ? INFINITY : err;
         }
         const float got_lse = lse_host[b * p.lse_batch_stride + h * p.lse_head_stride + e.q0 + i];
@@ -560,8 +480,8 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
   std::printf("  %-10s %s D=%-3d %-52s max|dO| %.2e  %s\n", kBackendNames[backend], dtype_name(t), D, c.name.c_str(),
               max_err, bad ? "FAIL" : "ok");
   if (bad) ++g_failures;
-  for (void* d : device_arrays) CHECK(cudaFree(d));
-  CHECK(cudaFree(lse));
+  for (void* d : device_arrays) CHECK_CUDA(cudaFree(d));
+  CHECK_CUDA(cudaFree(lse));
 }
 
 static std::vector<ModeCase> mode_cases() {
@@ -612,24 +532,8 @@ static std::vector<ModeCase> long_mode_cases() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Timing
+// Timing: one warm-up launch, then the mean of three (time_launches_ms, common/selftest_harness.h)
 // ---------------------------------------------------------------------------------------------
-template <typename F>
-static float time_ms(F&& f, int reps) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  CHECK(f());  // warm-up
-  CHECK(cudaDeviceSynchronize());
-  CHECK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) CHECK(f());
-  CHECK(cudaEventRecord(b));
-  CHECK(cudaEventSynchronize(b));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
-  return ms / reps;
-}
-
 // Extra d=64 configurations, timed for tuning only.
 using Tune0 = simt::SimtTraits<64, 256, 32, 8, false, 1>;  // 8x4 S microtile, 8 warps, 114 KB
 using Tune1 = simt::SimtTraits<32, 256, 64, 8, false, 1>;  // D=32, 8x8, 8 warps, 113 KB
@@ -644,7 +548,7 @@ static void bench(DType t, int D, int N, bool causal, bool with_tuning, int wind
   k.fill_random(rng, 1.5f);
   v.fill_random(rng, 1.f);
   float* lse;
-  CHECK(cudaMalloc(&lse, (size_t)B * H * N * 4));
+  CHECK_CUDA(cudaMalloc(&lse, (size_t)B * H * N * 4));
   FwdParams p = make_params(q, k, v, o, lse, causal || window_left >= 0);
   double pairs = (double)N * N * (causal ? 0.5 : 1.0);
   if (window_left >= 0) {
@@ -654,21 +558,21 @@ static void bench(DType t, int D, int N, bool causal, bool with_tuning, int wind
   }
   const double flop = 4.0 * B * H * pairs * D;
   for (int backend = 1; backend <= 2; ++backend) {
-    CHECK(cudaMemset(o.dev, 0xff, o.elems * elem_size(t)));
-    const float ms = time_ms([&] { return run_backend(backend, p, 0); }, 3);
+    CHECK_CUDA(cudaMemset(o.dev, 0xff, o.elems * dtype_bytes(t)));
+    const float ms = time_launches_ms([&] { return run_backend(backend, p, 0); }, 1, 3);
     char mode[48] = "";
     if (window_left >= 0) std::snprintf(mode, sizeof mode, " window (%d, 0)", window_left);
     else if (causal) std::snprintf(mode, sizeof mode, " causal");
     std::printf("  BENCH %-10s %s D=%d B=%d H=%d N=%d%s: %8.3f ms  %6.2f TFLOP/s\n", kBackendNames[backend],
                 dtype_name(t), D, B, H, N, mode, ms, flop / ms * 1e-9);
-    if (window_left >= 0) continue;  // reference_row knows causal only; the mode cases check windows
+    if (window_left >= 0) continue;  // reference_output_row knows causal only; the mode cases check windows
     char what[128];
     std::snprintf(what, sizeof what, "%s big-run spot check (%s)", kBackendNames[backend], dtype_name(t));
     check(what, q, k, v, o, lse, p, 24);
   }
   if (with_tuning && t == DType::kFloat32 && D == 64) {
     auto one = [&](const char* name, auto launch) {
-      const float ms = time_ms(launch, 3);
+      const float ms = time_launches_ms(launch, 1, 3);
       std::printf("  TUNE  %-40s %8.3f ms  %6.2f TFLOP/s\n", name, ms, flop / ms * 1e-9);
     };
     one("compact 128x64 4w (8x8 S)", [&] { return simt::launch_flash_simt_kernel<simt::LargeTileCompact<64>, float>(p, 0); });
@@ -676,12 +580,12 @@ static void bench(DType t, int D, int N, bool causal, bool with_tuning, int wind
   }
   if (with_tuning && t == DType::kFloat32 && D == 32) {
     auto one = [&](const char* name, auto launch) {
-      const float ms = time_ms(launch, 3);
+      const float ms = time_launches_ms(launch, 1, 3);
       std::printf("  TUNE  %-40s %8.3f ms  %6.2f TFLOP/s\n", name, ms, flop / ms * 1e-9);
     };
     one("D=32 256x64 8w (8x8 S)", [&] { return simt::launch_flash_simt_kernel<Tune1, float>(p, 0); });
   }
-  CHECK(cudaFree(lse));
+  CHECK_CUDA(cudaFree(lse));
 }
 
 int main(int argc, char** argv) {
@@ -691,17 +595,18 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "mask") == 0) return g_failures ? 1 : 0;  // no GPU needed
 
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, sm_%d%d, %d SMs\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
 
-  // Invalid head dim -> cudaErrorInvalidValue from every launcher.
+  // A head dim past every compiled one (a smaller one runs zero-padded on the next) -> cudaErrorInvalidValue
+  // from every launcher, before any memory is touched.
   {
     FwdParams p{};
     p.batch = p.heads_q = p.heads_kv = p.heads_ratio = p.seqlen_q = p.seqlen_k = 1;
-    p.head_dim = 48;
-    for (int backend = 0; backend < 3; ++backend) {
+    p.head_dim = 4096;
+    for (int backend = 0; backend < 4; ++backend) {
       const cudaError_t e = run_backend(backend, p, 0);
-      std::printf("  %-10s head_dim=48 -> %s %s\n", kBackendNames[backend], cudaGetErrorName(e),
+      std::printf("  %-10s head_dim=4096 -> %s %s\n", kBackendNames[backend], cudaGetErrorName(e),
                   e == cudaErrorInvalidValue ? "ok" : "FAIL");
       if (e != cudaErrorInvalidValue) ++g_failures;
     }
@@ -768,7 +673,7 @@ int main(int argc, char** argv) {
       k.fill_random(r2, 1.f);
       v.fill_random(r2, 1.f);
       FwdParams p = make_params(q, k, v, o, nullptr, false);
-      const float ms = time_ms([&] { return launch_naive(p, 0); }, 3);
+      const float ms = time_launches_ms([&] { return launch_naive(p, 0); }, 1, 3);
       std::printf("  BENCH naive      fp32 D=64 B=2 H=1 N=8192: %8.3f ms  %6.2f TFLOP/s\n", ms,
                   4.0 * B * (double)N * N * D / ms * 1e-9);
     }

@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/opaque.h"
 #include "cutlassfa/params.h"
 #include "cutlassfa/rules.h"
 
@@ -237,35 +238,6 @@ __device__ __forceinline__ bool any_page_missing(const FwdParams& p, int b, int 
   }
   return __any_sync(0xffffffffu, missing);
 }
-
-// x clamped to [-2^30, 2^30]: mask limits relative to a tile, where only the sign of limit + a small
-// offset matters.
-__host__ __device__ __forceinline__ int clamp_2e30(long long x) {
-  return static_cast<int>(min(max(x, -(1ll << 30)), 1ll << 30));
-}
-
-// The element mask of a boundary tile for one thread, relative to its first element (row, key):
-// element (row + dr, key + dc) is hidden iff hidden(dc, dr), which adds dc - dr (compile-time in
-// the kernels) to three limits. (Absolute per-row limits get hoisted out of the key loop by the
-// compiler and cost 8+ live registers.)
-struct ElementMask {
-  int key_rel;         // key - leftpad: visible keys are (unsigned)(key_rel + dc) < key_count
-  unsigned key_count;  // L - leftpad
-  int past_right;      // (key - row) - (offset + right), +-2^30 clamped; > 0 past the window's right
-  int before_left;     // (key - row) - (offset - left); < 0 before the window's left
-
-  __host__ __device__ __forceinline__ ElementMask(const EntryMask& e, int row, int key) {
-    key_rel = key - e.leftpad;
-    key_count = static_cast<unsigned>(e.nk - e.leftpad);
-    // Clamped to +-2^30, far beyond any dc - dr, so a side that is unbounded or far away never masks.
-    const long long diag = static_cast<long long>(key) - rules::mask_diagonal(row, e.nq, e.nk);
-    past_right = e.window_right < 0 ? -(1 << 30) : clamp_2e30(diag - e.window_right);
-    before_left = e.window_left < 0 ? (1 << 30) : clamp_2e30(diag + e.window_left);
-  }
-  __host__ __device__ __forceinline__ bool hidden(int dc, int dr) const {
-    return static_cast<unsigned>(key_rel + dc) >= key_count || past_right + dc - dr > 0 || before_left + dc - dr < 0;
-  }
-};
 
 // Row offset of entry e's lse row `row` of head h.
 __device__ __forceinline__ long long lse_offset(const FwdParams& p, const EntryMask& e, int b, int h, int row) {

@@ -1,57 +1,36 @@
 // Standalone GPU check of launch_sm80 (the mma.sync family), independent of the Python package: random inputs in a
 // strided (batch, seqlen, heads, head_dim) layout, output poisoned with NaN, fp64 CPU reference,
 // then cudaEvent timings of the benchmark shapes. Built and run by cpp/sm80/selftest.sh.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "common/reference_row.h"
+#include "common/selftest_harness.h"
 #include "cutlassfa/launch.h"
 #include "cutlassfa/params.h"
 
 using cutlassfa::DType;
 using cutlassfa::dtype_bytes;
+using cutlassfa::dtype_name;
 using cutlassfa::FwdParams;
+using cutlassfa::load_element;
+using cutlassfa::OutputErrors;
 using cutlassfa::reference_row;
 using cutlassfa::ReferenceRow;
 
-#define CHECK_CUDA(expr)                                                                      \
-  do {                                                                                        \
-    cudaError_t const err_ = (expr);                                                          \
-    if (err_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
 namespace {
-
-// Host value -> device bits and back, with the rounding of the device type.
-void store(DType t, void* base, size_t i, float x) {
-  if (t == DType::kFloat32) { static_cast<float*>(base)[i] = x; }
-  if (t == DType::kFloat16) { static_cast<__half*>(base)[i] = __float2half_rn(x); }
-  if (t == DType::kBFloat16) { static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); }
-}
-double load(DType t, const void* base, size_t i) {
-  if (t == DType::kFloat32) { return static_cast<const float*>(base)[i]; }
-  if (t == DType::kFloat16) { return __half2float(static_cast<const __half*>(base)[i]); }
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-}
 
 struct Case {
   DType dtype;
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
   bool causal;
 };
-
-const char* name(DType t) { return t == DType::kFloat32 ? "fp32" : (t == DType::kFloat16 ? "fp16" : "bf16"); }
 
 // Tensors live as (batch, seqlen, heads, head_dim), as most frameworks store them, so the row
 // stride (heads * d) differs from head_dim and the head stride is d.
@@ -74,10 +53,9 @@ Buffers make_buffers(const Case& c, unsigned seed, float amplitude) {
   b.ho.resize(nq * eb);
   b.hlse.resize(size_t(c.batch) * c.heads_q * c.seqlen_q);
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-amplitude, amplitude);
-  for (size_t i = 0; i < nq; ++i) { store(c.dtype, b.hq.data(), i, u(rng)); }
-  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hk.data(), i, u(rng)); }
-  for (size_t i = 0; i < nk; ++i) { store(c.dtype, b.hv.data(), i, u(rng)); }
+  cutlassfa::fill_uniform(c.dtype, b.hq.data(), nq, rng, amplitude);
+  cutlassfa::fill_uniform(c.dtype, b.hk.data(), nk, rng, amplitude);
+  cutlassfa::fill_uniform(c.dtype, b.hv.data(), nk, rng, amplitude);
   CHECK_CUDA(cudaMalloc(&b.dq, b.hq.size()));
   CHECK_CUDA(cudaMalloc(&b.dk, b.hk.size()));
   CHECK_CUDA(cudaMalloc(&b.dv, b.hv.size()));
@@ -138,8 +116,7 @@ bool check_case(const Case& c) {
 
   int const d = c.head_dim;
   double const scale = b.p.softmax_scale;
-  double err2 = 0, ref2 = 0, max_abs = 0, max_lse = 0;
-  long long bad = 0;
+  OutputErrors errors{1e-2};
   std::vector<double> s(c.seqlen_k), o(d);
   for (int bi = 0; bi < c.batch; ++bi) {
     for (int h = 0; h < c.heads_q; ++h) {
@@ -150,63 +127,37 @@ bool check_case(const Case& c) {
         auto const dot = [&](int j) {
           size_t const krow = size_t(b.p.k_batch_stride) * bi + size_t(b.p.k_head_stride) * hk + size_t(b.p.k_row_stride) * j;
           double acc = 0;
-          for (int x = 0; x < d; ++x) { acc += load(c.dtype, b.hq.data(), qrow + x) * load(c.dtype, b.hk.data(), krow + x); }
+          for (int x = 0; x < d; ++x) {
+            acc += load_element(c.dtype, b.hq.data(), qrow + x) * load_element(c.dtype, b.hk.data(), krow + x);
+          }
           return acc;
         };
         auto const value = [&](int j, int x) {
           size_t const vrow = size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j;
-          return load(c.dtype, b.hv.data(), vrow + x);
+          return load_element(c.dtype, b.hv.data(), vrow + x);
         };
         ReferenceRow const row = reference_row(visible, d, scale, dot, value, s, o);
-        double const lse_ref = row.lse();
         float const lse_got = b.hlse[(size_t(bi) * c.heads_q + h) * c.seqlen_q + i];
-        if (visible == 0) {
-          if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
-        } else {
-          double const e = std::fabs(lse_got - lse_ref);
-          if (!(e <= 1e-2)) { ++bad; }
-          max_lse = std::max(max_lse, e);
-        }
-        for (int x = 0; x < d; ++x) {
-          double const ref = visible == 0 ? 0.0 : o[x] / row.l;
-          double const got = load(c.dtype, b.ho.data(), qrow + x);
-          if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
-          err2 += (got - ref) * (got - ref);
-          ref2 += ref * ref;
-          max_abs = std::max(max_abs, std::fabs(got - ref));
-        }
+        errors.add_row(row, o, c.dtype, b.ho.data(), qrow, d, lse_got);  // O has Q's strides
       }
     }
   }
-  double const rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  double const rel = errors.rel_l2();
   double const tol = c.dtype == DType::kBFloat16 ? 1.6e-2 : 3e-3;
-  bool const ok = bad == 0 && rel <= tol && (c.dtype != DType::kFloat32 || max_abs <= 5e-3);
+  bool const ok = errors.bad == 0 && rel <= tol && (c.dtype != DType::kFloat32 || errors.max_abs <= 5e-3);
   std::printf("%s %s d=%3d B=%d H=%d/%d Nq=%5d Nk=%5d causal=%d  relL2=%.2e maxabs=%.2e lse=%.1e bad=%lld\n",
-              ok ? "PASS" : "FAIL", name(c.dtype), d, c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k,
-              int(c.causal), rel, max_abs, max_lse, bad);
+              ok ? "PASS" : "FAIL", dtype_name(c.dtype), d, c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k,
+              int(c.causal), rel, errors.max_abs, errors.max_lse, errors.bad);
   free_buffers(b);
   return ok;
 }
 
 void bench_case(const Case& c) {
   Buffers b = make_buffers(c, 99u, 1.f);
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) { CHECK_CUDA(cutlassfa::launch_sm80(b.p, nullptr)); }
-  int const reps = 10;
-  CHECK_CUDA(cudaEventRecord(start));
-  for (int i = 0; i < reps; ++i) { CHECK_CUDA(cutlassfa::launch_sm80(b.p, nullptr)); }
-  CHECK_CUDA(cudaEventRecord(stop));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  ms /= reps;
+  float const ms = cutlassfa::time_launches_ms([&] { return cutlassfa::launch_sm80(b.p, nullptr); }, 3, 10);
   double const flops = 4.0 * c.batch * c.heads_q * double(c.seqlen_q) * c.seqlen_k * c.head_dim * (c.causal ? 0.5 : 1.0);
-  std::printf("BENCH %s d=%3d B=%d H=%d N=%5d causal=%d  %.3f ms  %.1f TFLOP/s\n", name(c.dtype), c.head_dim, c.batch,
-              c.heads_q, c.seqlen_q, int(c.causal), ms, flops / ms * 1e-9);
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
+  std::printf("BENCH %s d=%3d B=%d H=%d N=%5d causal=%d  %.3f ms  %.1f TFLOP/s\n", dtype_name(c.dtype), c.head_dim,
+              c.batch, c.heads_q, c.seqlen_q, int(c.causal), ms, flops / ms * 1e-9);
   free_buffers(b);
 }
 

@@ -1,6 +1,6 @@
-// The decode kernel of the mma.sync family: the few query rows of one K/V head (Nq x heads_ratio
-// <= 32: one or two 16-row MMA slabs) against a long K/V cache, a CTA per (batch, K/V head, key
-// split).
+// The decode kernel (mma.sync, common/mma_sync_gemm.h): the few query rows of one K/V head (Nq x
+// heads_ratio <= 32: one or two 16-row MMA slabs) against a long K/V cache, a CTA per (batch, K/V head,
+// key split).
 //
 // Decode reads every key once and computes little with it, so the kernel is built around the
 // memory stream, not the MMA (a 64- or 128-row tile would spend 4-8x the tensor work of the bytes on
@@ -27,13 +27,13 @@
 
 #include "common/dependent_launch.h"
 #include "common/lse_merge.h"
+#include "common/mma_sync_gemm.h"
 #include "common/online_softmax.h"
 #include "common/tensor_utils.h"
 #include "cutlassfa/params.h"
 #include "cutlassfa/rules.h"
-#include "sm80/gemm.h"
 
-namespace cutlassfa::sm80 {
+namespace cutlassfa::sm90decode {
 
 using namespace cute;
 
@@ -634,4 +634,4 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   }
 }
 
-}  // namespace cutlassfa::sm80
+}  // namespace cutlassfa::sm90decode

@@ -23,16 +23,16 @@ namespace {
 
 // Query rows of a call: one m16n8k16 slab (16 rows) or two (kSm90DecodeRows).
 template <int kHeadDim, class Element>
-using DecodeTraitsOf = sm80::DecodeTraits<kHeadDim, Element, kSm90DecodeRows>;
+using DecodeTraitsOf = sm90decode::DecodeTraits<kHeadDim, Element, kSm90DecodeRows>;
 static_assert(DecodeTraitsOf<64, cutlass::half_t>::kRows == kSm90DecodeRows);
 
 bool one_slab(const FwdParams& params) { return static_cast<long long>(params.seqlen_q) * params.heads_ratio <= 16; }
 
 template <int kHeadDim, class Element, int kRows, bool kFp8Cache>
 cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
-  using Traits = sm80::DecodeTraits<kHeadDim, Element, kRows, kFp8Cache>;
+  using Traits = sm90decode::DecodeTraits<kHeadDim, Element, kRows, kFp8Cache>;
   static_assert(Traits::kCtasPerSm == kSm90DecodeCtasPerSm, "the split heuristic's CTAs a multiprocessor");
-  auto kernel = &sm80::decode_kernel<Traits>;
+  auto kernel = &sm90decode::decode_kernel<Traits>;
   if constexpr (Traits::kSmemSize > 48 * 1024) {
     cudaError_t const err = opt_in_shared_memory(kernel, Traits::kSmemSize);
     if (err != cudaSuccess) { return err; }

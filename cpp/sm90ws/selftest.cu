@@ -2,8 +2,6 @@
 // package: random inputs, outputs poisoned with NaN before every run, an fp64 CPU reference on the same
 // rounded inputs, the scope refusals (cudaErrorNotSupported), then cudaEvent timings. Built and run by
 // cpp/sm90ws/selftest.sh.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,36 +14,21 @@
 #include <vector>
 
 #include "common/reference_row.h"
+#include "common/selftest_harness.h"
 #include "common/static_switch.h"
 #include "cutlassfa/params.h"
 #include "sm90ws/head_dims.h"
 #include "sm90ws/launch.h"
 
 using cutlassfa::DType;
+using cutlassfa::dtype_name;
 using cutlassfa::FwdParams;
+using cutlassfa::load_element;
+using cutlassfa::OutputErrors;
 using cutlassfa::reference_row;
 using cutlassfa::ReferenceRow;
 
-#define CHECK_CUDA(expr)                                                                              \
-  do {                                                                                                \
-    cudaError_t const err_ = (expr);                                                                  \
-    if (err_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_));    \
-      std::exit(1);                                                                                   \
-    }                                                                                                 \
-  } while (0)
-
 namespace {
-
-void store(DType t, void* base, size_t i, float x) {
-  if (t == DType::kFloat16) { static_cast<__half*>(base)[i] = __float2half_rn(x); }
-  if (t == DType::kBFloat16) { static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x); }
-}
-double load(DType t, const void* base, size_t i) {
-  if (t == DType::kFloat16) { return __half2float(static_cast<const __half*>(base)[i]); }
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-}
-const char* name(DType t) { return t == DType::kFloat16 ? "fp16" : "bf16"; }
 
 struct Case {
   DType dtype;
@@ -92,7 +75,7 @@ Buffers make_buffers(const Case& c, unsigned seed, float amplitude) {
   for (char* dst : {b.hq.data(), b.hk.data(), b.hv.data()}) {
     size_t const n = dst == b.hq.data() ? nq : nk;
     for (float& x : pool) { x = u(rng); }
-    for (size_t i = 0; i < n; ++i) { store(c.dtype, dst, i, pool[i % pool.size()]); }
+    for (size_t i = 0; i < n; ++i) { cutlassfa::store_element(c.dtype, dst, i, pool[i % pool.size()]); }
   }
   CHECK_CUDA(cudaMalloc(&b.dq, b.hq.size()));
   CHECK_CUDA(cudaMalloc(&b.dk, b.hk.size()));
@@ -164,12 +147,11 @@ bool check_case(const Case& c) {
   double const scale = b.p.softmax_scale;
   auto widen = [&](std::vector<char> const& h) {  // the rounded inputs in fp64, converted once
     std::vector<double> out(h.size() / 2);
-    for (size_t i = 0; i < out.size(); ++i) { out[i] = load(c.dtype, h.data(), i); }
+    for (size_t i = 0; i < out.size(); ++i) { out[i] = load_element(c.dtype, h.data(), i); }
     return out;
   };
   std::vector<double> const q64 = widen(b.hq), k64 = widen(b.hk), v64 = widen(b.hv);
-  double err2 = 0, ref2 = 0, max_abs = 0, max_lse = 0;
-  long long bad = 0;
+  OutputErrors errors{1e-3};
   std::vector<double> s(c.seqlen_k), o(d);
   for (int bi = 0; bi < c.batch; ++bi) {
     for (int h = 0; h < c.heads_q; ++h) {
@@ -188,33 +170,18 @@ bool check_case(const Case& c) {
           return v64[size_t(b.p.v_batch_stride) * bi + size_t(b.p.v_head_stride) * hk + size_t(b.p.v_row_stride) * j + x];
         };
         ReferenceRow const row = reference_row(visible, d, scale, dot, value, s, o);
-        double const lse_ref = row.lse();
         float const lse_got = b.hlse[(size_t(bi) * c.heads_q + h) * c.seqlen_q + i];
-        if (visible == 0) {
-          if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
-        } else {
-          double const e = std::fabs(lse_got - lse_ref);
-          if (!(e <= 1e-3)) { ++bad; }
-          max_lse = std::max(max_lse, e);
-        }
         size_t const orow = size_t(b.p.o_batch_stride) * bi + size_t(b.p.o_head_stride) * h + size_t(b.p.o_row_stride) * i;
-        for (int x = 0; x < d; ++x) {
-          double const ref = visible == 0 ? 0.0 : o[x] / row.l;
-          double const got = load(c.dtype, b.ho.data(), orow + x);
-          if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
-          err2 += (got - ref) * (got - ref);
-          ref2 += ref * ref;
-          max_abs = std::max(max_abs, std::fabs(got - ref));
-        }
+        errors.add_row(row, o, c.dtype, b.ho.data(), orow, d, lse_got);
       }
     }
   }
-  double const rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  double const rel = errors.rel_l2();
   double const tol = c.dtype == DType::kBFloat16 ? 1e-2 : 5e-3;
-  bool const ok = bad == 0 && rel <= tol && deterministic;
+  bool const ok = errors.bad == 0 && rel <= tol && deterministic;
   std::printf("%s %s d=%3d B=%d H=%d/%d Nq=%5d Nk=%5d causal=%d %s  relL2=%.2e maxabs=%.2e lse=%.1e bad=%lld%s\n",
-              ok ? "PASS" : "FAIL", name(c.dtype), d, c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k,
-              int(c.causal), c.head_major ? "bhsd" : "bshd", rel, max_abs, max_lse, bad,
+              ok ? "PASS" : "FAIL", dtype_name(c.dtype), d, c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_k,
+              int(c.causal), c.head_major ? "bhsd" : "bshd", rel, errors.max_abs, errors.max_lse, errors.bad,
               deterministic ? "" : " NOT-DETERMINISTIC");
   free_buffers(b);
   return ok;
@@ -236,10 +203,9 @@ bool check_varlen(DType t, int d, bool causal, int heads_q, int heads_kv, std::v
   std::vector<char> hq(nq * 2), hk(nk * 2), hv(nk * 2), ho(nq * 2);
   std::vector<float> hlse(size_t(heads_q) * total_q);
   std::mt19937 rng(4321u + d + 7 * total_q + 13 * total_k + int(causal));
-  std::uniform_real_distribution<float> u(-3.f, 3.f);
-  for (size_t i = 0; i < nq; ++i) { store(t, hq.data(), i, u(rng)); }
-  for (size_t i = 0; i < nk; ++i) { store(t, hk.data(), i, u(rng)); }
-  for (size_t i = 0; i < nk; ++i) { store(t, hv.data(), i, u(rng)); }
+  cutlassfa::fill_uniform(t, hq.data(), nq, rng, 3.f);
+  cutlassfa::fill_uniform(t, hk.data(), nk, rng, 3.f);
+  cutlassfa::fill_uniform(t, hv.data(), nk, rng, 3.f);
   void *dq, *dk, *dv, *dout;
   float* dlse;
   int *dcu_q, *dcu_k;
@@ -277,7 +243,7 @@ bool check_varlen(DType t, int d, bool causal, int heads_q, int heads_kv, std::v
     cudaError_t const err = cutlassfa::launch_sm90ws(p, nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     bool const ok = err == cudaErrorNotSupported;
-    std::printf("%s %s d=%3d varlen refused (%s)\n", ok ? "PASS" : "FAIL", name(t), d, cudaGetErrorName(err));
+    std::printf("%s %s d=%3d varlen refused (%s)\n", ok ? "PASS" : "FAIL", dtype_name(t), d, cudaGetErrorName(err));
     for (void* ptr : {dq, dk, dv, dout, static_cast<void*>(dlse), static_cast<void*>(dcu_q), static_cast<void*>(dcu_k)}) {
       CHECK_CUDA(cudaFree(ptr));
     }
@@ -298,8 +264,7 @@ bool check_varlen(DType t, int d, bool causal, int heads_q, int heads_kv, std::v
   bool const deterministic = ho_first == ho && std::memcmp(hlse_first.data(), hlse.data(), hlse.size() * 4) == 0;
 
   double const scale = p.softmax_scale;
-  double err2 = 0, ref2 = 0, max_lse = 0;
-  long long bad = 0;
+  OutputErrors errors{1e-3};
   std::vector<double> s, o(d);
   for (int b = 0; b < batch; ++b) {
     s.resize(std::max(1, lk[b]));
@@ -311,35 +276,25 @@ bool check_varlen(DType t, int d, bool causal, int heads_q, int heads_kv, std::v
         auto const dot = [&](int j) {
           size_t const krow = (size_t(cu_k[b] + j) * heads_kv + h_kv) * d;
           double acc = 0;
-          for (int x = 0; x < d; ++x) { acc += load(t, hq.data(), qrow + x) * load(t, hk.data(), krow + x); }
+          for (int x = 0; x < d; ++x) {
+            acc += load_element(t, hq.data(), qrow + x) * load_element(t, hk.data(), krow + x);
+          }
           return acc;
         };
-        auto const value = [&](int j, int x) { return load(t, hv.data(), (size_t(cu_k[b] + j) * heads_kv + h_kv) * d + x); };
+        auto const value = [&](int j, int x) {
+          return load_element(t, hv.data(), (size_t(cu_k[b] + j) * heads_kv + h_kv) * d + x);
+        };
         ReferenceRow const row = reference_row(visible, d, scale, dot, value, s, o);
-        float const lse_got = hlse[size_t(h) * total_q + cu_q[b] + i];
-        if (visible == 0) {
-          if (!(std::isinf(lse_got) && lse_got < 0)) { ++bad; }
-        } else {
-          double const e = std::fabs(lse_got - row.lse());
-          if (!(e <= 1e-3)) { ++bad; }
-          max_lse = std::max(max_lse, e);
-        }
-        for (int x = 0; x < d; ++x) {
-          double const ref = visible == 0 ? 0.0 : o[x] / row.l;
-          double const got = load(t, ho.data(), qrow + x);
-          if (std::isnan(got) || (visible == 0 && got != 0.0)) { ++bad; }
-          err2 += (got - ref) * (got - ref);
-          ref2 += ref * ref;
-        }
+        errors.add_row(row, o, t, ho.data(), qrow, d, hlse[size_t(h) * total_q + cu_q[b] + i]);  // O has Q's strides
       }
     }
   }
-  double const rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  double const rel = errors.rel_l2();
   double const tol = t == DType::kBFloat16 ? 1e-2 : 5e-3;
-  bool const ok = bad == 0 && rel <= tol && deterministic;
+  bool const ok = errors.bad == 0 && rel <= tol && deterministic;
   std::printf("%s %s d=%3d varlen B=%d H=%d/%d total %d x %d causal=%d  relL2=%.2e lse=%.1e bad=%lld%s\n",
-              ok ? "PASS" : "FAIL", name(t), d, batch, heads_q, heads_kv, total_q, total_k, int(causal), rel, max_lse,
-              bad, deterministic ? "" : " NOT-DETERMINISTIC");
+              ok ? "PASS" : "FAIL", dtype_name(t), d, batch, heads_q, heads_kv, total_q, total_k, int(causal), rel,
+              errors.max_lse, errors.bad, deterministic ? "" : " NOT-DETERMINISTIC");
   for (void* ptr : {dq, dk, dv, dout, static_cast<void*>(dlse), static_cast<void*>(dcu_q), static_cast<void*>(dcu_k)}) {
     CHECK_CUDA(cudaFree(ptr));
   }
@@ -373,24 +328,11 @@ bool check_refusals() {
 
 void bench_case(const Case& c) {
   Buffers b = make_buffers(c, 99u, 1.f);
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) { CHECK_CUDA(cutlassfa::launch_sm90ws(b.p, nullptr)); }
-  int const reps = 20;
-  CHECK_CUDA(cudaEventRecord(start));
-  for (int i = 0; i < reps; ++i) { CHECK_CUDA(cutlassfa::launch_sm90ws(b.p, nullptr)); }
-  CHECK_CUDA(cudaEventRecord(stop));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  ms /= reps;
+  float const ms = cutlassfa::time_launches_ms([&] { return cutlassfa::launch_sm90ws(b.p, nullptr); }, 3, 20);
   double const flops =
       4.0 * c.batch * c.heads_q * double(c.seqlen_q) * c.seqlen_k * c.head_dim * (c.causal ? 0.5 : 1.0);
-  std::printf("BENCH %s d=%3d B=%d H=%d N=%5d causal=%d  %.3f ms  %.1f TFLOP/s\n", name(c.dtype), c.head_dim, c.batch,
-              c.heads_q, c.seqlen_q, int(c.causal), ms, flops / ms * 1e-9);
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
+  std::printf("BENCH %s d=%3d B=%d H=%d N=%5d causal=%d  %.3f ms  %.1f TFLOP/s\n", dtype_name(c.dtype), c.head_dim,
+              c.batch, c.heads_q, c.seqlen_q, int(c.causal), ms, flops / ms * 1e-9);
   free_buffers(b);
 }
 
