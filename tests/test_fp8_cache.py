@@ -270,10 +270,12 @@ def test_gpu_host_arrays(need_backend, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["tensorcore", "large_tile"])
-@pytest.mark.parametrize("case", ["leftpad", "window", "softcap", "rows", "head_dim", "page", "paged_softcap"])
+@pytest.mark.parametrize("case", ["leftpad", "window", "softcap", "rows", "head_dim", "unaligned_rows", "page",
+                                  "paged_softcap", "paged_unaligned_rows"])
 def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backend, case):
     """What the decode kernel does not take (left padding, a left window bound, softcap, more than 32 rows
-    per K/V head, head dim 96, a page size of 7) and the other backends run the cache dequantized into q's
+    per K/V head, head dim 96, head dim 40: fp8 rows of 40 bytes, not 16-byte aligned, a page size of 7) and
+    the other backends run the cache dequantized into q's
     dtype, keys appended into the fp8 cache first: the attention of that copy (k * k_descale rounded to
     bf16: the one rounding this path adds, against the decode kernel's exact fp32 descale)."""
     from cutlassfa._inputs import round_to
@@ -291,7 +293,9 @@ def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backen
         nq = 40
     if case == "head_dim":
         d = 96
-    if case in ("page", "paged_softcap"):
+    if case in ("unaligned_rows", "paged_unaligned_rows"):
+        d = 40
+    if case in ("page", "paged_softcap", "paged_unaligned_rows"):
         page = 7 if case == "page" else 16
     q = _q(rng, (b, hq, nq, d), "bfloat16")
     k, v, table = fp8_cache(rng, b, hkv, cap, d, page)
