@@ -7,10 +7,13 @@
 # OLD_TREE: a source tree of the earlier commit (e.g. `git archive` of it, carried in an ignored folder).
 # Example: bash scripts/bench_before_after.sh .old '--quick' '--decode --quick --graph'
 # AGAIN=0 skips the second earlier run of the grids (not of --overhead, whose figures are the noisiest).
+# SAME_TIMER=1 also times every case of each grid with one script for both builds (scripts/ab_time.py: the
+# same inputs and timer whatever each build's bench does; two alternating rounds), and compares those.
 # $OUT gets compare.log and bench.tgz (every grid's before-N / after-N / again-N JSON and log, and the
 # build logs: the device tool brings back few files). Needs .whl/ (the CUTLASS wheel).
 set -uo pipefail
 old=$1; shift
+root=$PWD
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -42,7 +45,21 @@ for grid in "$@"; do
     continue
   fi
   python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/after-$n.json" | tee -a "$OUT/compare.log"
+  if [ "${SAME_TIMER:-0}" = 1 ] && [ -f "$OUT/after-$n.json" ]; then
+    graph=$([[ "$grid" == *--graph* ]] && echo --graph)
+    for round in 1 2; do
+      for run in before after; do
+        (cd /tmp && PYTHONPATH="/tmp/site_$run:/tmp/site" python3 "$root/scripts/ab_time.py" \
+          --tag "$run$round" $graph --cases-from "$OUT/after-$n.json" \
+          >>"$OUT/same-timer-$n.jsonl" 2>>"$OUT/same-timer-$n.log") ||
+          echo "same timer, grid $n ($run $round) failed: $(tail -2 "$OUT/same-timer-$n.log")"
+      done
+    done
+    python3 scripts/ab_time.py --compare "$OUT/same-timer-$n.jsonl" before after | sed 's/^/  (same timer) /' |
+      tee -a "$OUT/compare.log"
+  fi
   [ -f "$OUT/again-$n.json" ] && python3 scripts/compare_bench.py "$OUT/before-$n.json" "$OUT/again-$n.json" |
     sed 's/^/  (before again) /' | tee -a "$OUT/compare.log"
 done
-(cd "$OUT" && tar czf bench.tgz ./*.json ./*.log && rm -f ./*.json before-*.log after-*.log again-*.log build-*.log)
+(cd "$OUT" && tar czf bench.tgz ./*.json ./*.log $(ls ./*.jsonl 2>/dev/null) &&
+  rm -f ./*.json ./*.jsonl before-*.log after-*.log again-*.log build-*.log same-timer-*.log)
