@@ -3,9 +3,7 @@ documented, on every backend alike: an entry's keys are cache_seqlens[b] + Nnew 
 its left padding is clamped to [0, keys], and appended rows that would land outside the cache (past the
 capacity, or anywhere for a negative cache_seqlens[b]) are dropped (cpp/include/cutlassfa/rules.h,
 src/append_kv.cu; python/cutlassfa/_options.py KVCacheArgs). The cpu backend and the float64 reference take
-the same unchecked host values and give the same result. So do varlen batches with unchecked cu_seqlens:
-each sequence's first row is clamped to [0, total] and its length to max_seqlen and to the array
-(VarlenArgs.rows).
+the same unchecked host values and give the same result.
 
 Every cache position no entry may read holds NaN, so a kernel that read past the clamped length (or a
 wrapped negative index) would not be finite. compute-sanitizer runs this file on the GPU machine."""
