@@ -163,8 +163,7 @@ def kvcache_forward_cpu(
     The arguments are those the extension validated (`cutlassfa.forward(..., backend="cpu")` is the
     checked entry). block_table values are taken as the kernels take a device table: keys behind an
     entry outside [0, num_pages) count as masked (never read), appended keys there are dropped
-    (masks.page_present); lengths are clamped as the kernels clamp device ones (_options.KVCacheArgs).
-    Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
+    (masks.page_present); lengths are clamped as the kernels clamp device ones (_options.KVCacheArgs). Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
     """
     _check_blocks(block_m, block_n)
     args = kvcache_layout(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
@@ -238,8 +237,7 @@ def varlen_forward_cpu(
     sequence; empty sequences are allowed; softcap, sinks and alibi_slopes (a row per sequence) as
     :func:`forward_cpu`. max_seqlen_q / max_seqlen_k size the GPU grids; here they bound unchecked
     lengths as the kernels bound device ones (_options.VarlenArgs.rows). The arguments are those the
-    extension validated (`cutlassfa.varlen_forward(..., backend="cpu")` is the checked entry). Returns out
-    (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
+    extension validated (`cutlassfa.varlen_forward(..., backend="cpu")` is the checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
     """
     _check_blocks(block_m, block_n)
     args = varlen_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
