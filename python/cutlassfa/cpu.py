@@ -163,7 +163,8 @@ def kvcache_forward_cpu(
     The arguments are those the extension validated (`cutlassfa.forward(..., backend="cpu")` is the
     checked entry). block_table values are taken as the kernels take a device table: keys behind an
     entry outside [0, num_pages) count as masked (never read), appended keys there are dropped
-    (masks.page_present); lengths are clamped as the kernels clamp device ones (_options.KVCacheArgs). Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
+    (masks.page_present); lengths are clamped as the kernels clamp device ones (_options.KVCacheArgs).
+    Returns out (B, Hq, Nq, d), or (out, lse float32 (B, Hq, Nq)).
     """
     _check_blocks(block_m, block_n)
     args = kvcache_layout(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
