@@ -19,6 +19,8 @@ import math
 import statistics
 from collections import defaultdict
 
+from cuda_graphs import graph_of
+
 
 def _dense_case(text: str) -> dict:
     b, h, n, d, mask, dtype = text.split(",")
@@ -75,18 +77,7 @@ def _call(torch, cutlassfa, case: dict, layout: str):
 def _time(torch, call, calls: int, repeats: int, graph: bool) -> list[float]:
     for _ in range(3):
         call()
-    run = call
-    if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            call()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                call()
-        run = g.replay
+    run = graph_of(torch, call, calls).replay if graph else call
     times = []
     for _ in range(repeats):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

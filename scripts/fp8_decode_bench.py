@@ -17,22 +17,9 @@ import statistics
 import torch
 
 import cutlassfa
+from cuda_graphs import graph_of
 
 GRAPH_CALLS, ROUNDS = 5, 10
-
-
-def graph_of(call):
-    """call() x GRAPH_CALLS captured in a CUDA graph (after a warm-up on a side stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            call()
-    return graph
 
 
 def time_interleaved(graphs: dict[str, torch.cuda.CUDAGraph]) -> dict[str, float]:
@@ -77,7 +64,7 @@ def case(b: int, hq: int, hkv: int, keys: int, page: int | None, d: int = 128) -
         "read_fp8": lambda: (k8_words.sum(), v8_words.sum()),
         "read_bf16": lambda: (k_words.sum(), v_words.sum()),
     }
-    ms = time_interleaved({name: graph_of(call) for name, call in calls.items()})
+    ms = time_interleaved({name: graph_of(torch, call, GRAPH_CALLS) for name, call in calls.items()})
     torch.cuda.synchronize()
     error = ((out8.double() - out16.double()).norm() / out16.double().norm()).item()
     fp8_bytes = 2 * k8.numel()

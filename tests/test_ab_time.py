@@ -6,11 +6,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
+import sys
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "ab_time.py"
 
 
 def _module():
+    if str(SCRIPT.parent) not in sys.path:  # as when run as a script: its folder's cuda_graphs.py
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("ab_time", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
