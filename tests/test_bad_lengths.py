@@ -145,3 +145,72 @@ def test_unchecked_lengths_on_the_gpu(torch, rng, backend, need_backend, case):
     if new:
         np.testing.assert_array_equal(host64(dk), _appended(k, new[0], lens, table).astype(np.float64))
         np.testing.assert_array_equal(host64(dv), _appended(v, new[1], lens, table).astype(np.float64))
+
+
+# ---- varlen: unchecked cu_seqlens --------------------------------------------------------------------------
+# total_q 100, total_k 120, max_seqlen_q 40, max_seqlen_k 50. q: an entry longer than max_seqlen_q, one
+# running past total_q, one starting past it, rows 60-70 covered by none (so no two entries write a row);
+# k: a negative first row, a decreasing pair (no keys), one longer than max_seqlen_k, one past total_k,
+# one starting past it.
+VARLEN_CU_Q = [0, 20, 70, 95, 130, 150]
+VARLEN_CU_K = [-10, 30, 25, 80, 200, 90]
+VARLEN_ROWS = [(0, 20, 0, 30), (20, 60, 30, 30), (70, 95, 25, 75), (95, 100, 80, 120), (100, 100, 120, 120)]
+
+
+def _varlen_problem(rng, d=64, hq=4, hkv=2):
+    q = rng.standard_normal((100, hq, d)).astype(np.float16)
+    k, v = (rng.standard_normal((120, hkv, d)).astype(np.float16) for _ in range(2))
+    return q, k, v, np.array(VARLEN_CU_Q, np.int32), np.array(VARLEN_CU_K, np.int32)
+
+
+def _covered_rows():
+    return np.concatenate([np.arange(q0, q1) for q0, q1, _, _ in VARLEN_ROWS])
+
+
+def test_the_varlen_reference_clamps_as_documented(rng):
+    from cutlassfa.reference import varlen_reference
+
+    q, k, v, cu_q, cu_k = _varlen_problem(rng, d=16)
+    out, lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, max_seqlen_q=40, max_seqlen_k=50)
+    for q0, q1, k0, k1 in VARLEN_ROWS:
+        one, one_lse = varlen_reference(q[q0:q1], k[k0:k1], v[k0:k1], [0, q1 - q0], [0, k1 - k0], causal=True)
+        np.testing.assert_array_equal(out[q0:q1], one)
+        np.testing.assert_array_equal(lse[:, q0:q1], one_lse)
+    assert (out[60:70] == 0).all() and np.isneginf(lse[:, 60:70]).all()
+
+
+def test_unchecked_cu_seqlens_on_the_cpu(rng):
+    from cutlassfa.cpu import varlen_forward_cpu
+    from cutlassfa.reference import varlen_reference
+
+    q, k, v, cu_q, cu_k = _varlen_problem(rng)
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, max_seqlen_q=40, max_seqlen_k=50)
+    out = np.zeros_like(q)
+    _, lse = varlen_forward_cpu(q, k, v, cu_q, cu_k, max_seqlen_q=40, max_seqlen_k=50, causal=True, out=out,
+                                return_lse=True)
+    bound = bound_for("cpu", "float16")
+    assert rel_l2(out, ref) <= bound.rel_l2
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    seen = np.isfinite(ref_lse)
+    assert np.abs(lse[seen] - ref_lse[seen]).max() <= bound.lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("d", [64, 128, 96])
+def test_unchecked_cu_seqlens_on_the_gpu(torch, rng, backend, need_backend, d):
+    """Device cu_seqlens out of range: each sequence clamped as the reference clamps it; rows no sequence
+    covers are left as they were (out= holds zeros)."""
+    from cutlassfa.reference import varlen_reference
+
+    need_backend(backend)
+    q, k, v, cu_q, cu_k = _varlen_problem(rng, d=d)
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=True, max_seqlen_q=40, max_seqlen_k=50)
+    cuda = lambda x: torch.from_numpy(x).cuda()  # noqa: E731
+    out = torch.zeros(q.shape, dtype=torch.float16, device="cuda")
+    _, lse = cutlassfa.varlen_forward(cuda(q), cuda(k), cuda(v), cuda(cu_q), cuda(cu_k), max_seqlen_q=40,
+                                      max_seqlen_k=50, causal=True, backend=backend, return_lse=True, out=out)
+    rows = _covered_rows()
+    assert_matches_reference(backend, "float16", host64(out)[rows], host64(lse)[:, rows], ref[rows],
+                             ref_lse[:, rows])
+    assert (host64(out)[60:70] == 0).all()

@@ -47,12 +47,14 @@ struct SeqInfo {
 __forceinline__ __device__ SeqInfo seq_info(FwdParams const& params, int batch) {
   SeqInfo s{params.seqlen_q, params.seqlen_k, 0, 0, 0};
   if (params.cu_seqlens_q != nullptr) {
-    s.q_row_offset = params.cu_seqlens_q[batch];
-    s.seqlen_q = rules::varlen_entry_rows(s.q_row_offset, params.cu_seqlens_q[batch + 1], params.seqlen_q);
+    int const begin = params.cu_seqlens_q[batch];
+    s.q_row_offset = rules::varlen_entry_begin(begin, params.total_q);
+    s.seqlen_q = rules::varlen_entry_rows(begin, params.cu_seqlens_q[batch + 1], params.seqlen_q, params.total_q);
   }
   if (params.cu_seqlens_k != nullptr) {
-    s.k_row_offset = params.cu_seqlens_k[batch];
-    s.seqlen_k = rules::varlen_entry_rows(s.k_row_offset, params.cu_seqlens_k[batch + 1], params.seqlen_k);
+    int const begin = params.cu_seqlens_k[batch];
+    s.k_row_offset = rules::varlen_entry_begin(begin, params.total_k);
+    s.seqlen_k = rules::varlen_entry_rows(begin, params.cu_seqlens_k[batch + 1], params.seqlen_k, params.total_k);
   } else if (params.seqlens_k != nullptr) {
     s.seqlen_k = rules::cache_entry_keys(params.seqlens_k[batch], params.seqlens_k_added, params.seqlen_k);
   }

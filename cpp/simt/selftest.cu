@@ -417,6 +417,7 @@ static void run_mode_case(int backend, DType t, int D, const ModeCase& c, std::m
   if (varlen) {
     p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;
     p.cu_seqlens_q = upload(cu_q), p.cu_seqlens_k = upload(cu_k);
+    p.total_q = cu_q[B], p.total_k = cu_k[B];  // the packed arrays' rows (rules.h clamps entries to them)
     p.lse_batch_stride = 0, p.lse_head_stride = qn;
   } else {
     p.lse_head_stride = c.Nq, p.lse_batch_stride = (long long)c.Hq * c.Nq;

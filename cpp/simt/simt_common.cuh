@@ -182,7 +182,8 @@ struct EntryMask {
 };
 
 // Entry b's extents (rules.h): nq clamped to [0, seqlen_q] (the grid), L to [0, seqlen_k] (the
-// capacity, or the longest varlen entry), leftpad to [0, L], so that nothing is read outside the tensors.
+// capacity, or the longest varlen entry), a varlen entry's first rows and lengths to its packed arrays,
+// leftpad to [0, L], so that nothing is read outside the tensors.
 __device__ __forceinline__ EntryMask entry_mask(const FwdParams& p, int b) {
   EntryMask e;
   e.q_row0 = 0;
@@ -190,12 +191,12 @@ __device__ __forceinline__ EntryMask entry_mask(const FwdParams& p, int b) {
   e.nq = p.seqlen_q;
   e.nk = p.seqlen_k;
   if (p.cu_seqlens_q != nullptr) {
-    e.q_row0 = p.cu_seqlens_q[b];
-    e.nq = rules::varlen_entry_rows(p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1], p.seqlen_q);
+    e.q_row0 = rules::varlen_entry_begin(p.cu_seqlens_q[b], p.total_q);
+    e.nq = rules::varlen_entry_rows(p.cu_seqlens_q[b], p.cu_seqlens_q[b + 1], p.seqlen_q, p.total_q);
   }
   if (p.cu_seqlens_k != nullptr) {
-    if (p.block_table == nullptr) e.k_row0 = p.cu_seqlens_k[b];
-    e.nk = rules::varlen_entry_rows(p.cu_seqlens_k[b], p.cu_seqlens_k[b + 1], p.seqlen_k);
+    if (p.block_table == nullptr) e.k_row0 = rules::varlen_entry_begin(p.cu_seqlens_k[b], p.total_k);
+    e.nk = rules::varlen_entry_rows(p.cu_seqlens_k[b], p.cu_seqlens_k[b + 1], p.seqlen_k, p.total_k);
   } else if (p.seqlens_k != nullptr) {
     e.nk = rules::cache_entry_keys(p.seqlens_k[b], p.seqlens_k_added, p.seqlen_k);
   }

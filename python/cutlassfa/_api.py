@@ -391,7 +391,8 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     are allowed (int32 arrays on q's device, or host ints, copied). max_seqlen_q / max_seqlen_k: None
     or at least each sequence's length; they size the GPU grid: with cu_seqlens on the device and
     None, the grid covers the totals (correct, slower). Device values are not checked (that would
-    need a synchronization): the kernels clamp each sequence to [0, total) and to max_seqlen.
+    need a synchronization): the kernels clamp each sequence's first row to [0, total] and its length to
+    max_seqlen and to the array; rows no sequence covers are not written.
     causal, window, softcap, sinks, alibi_slopes (B = the sequences), softmax_scale: as `forward`, aligned
     bottom-right within each sequence.
     Returns out (total_q, Hq, d), or (out, lse) when return_lse, lse float32 (Hq, total_q).

@@ -102,6 +102,18 @@ class VarlenArgs:
     max_seqlen_q: int | None
     max_seqlen_k: int | None
 
+    def rows(self, b: int, total_q: int, total_k: int) -> tuple[int, int, int, int]:
+        """Sequence b's rows [q0, q1) of q and [k0, k1) of k and v. Unchecked cu_seqlens (device values)
+        follow the kernels' rule (rules::varlen_entry_begin / varlen_entry_rows): the first row within
+        [0, total], the length within [0, max_seqlen] (the total when None) and within the array."""
+        def clamp(cu: np.ndarray, longest: int | None, total: int) -> tuple[int, int]:
+            first = min(max(int(cu[b]), 0), total)
+            most = min(total if longest is None else int(longest), total - first)
+            return first, first + min(max(int(cu[b + 1]) - first, 0), most)
+
+        return (*clamp(self.cu_seqlens_q, self.max_seqlen_q, total_q),
+                *clamp(self.cu_seqlens_k, self.max_seqlen_k, total_k))
+
 
 def varlen_layout(cu_seqlens_q: Any, cu_seqlens_k: Any, *, max_seqlen_q: int | None = None,
                   max_seqlen_k: int | None = None) -> VarlenArgs:

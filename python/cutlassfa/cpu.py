@@ -236,9 +236,9 @@ def varlen_forward_cpu(
     q (total_q, Hq, d), k and v (total_k, Hkv, d), any strides; cu_seqlens_q / cu_seqlens_k (B+1,)
     prefix sums: sequence b is rows [cu[b], cu[b+1]). Masks are aligned bottom-right within each
     sequence; empty sequences are allowed; softcap, sinks and alibi_slopes (a row per sequence) as
-    :func:`forward_cpu`. max_seqlen_q / max_seqlen_k size the GPU grids and are not read here. The
-    arguments are those the extension validated (`cutlassfa.varlen_forward(..., backend="cpu")` is the
-    checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
+    :func:`forward_cpu`. max_seqlen_q / max_seqlen_k size the GPU grids; here they bound unchecked
+    lengths as the kernels bound device ones (_options.VarlenArgs.rows). The arguments are those the
+    extension validated (`cutlassfa.varlen_forward(..., backend="cpu")` is the checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
     """
     _check_blocks(block_m, block_n)
     args = varlen_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
@@ -248,8 +248,7 @@ def varlen_forward_cpu(
     lse = np.full((hq, total_q), -np.inf, dtype=np.float32)
     scale = softmax_scale_of(d, softmax_scale)
     slopes = per_head(alibi_slopes, args.batch, hq, "alibi_slopes")
-    cu_q, cu_k = args.cu_seqlens_q.tolist(), args.cu_seqlens_k.tolist()
-    sequences = [(q0, q1, k0, k1) for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])]
+    sequences = [args.rows(i, total_q, k.shape[0]) for i in range(args.batch)]
     # One dtype for the batch, picked before anything is written (as the dense call does).
     dtype = _compute_dtype(max_abs(q), max_abs(k), max_abs(v), d, max((k1 - k0 for *_, k0, k1 in sequences),
                                                                     default=0), scale, cap)

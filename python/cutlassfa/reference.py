@@ -313,19 +313,24 @@ def varlen_reference(
     softcap: float = 0.0,
     sinks: Any = None,
     alibi_slopes: Any = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of a batch of sequences of different lengths, packed, in float64.
 
     q (total_q, Hq, d), k and v (total_k, Hkv, d); sequence b is rows [cu_seqlens_q[b],
     cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v (prefix sums, int).
     The mask (causal, window) is aligned bottom-right within each sequence; empty sequences are allowed;
-    softcap, sinks and alibi_slopes (one row per sequence) as :func:`attention_reference`.
+    softcap, sinks and alibi_slopes (one row per sequence) as :func:`attention_reference`. cu_seqlens
+    values are taken as the kernels take device ones: each sequence's first row clamped to [0, total], its
+    length to [0, max_seqlen] (the total when None) and to the array (_options.VarlenArgs.rows); rows no
+    sequence covers are 0 with lse -inf.
 
     Returns:
         (out float64 (total_q, Hq, d), lse float64 (Hq, total_q)).
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    args = varlen_layout(cu_seqlens_q, cu_seqlens_k)
+    args = varlen_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     win, cap = resolve_window(causal, window), _softcap(softcap)
     total_q, hq, d = q.shape
     sink = _sinks(sinks, hq)
@@ -334,8 +339,7 @@ def varlen_reference(
     out = np.zeros((total_q, hq, d), dtype=np.float64)
     lse = np.full((hq, total_q), -np.inf, dtype=np.float64)
     for i in range(args.batch):
-        q0, q1 = int(args.cu_seqlens_q[i]), int(args.cu_seqlens_q[i + 1])
-        k0, k1 = int(args.cu_seqlens_k[i]), int(args.cu_seqlens_k[i + 1])
+        q0, q1, k0, k1 = args.rows(i, total_q, k.shape[0])
         # rows (n, H, d) -> (1, H, n, d)
         o, l_ = _dense(*(x[None].transpose(0, 2, 1, 3) for x in (q[q0:q1], k[k0:k1], v[k0:k1])), scale, win, cap,
                        sinks=sink, alibi=None if slopes is None else slopes[i : i + 1])

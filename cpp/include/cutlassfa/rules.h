@@ -31,9 +31,12 @@ CUTLASSFA_RULE int cache_entry_keys(int seqlen, int added, int capacity) {
   return clamp_int(static_cast<long long>(seqlen) + added, 0, capacity);
 }
 
-// Rows of a varlen entry [begin, end) of cu_seqlens, within [0, longest] (longest: max_seqlen, the grid).
-CUTLASSFA_RULE int varlen_entry_rows(int begin, int end, int longest) {
-  return clamp_int(static_cast<long long>(end) - begin, 0, longest);
+// A varlen entry [begin, end) of cu_seqlens, in a packed array of `total` rows: its first row within
+// [0, total], and its rows within [0, longest] (longest: max_seqlen, the grid) and within the array.
+CUTLASSFA_RULE int varlen_entry_begin(int begin, int total) { return clamp_int(begin, 0, total); }
+CUTLASSFA_RULE int varlen_entry_rows(int begin, int end, int longest, int total) {
+  int const first = varlen_entry_begin(begin, total);
+  return clamp_int(static_cast<long long>(end) - first, 0, longest < total - first ? longest : total - first);
 }
 
 // Left padding of an entry of `keys` keys: keys [0, leftpad) are hidden, 0 <= leftpad <= keys.
