@@ -238,7 +238,8 @@ def varlen_forward_cpu(
     sequence; empty sequences are allowed; softcap, sinks and alibi_slopes (a row per sequence) as
     :func:`forward_cpu`. max_seqlen_q / max_seqlen_k size the GPU grids; here they bound unchecked
     lengths as the kernels bound device ones (_options.VarlenArgs.rows). The arguments are those the
-    extension validated (`cutlassfa.varlen_forward(..., backend="cpu")` is the checked entry). Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
+    extension validated (`cutlassfa.varlen_forward(..., backend="cpu")` is the checked entry).
+    Returns out (total_q, Hq, d), or (out, lse float32 (Hq, total_q)).
     """
     _check_blocks(block_m, block_n)
     args = varlen_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
