@@ -105,6 +105,13 @@ def _variant_runs(backend, dtype, rng):
                                     sinks=None if kept is None else torch.from_numpy(kept).cuda())
             ref, _ = kvcache_reference(q, kc, vc, cache_seqlens=lengths, causal=True, sinks=kept)
             runs.append((f"decode sinks={kept is not None} d={d}", rel_l2(to_numpy64(out), ref)))
+        # More rows a K/V head than a CTA takes (9 queries x 8 heads: chunks of 32, 32 and 8 rows), the same
+        # caches.
+        q9 = normal(3, 16, 9, d)
+        out = cutlassfa.forward(cuda(q9), cuda(kc), cuda(vc), cache_seqlens=index(lengths), causal=True,
+                                num_splits=3 if backend.startswith("tensorcore") else None, backend=backend)
+        ref, _ = kvcache_reference(q9, kc, vc, cache_seqlens=lengths, causal=True)
+        runs.append((f"decode row chunks d={d}", rel_l2(to_numpy64(out), ref)))
         # A plain decode call whose last key step runs past the end of k and v (700 keys, the last head's
         # last rows at the end of each allocation): the rows past the keys are zero-filled, never read.
         q1, k1, v1 = normal(1, 8, 1, d), normal(1, 2, 700, d), normal(1, 2, 700, d)

@@ -1,9 +1,10 @@
-"""The decode path of the tensor-core backends (a few query rows per K/V head: Nq x Hq/Hkv <= 32)
-against the float64 reference: d 64 and 128, fp16 and bf16, GQA ratios 1 / 4 / 8, ragged cache
-lengths with 0 among them, causal and a right window bound, strided (B, N, H, d) caches, split counts
-from 1 to many (equal up to rounding), a stale NaN past the cache lengths that must not leak, and paged
-caches (page sizes 1 to 256, shuffled pages) against the contiguous cache (bit for bit where the decode
-kernel takes the pages), and num_splits=1 on a plain call running the keys in one pass.
+"""The decode path of the tensor-core backends (a few query rows per K/V head: Nq x Hq/Hkv <= 128, in
+chunks of 32 a CTA past 32) against the float64 reference: d 64 and 128, fp16 and bf16, GQA ratios 1 / 4 /
+8 / 64, ragged cache lengths with 0 among them, causal and a right window bound, strided (B, N, H, d)
+caches, split counts from 1 to many (equal up to rounding), a stale NaN past the cache lengths that must
+not leak, paged caches (page sizes 1 to 256, shuffled pages) against the contiguous cache (bit for bit
+where the decode kernel takes the pages), num_splits=1 on a plain call running the keys in one pass, and
+the row chunks with ALiBi and sinks.
 Skips cleanly without a GPU or PyTorch with CUDA."""
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ def _rounded(x, dtype, torch):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128])
+# Rows a K/V head: 1, 16, 16, 8, 16, 20, 32; then in chunks of 32: 72 (3, the last of 8), 128 (4), 64 (one
+# query of 64 heads on one: the packed tile).
 @pytest.mark.parametrize("heads,nq", [((8, 8), 1), ((8, 2), 4), ((16, 2), 2), ((8, 1), 1), ((4, 4), 16),
-                                     ((8, 2), 5), ((8, 1), 4)], ids=str)
+                                     ((8, 2), 5), ((8, 1), 4), ((16, 2), 9), ((8, 1), 16), ((64, 1), 1)], ids=str)
 @pytest.mark.parametrize("window", [None, (-1, 0), (-1, 3)], ids=str)
 def test_cache_lengths_windows_and_splits(torch, rng, backend, need_backend, dtype, d, heads, nq, window):
     need_backend(backend)
@@ -65,7 +68,7 @@ def test_cache_lengths_windows_and_splits(torch, rng, backend, need_backend, dty
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("shape", [(1, 32, 4, 1, 8192), (3, 8, 8, 2, 700), (2, 4, 1, 3, 129), (5, 6, 3, 1, 64),
-                                   (2, 32, 4, 4, 3000)], ids=str)
+                                   (2, 32, 4, 4, 3000), (2, 16, 2, 8, 3000), (1, 8, 1, 13, 999)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_dense_decode_calls(torch, rng, backend, need_backend, dtype, d, shape, causal):
     """Plain forward calls with a few queries split the keys on their own (num_splits=None)."""
@@ -151,3 +154,33 @@ def test_page_indices_out_of_range_read_inside_the_cache(torch, rng, backend, ne
     out = cutlassfa.forward(q, k, v, cache_seqlens=lens, block_table=table, num_splits=2, backend=backend)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("heads,nq", [((16, 2), 5), ((8, 1), 16)], ids=str)
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_row_chunks_take_every_term(torch, rng, backend, need_backend, heads, nq, page_size):
+    """More than 32 rows a K/V head (40: chunks of 32 and 8; 128: four) on the decode kernel with what it
+    takes per row (ALiBi slopes and sinks per query head, the causal diagonal per query), ragged lengths,
+    paged or not, several split counts: the reference, and one launch of the decode kernel."""
+    need_backend(backend)
+    hq, hkv = heads
+    lengths, d = [0, 5, 700, 2049], 128
+    q = _cuda(torch, rng.standard_normal((len(lengths), hq, nq, d)), "bfloat16")
+    k, v = (_cuda(torch, rng.standard_normal((len(lengths), hkv, 2100, d)), "bfloat16") for _ in range(2))
+    sinks = rng.normal(0, 1, hq).astype(np.float32)
+    slopes = rng.uniform(0.001, 0.05, hq).astype(np.float32)
+    ref, ref_lse = kvcache_reference(host64(q), host64(k), host64(v), cache_seqlens=np.array(lengths, np.int32),
+                                     causal=True, sinks=sinks, alibi_slopes=slopes)
+    cache = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+    if page_size:
+        (k, table), (v, _) = (_paged(torch, x, lengths, page_size, np.random.default_rng(3)) for x in (k, v))
+        cache["block_table"] = table
+    terms = dict(causal=True, sinks=torch.from_numpy(sinks).cuda(), alibi_slopes=torch.from_numpy(slopes).cuda())
+    for splits in (None, 1, 7):
+        out = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # poisoned
+        _, lse = cutlassfa.forward(q, k, v, **cache, **terms, num_splits=splits, out=out, backend=backend,
+                                   return_lse=True)
+        assert_matches_reference(backend, "bfloat16", out, lse, ref, ref_lse)
+    names = kernel_names(torch, lambda: cutlassfa.forward(q, k, v, **cache, **terms, num_splits=1, backend=backend))
+    assert [n for n in names if "decode_kernel" in n] and not [n for n in names if "flash_fwd" in n], names

@@ -143,11 +143,13 @@ def test_supports_says_where_fp8_caches_run():
 # The decode kernel on the GPU
 # --------------------------------------------------------------------------------------------------
 
-# (b, hq, hkv, nq, capacity, d, causal): one query and GQA 4 (a packed tile), MQA 8/1, several queries.
+# (b, hq, hkv, nq, capacity, d, causal): one query and GQA 4 (a packed tile), MQA 8/1, several queries, and
+# 72 rows a K/V head (chunks of 32, 32 and 8 rows).
 DECODE_SHAPES = {
     "d128-gqa4": (3, 32, 8, 1, 1024, 128, False),
     "d128-mqa": (2, 8, 1, 1, 768, 128, True),
     "d64-gqa4-4q": (2, 8, 2, 4, 640, 64, True),
+    "d128-gqa8-9q": (2, 16, 2, 9, 700, 128, True),
 }
 
 
@@ -223,9 +225,10 @@ def test_gpu_bf16_queries_of_any_magnitude(torch, rng, need_backend, magnitude):
 
 
 @pytest.mark.gpu
-def test_gpu_sinks_alibi_and_appended_keys(torch, rng, need_backend):
+@pytest.mark.parametrize("nq", [2, 12])  # 8 and 48 rows a K/V head (chunks of 32 and 16)
+def test_gpu_sinks_alibi_and_appended_keys(torch, rng, need_backend, nq):
     need_backend("tensorcore")
-    b, hq, hkv, nq, cap, d, n_new = 3, 16, 4, 2, 512, 128, 2
+    b, hq, hkv, cap, d, n_new = 3, 16, 4, 512, 128, 2
     q = _q(rng, (b, hq, nq, d), "bfloat16")
     k, v, table = fp8_cache(rng, b, hkv, cap, d, 64)
     lens = np.array([0, 100, cap - n_new], np.int32)
@@ -273,7 +276,7 @@ def test_gpu_host_arrays(need_backend, rng):
 @pytest.mark.parametrize("case", ["leftpad", "window", "softcap", "rows", "head_dim", "unaligned_rows", "page",
                                   "paged_softcap", "paged_unaligned_rows"])
 def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backend, case):
-    """What the decode kernel does not take (left padding, a left window bound, softcap, more than 32 rows
+    """What the decode kernel does not take (left padding, a left window bound, softcap, more than 128 rows
     per K/V head, head dim 96, head dim 40: fp8 rows of 40 bytes, not 16-byte aligned, a page size of 7) and
     the other backends run the cache dequantized into q's
     dtype, keys appended into the fp8 cache first: the attention of that copy (k * k_descale rounded to

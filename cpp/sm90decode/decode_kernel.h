@@ -1,6 +1,9 @@
 // The decode kernel (mma.sync, common/mma_sync_gemm.h): the few query rows of one K/V head (Nq x
-// heads_ratio <= 32: one or two 16-row MMA slabs) against a long K/V cache, a CTA per (batch, K/V head,
-// key split).
+// heads_ratio, one or two 16-row MMA slabs a CTA) against a long K/V cache, a CTA per (batch, K/V head,
+// key split, chunk of kRows rows). The chunks of a K/V head's rows (more than kRows: speculative and
+// multi-token steps with grouped heads, up to kSm90DecodeMaxRows) are neighbours in the grid, so they run
+// side by side and all but the first read each key from L2: DRAM sees the cache once, and no CTA holds
+// more than two slabs of O (a 64-row O would take 256 registers a thread at d = 128).
 //
 // Decode reads every key once and computes little with it, so the kernel is built around the
 // memory stream, not the MMA (a 64- or 128-row tile would spend 4-8x the tensor work of the bytes on
@@ -103,6 +106,17 @@ struct DecodeTraits {
   static_assert(kSmemSize * kCtasPerSm <= 227 * 1024, "kCtasPerSm CTAs a multiprocessor on sm_90");
 };
 
+// The CTA's query rows: row r is row row0 + r of its K/V head's nq x heads_ratio rows, that is query head
+// head0 + (row0 + r) / nq at query position (row0 + r) % nq (the order of the split partials' rows too).
+struct ChunkRows {
+  int row0;   // the chunk's first row
+  int count;  // the chunk's rows (at most kRows; the Q tile's rows past it are zero and never written)
+  int nq;     // query positions a head
+  int head0;  // the K/V head's first query head
+  __forceinline__ __device__ int head(int r) const { return head0 + (row0 + r) / nq; }
+  __forceinline__ __device__ int query(int r) const { return (row0 + r) % nq; }
+};
+
 // 16 bytes global -> shared, or 16 zero bytes when !valid (the source is then not read). No L2
 // prefetch hint: .L2::128B changed nothing and .L2::256B cost 8-10 % (H200, bench/NOTES-variants.md).
 // `smem`: a shared-window address.
@@ -140,10 +154,10 @@ __forceinline__ __device__ void widen_e4m3x16(uint4 raw, uint4& lo, uint4& hi) {
 
 // A bf16 Q tile into fp16 shared memory for the fp8 cache's fp16 MMAs: scaled by 2^e so that its largest
 // magnitude lies in [2^13, 2^14) (fp16 then holds exactly every bf16 value down to 2^-27 of it, and the
-// products with e4m3's at most 448 stay far from float's range), zero rows past `rows`. Returns e; the
-// whole CTA calls it (one max over the tile).
+// products with e4m3's at most 448 stay far from float's range), zero rows past the chunk's. `q` is the
+// K/V head's first query head. Returns e; the whole CTA calls it (one max over the tile).
 template <class Traits, class TensorQ, class Element>
-__device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& params, int rows, int nq) {
+__device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& params, ChunkRows const& rows) {
   constexpr int kChunksPerRow = Traits::kHeadDim / 8, kChunks = Traits::kRows * kChunksPerRow;
   constexpr int kThreadChunks = (kChunks + Traits::kNThreads - 1) / Traits::kNThreads;
   __shared__ unsigned amax_bits;  // the tile's largest magnitude as float bits (ordered as the floats are)
@@ -153,8 +167,9 @@ __device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& pa
   for (int i = 0; i < kThreadChunks; ++i) {
     int const c = threadIdx.x + i * Traits::kNThreads, r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
     chunks[i] = make_uint4(0, 0, 0, 0);
-    if (c < kChunks && r < rows) {
-      chunks[i] = *reinterpret_cast<const uint4*>(q + (r / nq) * params.q_head_stride + (r % nq) * params.q_row_stride + col);
+    if (c < kChunks && r < rows.count) {
+      chunks[i] = *reinterpret_cast<const uint4*>(q + (rows.head(r) - rows.head0) * params.q_head_stride +
+                                                  rows.query(r) * params.q_row_stride + col);
     }
     const Element* x = reinterpret_cast<const Element*>(&chunks[i]);
     CUTE_UNROLL
@@ -199,21 +214,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   // now on; it waits for the whole grid before it reads a partial.
   allow_dependent_launch();
 
-  // ---- Work: (split, K/V head, batch) ------------------------------------------------------------------
-  int const split = static_cast<int>(blockIdx.x % params.num_splits);
-  int const group = static_cast<int>(blockIdx.x / params.num_splits);
+  // ---- Work: (row chunk, split, K/V head, batch), the chunk fastest -------------------------------------
+  int const nq = params.seqlen_q, head_rows = nq * params.heads_ratio;  // the K/V head's query rows
+  int const chunks = (head_rows + kRows - 1) / kRows;
+  int const chunk = static_cast<int>(blockIdx.x % chunks);
+  int const split = static_cast<int>(blockIdx.x / chunks % params.num_splits);
+  int const group = static_cast<int>(blockIdx.x / chunks / params.num_splits);
   int const h_kv = group % params.heads_kv;
   int const b = group / params.heads_kv;
-  int const nq = params.seqlen_q, rows = nq * params.heads_ratio;  // row r: query head h_kv ratio + r / nq, query r % nq
+  ChunkRows const chunk_rows{chunk * kRows, min(kRows, head_rows - chunk * kRows), nq, h_kv * params.heads_ratio};
+  int const rows = chunk_rows.count;
   int keys = params.seqlen_k;  // L: this entry's keys
   if (params.seqlens_k != nullptr) { keys = rules::cache_entry_keys(params.seqlens_k[b], params.seqlens_k_added, params.seqlen_k); }
   int const tiles = (keys + kBlockN - 1) / kBlockN;
   int const per_split = (tiles + params.num_splits - 1) / params.num_splits;
   int const tile_begin = min(tiles, split * per_split), tile_end = min(tiles, tile_begin + per_split);
   int const steps = tile_end - tile_begin;
-  // The last key row r (query r % nq) sees (rules.h; no left window, no left padding here).
-  auto last_key = [&](int r) { return rules::mask_row_hi(r % nq, nq, keys, params.window_right) - 1; };
-  int const last_key_min = last_key(0);  // row 0 (query 0) sees the fewest
+  // The last key row r sees (rules.h; no left window, no left padding here).
+  auto last_key = [&](int r) {
+    return rules::mask_row_hi(chunk_rows.query(r), nq, keys, params.window_right) - 1;
+  };
+  // At most the fewest any row of the chunk sees: query 0's.
+  int const last_key_min = rules::mask_row_hi(0, nq, keys, params.window_right) - 1;
 
   // ---- Shared memory -------------------------------------------------------------------------------------
   MmaElement* const q_smem = reinterpret_cast<MmaElement*>(smem);
@@ -270,7 +292,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     for (int c = tidx; c < kRows * kQChunksPerRow; c += Traits::kNThreads) {
       int const r = c / kQChunksPerRow, col = c % kQChunksPerRow * 8;
       bool const valid = r < rows;
-      const Element* src = valid ? q + (r / nq) * params.q_head_stride + (r % nq) * params.q_row_stride + col : q;
+      const Element* src = valid ? q + (chunk_rows.head(r) - chunk_rows.head0) * params.q_head_stride +
+                                       chunk_rows.query(r) * params.q_row_stride + col
+                                 : q;
       cp_async_16_zfill(&sQ(r, col), src, valid);
     }
   }
@@ -432,7 +456,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   float fp8_scale = 0.f;
   if constexpr (Traits::kFp8Cache) {
     int q_exponent = 0;
-    if constexpr (kConvertQ) { q_exponent = load_q_as_fp16<Traits>(sQ, q, params, rows, nq); }
+    if constexpr (kConvertQ) { q_exponent = load_q_as_fp16<Traits>(sQ, q, params, chunk_rows); }
     float const k_descale = params.k_descale == nullptr ? 1.f
                             : params.k_descale[b * params.k_descale_batch_stride + h_kv * params.k_descale_head_stride];
     fp8_scale = ldexpf(params.softmax_scale * k_descale, -q_exponent);
@@ -536,9 +560,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       CUTE_UNROLL
       for (int mi = 0; mi < kThreadRows; ++mi) {
         int const r = get<0>(tScS_rc(mi, 0));
-        int const h = h_kv * params.heads_ratio + min(r, rows - 1) / nq;  // rows past `rows` are never read out
+        int const h = chunk_rows.head(min(r, rows - 1));  // rows past `rows` are never read out
         float const slope = params.alibi_slopes[b * params.alibi_batch_stride + h] / score_scale();
-        float const first = static_cast<float>(rules::mask_diagonal(r % nq, nq, keys) - key0);
+        float const first = static_cast<float>(rules::mask_diagonal(chunk_rows.query(r), nq, keys) - key0);
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) {
           scores(mi, ni) -= slope * fabsf(first - static_cast<float>(get<1>(tScS_rc(mi, ni))));
@@ -595,7 +619,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     for (int w = 0; w < kNWarps; ++w) { sum += merge_weight(merge_lse[w * kRows + tidx], m); }  // exp(lse_w - m)
     float row_lse = merged_lse(m, sum);
     if (params.sinks != nullptr && params.num_splits == 1) {  // final rows take the sink (a split's: the combine)
-      int const h = h_kv * params.heads_ratio + tidx / nq, i = tidx % nq;
+      int const h = chunk_rows.head(tidx), i = chunk_rows.query(tidx);
       row_lse = rules::lse_with_sink(row_lse, params.sinks[h * params.sinks_head_stride + i * params.sinks_row_stride]);
     }
     CUTE_UNROLL
@@ -618,7 +642,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     }
     if constexpr (Traits::kFp8Cache) { out *= v_descale; }
     float const row_lse = merge_row_lse[r];
-    int const h = h_kv * params.heads_ratio + r / nq, i = r % nq;
+    int const h = chunk_rows.head(r), i = chunk_rows.query(r);
     long long const row = (static_cast<long long>(b) * params.heads_q + h) * nq + i;
     if (partial) {
       long long const at = split * rows_all + row;

@@ -1,6 +1,6 @@
 // launch_sm90_decode: what the decode kernel (cpp/sm90decode/decode_kernel.h) covers, its tile, and its
 // launch. Its few instantiations (fp16 / bf16 q x fp16 / bf16 or fp8 caches x CUTLASSFA_SM90_DECODE_HEAD_DIMS
-// x 16 / 32 rows) compile here, in one object.
+// x 16 / 32 rows a CTA) compile here, in one object.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -21,7 +21,8 @@ namespace cutlassfa {
 
 namespace {
 
-// Query rows of a call: one m16n8k16 slab (16 rows) or two (kSm90DecodeRows).
+// Query rows a CTA: one m16n8k16 slab (16 rows) when the K/V head has no more, else two (kSm90DecodeRows)
+// in as many chunks as its rows need.
 template <int kHeadDim, class Element>
 using DecodeTraitsOf = sm90decode::DecodeTraits<kHeadDim, Element, kSm90DecodeRows>;
 static_assert(DecodeTraitsOf<64, cutlass::half_t>::kRows == kSm90DecodeRows);
@@ -37,7 +38,9 @@ cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
     cudaError_t const err = opt_in_shared_memory(kernel, Traits::kSmemSize);
     if (err != cudaSuccess) { return err; }
   }
-  long long const ctas = static_cast<long long>(params.batch) * params.heads_kv * params.num_splits;
+  long long const rows = static_cast<long long>(params.seqlen_q) * params.heads_ratio;  // of a K/V head
+  long long const ctas =
+      static_cast<long long>(params.batch) * params.heads_kv * params.num_splits * ((rows + kRows - 1) / kRows);
   if (ctas > INT_MAX) { return cudaErrorInvalidConfiguration; }
   kernel<<<static_cast<unsigned>(ctas), Traits::kNThreads, Traits::kSmemSize, stream>>>(params);
   return cudaGetLastError();
@@ -55,10 +58,13 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   bool const entry_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.leftpad_k == nullptr &&
                           (p.block_table == nullptr || p.page_size_log2 >= 0);
   long long const rows = static_cast<long long>(p.seqlen_q) * p.heads_ratio;
-  // A copy pass's rows span less than 4 GB (its stride is a 32-bit register; a step is at most 32 rows,
+  // A copy pass's rows span less than 4 GB (its stride is a 32-bit register; a step is at most 32 keys,
   // at most 2 bytes an element).
   auto step_in_32_bits = [](long long row_stride) { return row_stride >= 0 && row_stride * 2 * 32 <= UINT32_MAX; };
-  return halves && entry_keys && p.seqlen_q >= 1 && rows <= kSm90DecodeRows && p.window_left < 0 &&
+  // Past one CTA's rows, chunks that each re-read the keys from L2: for a few queries of many grouped heads,
+  // where a tile kernel would fill a fraction of each tile's rows and read a K/V head once per query head.
+  bool const row_count = rows <= kSm90DecodeRows || (rows <= kSm90DecodeMaxRows && p.seqlen_q <= kSm90DecodeChunkedQueries);
+  return halves && entry_keys && p.seqlen_q >= 1 && row_count && p.window_left < 0 &&
          p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);
 }

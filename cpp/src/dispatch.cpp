@@ -118,12 +118,15 @@ KernelTile kernel_tile(Kernel kernel, const FwdParams& params) {
 // H200, bf16, CUDA graphs, inputs rotated past L2; bench/NOTES-variants.md "Decode split counts".
 // An fp8 cache (half the bytes a key, and its widening on top of the math) takes two CTAs a multiprocessor
 // always: with one, its four warps kept DRAM 34 % busy (H200, ncu, B 8, 32:8 heads, 128k keys).
-int decode_num_splits(int sms, const FwdParams& params) {
+// A K/V head of more rows than a CTA takes (tile.block_m) has a CTA per chunk of them.
+int decode_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;
-  long long const ctas = static_cast<long long>(params.batch) * params.heads_kv;
+  long long const rows = static_cast<long long>(params.seqlen_q) * params.heads_ratio;
+  long long const chunks = (rows + tile.block_m - 1) / tile.block_m;
+  long long const ctas = static_cast<long long>(params.batch) * params.heads_kv * chunks;
   long long const slots = static_cast<long long>(sms) * kSm90DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
-  bool const two_slabs = static_cast<long long>(params.seqlen_q) * params.heads_ratio > 16;
+  bool const two_slabs = rows > 16;
   bool const two_per_sm =
       params.kv_fp8 || (two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm);
   long long const splits = (two_per_sm ? slots : sms) / ctas;
@@ -175,7 +178,9 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     case Backend::kTensorCoreSm80: break;
   }
   int const capability = device_capability(device);
-  plan.pack_gqa = packs_gqa(params);
+  // Packing is for the tile kernels; the decode kernel takes a K/V head's rows (Nq x heads_ratio) as they are,
+  // and covers every call packing would give it (one query of at most kSm90DecodeMaxRows heads).
+  plan.pack_gqa = packs_gqa(params) && !sm90_decode_covers(params, capability);
   FwdParams p = plan.pack_gqa ? packed_gqa(params) : params;
   bool const decode_step = params.seqlen_q <= 64 && params.dtype != DType::kFloat32;
   int splits = requested_splits > 0 ? requested_splits : 1;
@@ -188,7 +193,7 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     KernelTile const tile = kernel_tile(split_kernel, p);
     if (splits == 0) {
       int const sms = device_multiprocessors(device);
-      splits = split_kernel == Kernel::kSm90Decode ? decode_num_splits(sms, p) : tile_num_splits(sms, p, tile);
+      splits = split_kernel == Kernel::kSm90Decode ? decode_num_splits(sms, p, tile) : tile_num_splits(sms, p, tile);
     }
     // More than one split per key tile would only add empty partials; past kMaxCombinedSplits, the
     // combine's lse_s would not fit its shared memory (and the schedule changes nothing but rounding).

@@ -73,13 +73,17 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 
 // The decode kernel (mma.sync, run on sm_90 and up: two 100 KB CTAs a multiprocessor),
 // cpp/sm90decode/launch_decode.cu: the few query rows of one K/V head (seqlen_q x heads_ratio <=
-// kSm90DecodeRows) against a K/V cache, one CTA per (batch, K/V head, key split), fp16 / bf16 q with a cache
+// kSm90DecodeRows, or up to kSm90DecodeMaxRows of at most kSm90DecodeChunkedQueries queries) against a K/V
+// cache, one CTA per (batch, K/V head, key split, chunk of at most kSm90DecodeRows of those rows:
+// KernelTile::block_m), fp16 / bf16 q with a cache
 // of q's dtype or fp8 (e4m3, params.h kv_fp8; the only kernel that reads fp8 bytes: the others run a
 // dequantized copy, below) at CUTLASSFA_SM90_DECODE_HEAD_DIMS; contiguous or paged caches (power-of-two page sizes) with or without
 // seqlens_k, causal or a right window bound, ALiBi, lse, splits. Not: varlen, left padding or a left window
 // bound, softcap, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
 // kSm90DecodeCtasPerSm is its traits' kCtasPerSm (a static_assert in launch_decode.cu ties them).
 constexpr int kSm90DecodeRows = 32;
+constexpr int kSm90DecodeMaxRows = 128;
+constexpr int kSm90DecodeChunkedQueries = 16;
 constexpr int kSm90DecodeCtasPerSm = 2;
 bool sm90_decode_covers(const FwdParams& params, int capability);
 KernelTile sm90_decode_tile(const FwdParams& params);
