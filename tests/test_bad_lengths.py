@@ -17,7 +17,7 @@ import cutlassfa
 from cutlassfa.check import bound_for
 from cutlassfa.cpu import kvcache_forward_cpu
 from cutlassfa.reference import kvcache_reference, rel_l2
-from gpu_results import assert_matches_reference, host64
+from gpu_results import assert_close_on_host, assert_matches_reference, host64
 
 GPU_BACKENDS = ["tensorcore", "tensorcore_sm80", "large_tile", "small_tile", "naive"]
 CAPACITY = 96
@@ -211,6 +211,5 @@ def test_unchecked_cu_seqlens_on_the_gpu(torch, rng, backend, need_backend, d):
     _, lse = cutlassfa.varlen_forward(cuda(q), cuda(k), cuda(v), cuda(cu_q), cuda(cu_k), max_seqlen_q=40,
                                       max_seqlen_k=50, causal=True, backend=backend, return_lse=True, out=out)
     rows = _covered_rows()
-    assert_matches_reference(backend, "float16", host64(out)[rows], host64(lse)[:, rows], ref[rows],
-                             ref_lse[:, rows])
+    assert_close_on_host(backend, "float16", host64(out)[rows], host64(lse)[:, rows], ref[rows], ref_lse[:, rows])
     assert (host64(out)[60:70] == 0).all()

@@ -575,9 +575,23 @@ void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
     }
     if (err == cudaSuccess) {
       what = "cudaMemcpyAsync";
-      if (staged) {  // one copy from the first array that comes back to the end (O and lse are last)
+      if (staged) {
+        // One copy from the first array that comes back to the end of the last (O and lse are last). The
+        // inputs' region was written whole by the upload; past it, the kernels write O and lse but not
+        // the 16-byte alignment padding after them: O's (rows of an odd byte count) is zeroed rather than
+        // copied uninitialized, lse's is left out of the copy.
         size_t const first = std::find_if(copies.begin(), copies.end(), [](const HostCopy& h) { return h.to_host; })->offset;
-        err = cudaMemcpyAsync(pinned + first, device + first, total - first, cudaMemcpyDeviceToHost, stream);
+        const HostCopy& last = copies.back();
+        for (const HostCopy& h : copies) {
+          size_t const padding = (h.bytes + 15) / 16 * 16 - h.bytes;
+          if (err == cudaSuccess && h.offset >= inputs_end && &h != &last && padding > 0) {
+            err = cudaMemsetAsync(device + h.offset + h.bytes, 0, padding, stream);
+          }
+        }
+        if (err == cudaSuccess) {
+          err = cudaMemcpyAsync(pinned + first, device + first, last.offset + last.bytes - first, cudaMemcpyDeviceToHost,
+                                stream);
+        }
       }
       for (const HostCopy& h : copies) {
         if (err != cudaSuccess || staged || !h.to_host) continue;
