@@ -108,11 +108,12 @@ def test_plain_call_of_one_query_tile_splits(hopper, rng):
         assert _family(names) == expected and any(COMBINE in n for n in names) == split, (nq, names)
 
 
-@pytest.mark.parametrize("page_size,nq,expected", [(16, 1, DECODE), (16, 32, DECODE), (7, 1, SM90), (16, 33, SM90)],
-                         ids=str)
+@pytest.mark.parametrize("page_size,nq,expected", [(16, 1, DECODE), (16, 16, DECODE), (7, 1, SM90), (16, 17, SM90),
+                                                    (16, 40, SM90)], ids=str)
 def test_paged_calls(hopper, rng, page_size, nq, expected):
-    """Power-of-two pages and at most 128 query rows a K/V head (here 4 query heads a K/V head: 32
-    queries): the decode kernel; other page sizes or more rows: the wgmma kernel's general instantiation."""
+    """Power-of-two pages and at most 32 query rows a K/V head, or 128 of at most 16 queries (here 4 query
+    heads a K/V head): the decode kernel; other page sizes, 17 queries (68 rows) or more rows: the wgmma
+    kernel's general instantiation."""
     torch = hopper
     k, v, table, lens = _paged(torch, rng, 2, 2, 600, 128, page_size)
     q = _cuda(torch, rng, (2, 8, nq, 128))
