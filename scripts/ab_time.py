@@ -3,8 +3,12 @@ run it once per install (PYTHONPATH pointing at each), alternating, and compare 
 A bench's own before / after comparison runs each build's bench; this script keeps the timing and the
 inputs the same for both builds (only the public API is called).
 
-Cases: --shape B,H,N,d,causal|full,dtype (dense), or --cases-from a `cutlassfa bench --json` document (its
-tensorcore rows: dense, KV caches contiguous or paged, varlen). --layout: dense arrays (B, H, N, d)
+Cases: --shape B,H,N,d,causal|full,dtype (dense); --cache B,Hq:Hkv,Nq,Nk,d,dtype[,page=P][,window=L]
+[,softcap=C][,leftpad=F] (causal queries against full caches, contiguous or in shuffled pages of P keys; a
+left window bound L; softcap C; left padding of a fraction F of each entry's keys), whose --read twin times
+one integer sum over the keys and values the call must read (the bandwidth ceiling, in the same process);
+or --cases-from a `cutlassfa bench --json` document (its tensorcore rows: dense, KV caches contiguous or
+paged, varlen). --layout: dense arrays (B, H, N, d)
 contiguous (`bhnd`, the bench's) or (B, N, H, d) views (`bnhd`). --graph: time a CUDA graph of the calls
 (decode: no host cost). CUDA events around --calls calls, median of --repeats; one JSON line per case.
     PYTHONPATH=/tmp/site_before python3 scripts/ab_time.py --tag before --cases-from after-1.json >> ab.jsonl
@@ -28,6 +32,26 @@ def _dense_case(text: str) -> dict:
             "causal": mask == "causal", "window": None, "mode": "dense", "page_size": None}
 
 
+def _cache_case(text: str) -> dict:
+    b, heads, nq, nk, d, dtype, *extras = text.split(",")
+    h, hk = (int(x) for x in heads.split(":"))
+    options = dict(x.split("=") for x in extras)
+    page = int(options.get("page", 0)) or None
+    return {"dtype": dtype, "B": int(b), "H": h, "Hk": hk, "Nq": int(nq), "Nk": int(nk), "d": int(d), "causal": True,
+            "window": (int(options["window"]), 0) if "window" in options else None,
+            "mode": "paged" if page else "kvcache", "page_size": page, "softcap": float(options.get("softcap", 0)),
+            "leftpad": float(options.get("leftpad", 0))}
+
+
+def _visible_keys(case: dict) -> tuple[int, int]:
+    """The keys [first, Nk) of an entry (all full) that some causal query of a --cache case sees."""
+    nk, nq = case["Nk"], case["Nq"]
+    first = int(case.get("leftpad", 0) * nk)
+    if case.get("window"):
+        first = max(first, nk - nq - case["window"][0])
+    return first, nk
+
+
 def _cases_from(path: str) -> list[dict]:
     with open(path) as f:
         rows = json.load(f)["rows"]
@@ -37,7 +61,7 @@ def _cases_from(path: str) -> list[dict]:
 
 def _key(case: dict) -> str:
     return " ".join(str(case.get(k)) for k in ("dtype", "B", "H", "Hk", "Nq", "Nk", "d", "causal", "window", "mode",
-                                                "page_size"))
+                                                "page_size", "softcap", "leftpad", "read") if k in case)
 
 
 def _call(torch, cutlassfa, case: dict, layout: str):
@@ -64,8 +88,16 @@ def _call(torch, cutlassfa, case: dict, layout: str):
         return lambda: cutlassfa.forward(q, k, v, **options)
     lengths = torch.tensor(case.get("seqlens_k") or [nk] * b, device="cuda", dtype=torch.int32)
     q = randn(b, h, nq, d)
+    if case.get("softcap"):
+        options["softcap"] = case["softcap"]
+    if case.get("leftpad"):
+        options["cache_leftpad"] = torch.full((b,), int(case["leftpad"] * nk), device="cuda", dtype=torch.int32)
     if mode == "kvcache":
         k, v = randn(b, hk, nk, d), randn(b, hk, nk, d)
+        if case.get("read"):  # the bytes the call must read, summed as integers
+            first, last = _visible_keys(case)
+            words = [x[:, :, first:last].contiguous().view(torch.int64) for x in (k, v)]  # (copied outside the timing)
+            return lambda: [w.sum() for w in words]
         return lambda: cutlassfa.forward(q, k, v, cache_seqlens=lengths, **options)
     page = case["page_size"]
     slots = -(-nk // page)
@@ -115,6 +147,9 @@ def _compare(path: str, before: str, after: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", default=[], help="B,H,N,d,causal|full,dtype")
+    parser.add_argument("--cache", action="append", default=[],
+                        help="B,Hq:Hkv,Nq,Nk,d,dtype[,page=P][,window=L][,softcap=C][,leftpad=F]")
+    parser.add_argument("--read", action="store_true", help="also time each --cache case's read of its bytes")
     parser.add_argument("--cases-from", help="a `cutlassfa bench --json` document: its tensorcore rows")
     parser.add_argument("--layout", choices=("bhnd", "bnhd"), default="bhnd")
     parser.add_argument("--graph", action="store_true")
@@ -130,7 +165,11 @@ def main() -> int:
 
     import cutlassfa
 
-    cases = [_dense_case(s) for s in args.shape] + (_cases_from(args.cases_from) if args.cases_from else [])
+    cache_cases = [_cache_case(s) for s in args.cache]
+    cases = [_dense_case(s) for s in args.shape] + cache_cases
+    cases += _cases_from(args.cases_from) if args.cases_from else []
+    if args.read:
+        cases += [dict(c, read=True) for c in cache_cases if c["mode"] == "kvcache"]
     for case in cases:
         times = _time(torch, _call(torch, cutlassfa, case, args.layout), args.calls, args.repeats, args.graph)
         print(json.dumps({"tag": args.tag, "case": _key(case), "layout": args.layout, "ms": statistics.median(times),

@@ -41,3 +41,15 @@ def test_compare_reports_the_median_ratio_of_cases_both_tags_timed(tmp_path, cap
     out = capsys.readouterr().out
     assert out.startswith("1 cases, after / before speed geomean 1.2222")  # medians 1.1 / 0.9
     assert "only-before" not in out
+
+
+def test_cache_cases_and_the_keys_their_read_twin_reads():
+    ab = _module()
+    case = ab._cache_case("8,32:8,4,32768,128,bfloat16,window=4096,leftpad=0.25")
+    assert (case["mode"], case["page_size"], case["window"], case["softcap"]) == ("kvcache", None, (4096, 0), 0.0)
+    assert ab._visible_keys(case) == (32768 - 4 - 4096, 32768)  # the window binds, not the padding
+    assert ab._visible_keys(dict(case, window=None)) == (8192, 32768)
+    paged = ab._cache_case("1,8:1,1,1000,64,float16,page=16,softcap=30")
+    assert (paged["mode"], paged["page_size"], paged["softcap"], paged["leftpad"]) == ("paged", 16, 30.0, 0.0)
+    assert ab._visible_keys(paged) == (0, 1000)
+    assert ab._key(case) != ab._key(dict(case, read=True))

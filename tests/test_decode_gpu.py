@@ -184,3 +184,58 @@ def test_row_chunks_take_every_term(torch, rng, backend, need_backend, heads, nq
         assert_matches_reference(backend, "bfloat16", out, lse, ref, ref_lse)
     names = kernel_names(torch, lambda: cutlassfa.forward(q, k, v, **cache, **terms, num_splits=1, backend=backend))
     assert [n for n in names if "decode_kernel" in n] and not [n for n in names if "flash_fwd" in n], names
+
+
+# (window, leftpad, softcap, score terms): the general instantiation's modes, alone and together.
+GENERAL_MODES = {
+    "leftpad": (None, True, 0.0, False),
+    "window": ((40, 0), False, 0.0, False),
+    "window-leftpad": ((300, 0), True, 0.0, False),
+    "softcap": (None, False, 5.0, False),
+    "all": ((300, 0), True, 5.0, True),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mode", list(GENERAL_MODES))
+@pytest.mark.parametrize("heads,nq,page_size", [((8, 2), 1, None), ((16, 2), 5, 16), ((8, 8), 3, 64)], ids=str)
+def test_general_modes_on_the_decode_kernel(torch, rng, backend, need_backend, dtype, d, mode, heads, nq, page_size):
+    """Left padding (NaN in every padded key: those rows must be zero-filled, not weighted by zero), a left
+    window bound and softcap run on the decode kernel: the reference at several split counts, one launch
+    of the decode kernel and no tile kernel."""
+    need_backend(backend)
+    window, leftpad, softcap, terms = GENERAL_MODES[mode]
+    hq, hkv = heads
+    lengths, capacity = [0, 9, 700, 2049], 2100
+    pads = np.array([0, 4, 650, 100], np.int32) if leftpad else None
+    q = rng.standard_normal((len(lengths), hq, nq, d))
+    k, v = (rng.standard_normal((len(lengths), hkv, capacity, d)) for _ in range(2))
+    for b, n in enumerate(lengths):  # NaN past every length and in every padded key
+        k[b, :, n:], v[b, :, n:] = np.nan, np.nan
+        if pads is not None:
+            k[b, :, : pads[b]], v[b, :, : pads[b]] = np.nan, np.nan
+    dq, dk, dv = (_cuda(torch, x, dtype) for x in (q, k, v))
+    options = dict(window=window, softcap=softcap, causal=window is None)
+    if terms:
+        options["sinks"] = rng.normal(0, 1, hq).astype(np.float32)
+        options["alibi_slopes"] = rng.uniform(0.001, 0.05, hq).astype(np.float32)
+    ref, ref_lse = kvcache_reference(*(np.nan_to_num(_rounded(x, dtype, torch)) for x in (q, k, v)),
+                                     cache_seqlens=np.array(lengths, np.int32), cache_leftpad=pads, **options)
+    cache = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+    if pads is not None:
+        cache["cache_leftpad"] = torch.from_numpy(pads).cuda()
+    if page_size:
+        (dk, table), (dv, _) = (_paged(torch, x, lengths, page_size, np.random.default_rng(5)) for x in (dk, dv))
+        cache["block_table"] = table  # (the pages hold the padded keys' NaN too)
+    device_options = {name: torch.from_numpy(x).cuda() if isinstance(x, np.ndarray) else x
+                      for name, x in options.items()}
+    for splits in (None, 1, 5):
+        out = torch.full(dq.shape, float("nan"), dtype=dq.dtype, device="cuda")  # poisoned
+        _, lse = cutlassfa.forward(dq, dk, dv, **cache, **device_options, num_splits=splits, out=out, backend=backend,
+                                   return_lse=True)
+        assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
+    names = kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, **cache, **device_options, num_splits=1,
+                                                          backend=backend))
+    assert [n for n in names if "decode_kernel" in n] and not [n for n in names if "flash_fwd" in n], names

@@ -271,17 +271,23 @@ def test_gpu_host_arrays(need_backend, rng):
     np.testing.assert_array_equal(k[1, :, 200].view(np.uint8), k_new[1, :, 0].view(np.uint8))
 
 
+# The decode kernel's general instantiation (left padding, a left window bound, softcap) on fp8 caches.
+GENERAL_CASES = ("leftpad", "window", "softcap", "paged_softcap")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["tensorcore", "large_tile"])
-@pytest.mark.parametrize("case", ["leftpad", "window", "softcap", "rows", "head_dim", "unaligned_rows", "page",
-                                  "paged_softcap", "paged_unaligned_rows"])
-def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backend, case):
-    """What the decode kernel does not take (left padding, a left window bound, softcap, more than 128 rows
-    per K/V head, head dim 96, head dim 40: fp8 rows of 40 bytes, not 16-byte aligned, a page size of 7) and
-    the other backends run the cache dequantized into q's
-    dtype, keys appended into the fp8 cache first: the attention of that copy (k * k_descale rounded to
-    bf16: the one rounding this path adds, against the decode kernel's exact fp32 descale)."""
+@pytest.mark.parametrize("case", [*GENERAL_CASES, "rows", "head_dim", "unaligned_rows", "page", "paged_unaligned_rows"])
+def test_gpu_calls_past_the_plain_decode_kernel(torch, rng, need_backend, backend, case):
+    """On tensorcore, left padding, a left window bound and softcap run on the decode kernel's general
+    instantiation (the exact dequantized math, and no tile kernel). What the decode kernel does not take
+    (more than 128 rows per K/V head, head dim 96, head dim 40: fp8 rows of 40 bytes, not 16-byte aligned,
+    a page size of 7) and the other backends run the cache dequantized into q's dtype, keys appended into the
+    fp8 cache first: the attention of that copy (k * k_descale rounded to bf16: the one rounding this path
+    adds, against the decode kernel's exact fp32 descale)."""
     from cutlassfa._inputs import round_to
+
+    from gpu_results import kernel_names
 
     need_backend(backend)
     b, hq, hkv, nq, cap, d, page = 3, 8, 2, 1, 112, 64, None
@@ -305,18 +311,25 @@ def test_gpu_other_calls_run_a_dequantized_copy(torch, rng, need_backend, backen
     k_new, v_new = fp8(rng, (b, hkv, 2, d)), fp8(rng, (b, hkv, 2, d))
     lens = np.array([40, 70, cap - 2], np.int32)
     kd, vd = descales(rng, "head", b, hkv)
-    copy = lambda x, s: round_to(x.astype(np.float32) * s[None, :, None, None], "bfloat16")  # noqa: E731
-    ref, ref_lse = kvcache_reference(q, copy(k, kd), copy(v, vd), cache_seqlens=lens, block_table=table,
-                                     k_new=copy(k_new, kd), v_new=copy(v_new, vd), causal=True, **options)
+    on_decode_kernel = backend == "tensorcore" and case in GENERAL_CASES
+    if on_decode_kernel:
+        ref, ref_lse = kvcache_reference(q, k, v, cache_seqlens=lens, block_table=table, k_new=k_new, v_new=v_new,
+                                         causal=True, k_descale=kd, v_descale=vd, **options)
+    else:
+        copy = lambda x, s: round_to(x.astype(np.float32) * s[None, :, None, None], "bfloat16")  # noqa: E731
+        ref, ref_lse = kvcache_reference(q, copy(k, kd), copy(v, vd), cache_seqlens=lens, block_table=table,
+                                         k_new=copy(k_new, kd), v_new=copy(v_new, vd), causal=True, **options)
     as_fp8 = lambda x: torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn)  # noqa: E731
     dk = as_fp8(k)
-    out, lse = cutlassfa.forward(_cuda_q(torch, q), dk, as_fp8(v), cache_seqlens=to_cuda(torch, lens),
-                                 block_table=None if table is None else to_cuda(torch, table), k_new=as_fp8(k_new),
-                                 v_new=as_fp8(v_new), causal=True, k_descale=to_cuda(torch, kd),
-                                 v_descale=to_cuda(torch, vd), backend=backend, return_lse=True,
-                                 **{name: to_cuda(torch, x) if isinstance(x, np.ndarray) else x
-                                    for name, x in options.items()})
+    call = lambda k_new, v_new: cutlassfa.forward(  # noqa: E731
+        _cuda_q(torch, q), dk, as_fp8(v), cache_seqlens=to_cuda(torch, lens),
+        block_table=None if table is None else to_cuda(torch, table), k_new=k_new, v_new=v_new, causal=True,
+        k_descale=to_cuda(torch, kd), v_descale=to_cuda(torch, vd), backend=backend, return_lse=True,
+        **{name: to_cuda(torch, x) if isinstance(x, np.ndarray) else x for name, x in options.items()})
+    out, lse = call(as_fp8(k_new), as_fp8(v_new))
     assert_matches_reference(backend, "bfloat16", out, lse, ref, ref_lse)
+    names = kernel_names(torch, lambda: call(None, None))
+    assert any("decode_kernel" in n for n in names) == on_decode_kernel, names
     if table is None:  # the appended keys are in the fp8 cache itself
         np.testing.assert_array_equal(dk.view(torch.uint8).cpu().numpy()[1, :, 70:72], k_new[1].view(np.uint8))
 

@@ -32,6 +32,7 @@
 #include "common/lse_merge.h"
 #include "common/mma_sync_gemm.h"
 #include "common/online_softmax.h"
+#include "common/softcap.h"
 #include "common/tensor_utils.h"
 #include "cutlassfa/params.h"
 #include "cutlassfa/rules.h"
@@ -40,10 +41,13 @@ namespace cutlassfa::sm90decode {
 
 using namespace cute;
 
-template <int kHeadDim_, class Element_, int kRows_, bool kFp8Cache_ = false>
+// kGeneral: the instantiation for the rarer modes (left padding, a left window bound, softcap), so that the
+// plain one carries none of their registers or instructions.
+template <int kHeadDim_, class Element_, int kRows_, bool kFp8Cache_ = false, bool kGeneral_ = false>
 struct DecodeTraits {
   using Element = Element_;  // of q and o
   static constexpr bool kFp8Cache = kFp8Cache_;
+  static constexpr bool kGeneral = kGeneral_;
   using CacheElement = std::conditional_t<kFp8Cache, cutlass::float_e4m3_t, Element>;  // of k and v
   using MmaElement = std::conditional_t<kFp8Cache, cutlass::half_t, Element>;          // of the MMA operands
   static constexpr int kChunkElems = 16 / int(sizeof(CacheElement));  // elements of a 16-byte copy
@@ -226,16 +230,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   int const rows = chunk_rows.count;
   int keys = params.seqlen_k;  // L: this entry's keys
   if (params.seqlens_k != nullptr) { keys = rules::cache_entry_keys(params.seqlens_k[b], params.seqlens_k_added, params.seqlen_k); }
-  int const tiles = (keys + kBlockN - 1) / kBlockN;
-  int const per_split = (tiles + params.num_splits - 1) / params.num_splits;
-  int const tile_begin = min(tiles, split * per_split), tile_end = min(tiles, tile_begin + per_split);
-  int const steps = tile_end - tile_begin;
-  // The last key row r sees (rules.h; no left window, no left padding here).
+  // The keys row r sees, [first_key(r), last_key(r)] (rules.h); the left bounds (left padding, a left window
+  // bound) only in the general instantiation. The first and last keys grow with the query: query 0's are
+  // at most those of any row of the chunk, query nq - 1's at least.
+  int const key_begin = Traits::kGeneral && params.leftpad_k != nullptr ? rules::entry_leftpad(params.leftpad_k[b], keys) : 0;
+  auto first_key_of_query = [&](int query) {
+    return Traits::kGeneral ? rules::mask_row_lo(query, nq, keys, params.window_left, key_begin) : 0;
+  };
   auto last_key = [&](int r) {
     return rules::mask_row_hi(chunk_rows.query(r), nq, keys, params.window_right) - 1;
   };
-  // At most the fewest any row of the chunk sees: query 0's.
   int const last_key_min = rules::mask_row_hi(0, nq, keys, params.window_right) - 1;
+  int const first_key_max = first_key_of_query(nq - 1);
+  // The splits share the steps from the first any row sees.
+  int const tiles = (keys + kBlockN - 1) / kBlockN;
+  int const tile_first = Traits::kGeneral ? min(tiles, first_key_of_query(0) / kBlockN) : 0;
+  int const per_split = (tiles - tile_first + params.num_splits - 1) / params.num_splits;
+  int const tile_begin = min(tiles, tile_first + split * per_split), tile_end = min(tiles, tile_begin + per_split);
+  int const steps = tile_end - tile_begin;
 
   // ---- Shared memory -------------------------------------------------------------------------------------
   MmaElement* const q_smem = reinterpret_cast<MmaElement*>(smem);
@@ -332,30 +344,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   }
   // Passes [first, first + count) of the step in `slot`, from k_src / v_src (this lane's chunk of pass
   // `first`'s rows) on at the byte strides below; the passes whose row is not below `rows_left` are
-  // zero-filled (the source is ignored, not read). One form for every step: with a separate form for
-  // full steps the compiler ran both, predicated.
+  // zero-filled (the source is ignored, not read), and in the general instantiation those below
+  // `rows_hidden` (left padding: rows that may hold anything, NaN included, which a zero weight would not
+  // cancel). One form for every step: with a separate form for full steps the compiler ran both,
+  // predicated.
   long long const k_row_bytes = params.k_row_stride * int(sizeof(CacheElement));
   long long const v_row_bytes = params.v_row_stride * int(sizeof(CacheElement));
   uint32_t const k_pass_bytes = static_cast<uint32_t>(kRowsPerPass * k_row_bytes);  // < 2^32 (launch_decode.cu)
   uint32_t const v_pass_bytes = static_cast<uint32_t>(kRowsPerPass * v_row_bytes);
   auto copy_passes = [&](int slot, const char* k_src, const char* v_src, auto first, auto count,
-                         int rows_left) __attribute__((always_inline)) {
+                         int rows_left, int rows_hidden) __attribute__((always_inline)) {
     constexpr int kFirst = decltype(first)::value, kCount = decltype(count)::value;
     uint32_t const slot_k0 = ring_k0 + 2 * slot * kSlotBytes;
     int const lane_rows_left = rows_left - lane_row;  // pass i has a row iff kRowsPerPass i < this
+    int const lane_rows_hidden = rows_hidden - lane_row;  // and (general) iff kRowsPerPass i >= this
     CUTE_UNROLL
     for (int i = kFirst; i < kFirst + kCount; ++i) {
       uint32_t const dst = slot_k0 + swizzled[i % kPeriod] + i / kPeriod * kEightRowsBytes;
-      bool const valid = kRowsPerPass * i < lane_rows_left;
+      bool const valid = kRowsPerPass * i < lane_rows_left && (!Traits::kGeneral || kRowsPerPass * i >= lane_rows_hidden);
       cp_async_16_zfill(dst, mad_wide(k_pass_bytes, i - kFirst, k_src), valid);
       cp_async_16_zfill(dst + kSlotBytes, mad_wide(v_pass_bytes, i - kFirst, v_src), valid);
     }
   };
   // Every pass of a step whose rows follow one another at row_stride from k_rows / v_rows (its first row).
-  auto copy_rows = [&](int slot, const CacheElement* k_rows, const CacheElement* v_rows, int rows_left) __attribute__((always_inline)) {
+  auto copy_rows = [&](int slot, const CacheElement* k_rows, const CacheElement* v_rows, int rows_left,
+                       int rows_hidden) __attribute__((always_inline)) {
     const char* const k_src = reinterpret_cast<const char*>(k_rows + lane_col) + lane_row * k_row_bytes;
     const char* const v_src = reinterpret_cast<const char*>(v_rows + lane_col) + lane_row * v_row_bytes;
-    copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, rows_left);
+    copy_passes(slot, k_src, v_src, Int<0>{}, Int<kPasses>{}, rows_left, rows_hidden);
   };
 
   // (A paged cache's batch strides are its page strides.)
@@ -372,7 +388,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   auto load_step = [&](int step) __attribute__((always_inline)) {
     int const key0 = step_key0(step);
     int const slot = step % kStages;
-    int const rows_left = keys - key0;
+    int const rows_left = keys - key0, rows_hidden = key_begin - key0;
     int const* const entries = table_ring + slot * kWarpKeys;
     if (paged) {  // which of the step's keys lie on a missing page, for the mask of step `step`
       int const key = key0 + lane;
@@ -382,14 +398,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       if (lane == 0) { missing_ring[slot] = missing_keys; }
     }
     if (!paged) {
-      copy_rows(slot, k_head + key0 * params.k_row_stride, v_head + key0 * params.v_row_stride, rows_left);
+      copy_rows(slot, k_head + key0 * params.k_row_stride, v_head + key0 * params.v_row_stride, rows_left, rows_hidden);
     } else if (step_pages == 1) {
       // The step's keys lie in one page (pages of kWarpKeys keys or more): one entry, and the copies of a
       // contiguous cache.
       long long const row0 = rules::row_in_page_pow2(key0, params.page_size);
       bool const missing = !rules::page_index_valid(entries[0], params.num_pages);
       copy_rows(slot, page_rows(entries[0], row0, params.k_batch_stride, params.k_row_stride, k_head),
-                page_rows(entries[0], row0, params.v_batch_stride, params.v_row_stride, v_head), missing ? 0 : rows_left);
+                page_rows(entries[0], row0, params.v_batch_stride, params.v_row_stride, v_head), missing ? 0 : rows_left,
+                rows_hidden);
     } else if (step_pages == 2) {
       // Two pages a step (16-key pages at d = 64, 8-key at d = 128): each half of the passes from its
       // page's first row.
@@ -400,7 +417,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
         long long const page = page_or_0(entries[e]);
         long long const k_page = page * params.k_batch_stride * int(sizeof(CacheElement));
         long long const v_page = page * params.v_batch_stride * int(sizeof(CacheElement));
-        copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, missing ? 0 : rows_left);
+        copy_passes(slot, lane_k + k_page, lane_v + v_page, first, Int<kPasses / 2>{}, missing ? 0 : rows_left,
+                    rows_hidden);
       };
       half(0, Int<0>{});
       half(1, Int<kPasses / 2>{});
@@ -411,7 +429,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       CUTE_UNROLL
       for (int c = lane; c < kWarpKeys * kChunksPerRow; c += 32) {
         int const r = c / kChunksPerRow, col = c % kChunksPerRow * Traits::kChunkElems;
-        bool valid = r < rows_left;
+        bool valid = r < rows_left && (!Traits::kGeneral || r >= rows_hidden);
         long long page = 0, row = 0;
         if (valid) {
           int const key_slot = rules::page_slot_of_key_pow2(key0 + r, page_shift);
@@ -461,8 +479,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
                             : params.k_descale[b * params.k_descale_batch_stride + h_kv * params.k_descale_head_stride];
     fp8_scale = ldexpf(params.softmax_scale * k_descale, -q_exponent);
   }
-  auto score_scale = [&] { return Traits::kFp8Cache ? fp8_scale : params.softmax_scale; };
-  auto score_scale_log2 = [&] { return Traits::kFp8Cache ? fp8_scale * 1.4426950408889634f : params.softmax_scale_log2; };
+  // Softcap (general instantiation; params.h): a score becomes tanh(q.k softcap_pre), whose units are the
+  // cap's whatever the cache (softmax_scale is the cap).
+  bool const capped = Traits::kGeneral && params.softcap_pre > 0.f;
+  auto score_scale = [&] { return Traits::kFp8Cache && !capped ? fp8_scale : params.softmax_scale; };
+  auto score_scale_log2 = [&] {
+    return Traits::kFp8Cache && !capped ? fp8_scale * 1.4426950408889634f : params.softmax_scale_log2;
+  };
+  // The MMA's units to softcap's argument (fp8: fp8_scale is softmax_scale q.k_descale 2^-q_exponent).
+  auto softcap_pre = [&] {
+    return Traits::kFp8Cache ? fp8_scale / params.softmax_scale * params.softcap_pre : params.softcap_pre;
+  };
 
   // Q (the oldest group) has landed once kStages - 1 groups are left; every thread loaded part of it.
   cute::cp_async_wait<kStages - 1>();
@@ -470,14 +497,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);
   if constexpr (Traits::kQInRegisters) { copy(smem_tiled_copy_Q, tSsQ, smem_thr_copy_Q.retile_D(tSrQ)); }
 
-  // This thread's accumulator rows (lane / 4 and + 8 of each slab) and their last visible keys.
+  // This thread's accumulator rows (lane / 4 and + 8 of each slab) and their visible keys (the first ones
+  // in the general instantiation only).
   constexpr int kThreadRows = 2 * kRows / 16;
   Tensor cS = make_identity_tensor(Shape<Int<kRows>, Int<kWarpKeys>>{});
   Tensor tScS = thr_mma.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));  // (rows, cols) -> (row, col)
   int last_key_row[kThreadRows];
+  int first_key_row[Traits::kGeneral ? kThreadRows : 1];
   CUTE_UNROLL
-  for (int mi = 0; mi < kThreadRows; ++mi) { last_key_row[mi] = last_key(get<0>(tScS_rc(mi, 0))); }
+  for (int mi = 0; mi < kThreadRows; ++mi) {
+    int const r = get<0>(tScS_rc(mi, 0));
+    last_key_row[mi] = last_key(r);
+    if constexpr (Traits::kGeneral) { first_key_row[mi] = first_key_of_query(chunk_rows.query(r)); }
+  }
 
   // fp8: K or V (`which` 0 / 1) of the stage in `slot`, widened into the warp's MMA slot of it. Lane l widens
   // 16-byte chunks l + 32 i; a lane whose chunk lies in the odd 64-column half of the swizzled slot writes
@@ -541,16 +574,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       load_ahead(step);
     }
 
+    if (capped) { apply_softcap(acc_s, softcap_pre()); }  // before the mask's -inf
+
     int const key0 = step_key0(step);
     unsigned const missing_keys = paged ? missing_ring[slot] : 0u;  // keys on a missing page count as masked
-    if (key0 + kWarpKeys - 1 > last_key_min || missing_keys != 0) {  // some key of the step is hidden from some row
+    // Some key of the step is hidden from some row: past a row's last, before a row's first, or on a missing page.
+    if (key0 + kWarpKeys - 1 > last_key_min || (Traits::kGeneral && key0 < first_key_max) || missing_keys != 0) {
       Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
       CUTE_UNROLL
       for (int mi = 0; mi < kThreadRows; ++mi) {
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) {
           int const col = get<1>(tScS_rc(mi, ni));
-          if (key0 + col > last_key_row[mi] || (missing_keys >> col & 1u)) { scores(mi, ni) = -INFINITY; }
+          bool hidden = key0 + col > last_key_row[mi] || (missing_keys >> col & 1u);
+          if constexpr (Traits::kGeneral) { hidden = hidden || key0 + col < first_key_row[mi]; }
+          if (hidden) { scores(mi, ni) = -INFINITY; }
         }
       }
     }

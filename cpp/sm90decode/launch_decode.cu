@@ -1,6 +1,6 @@
 // launch_sm90_decode: what the decode kernel (cpp/sm90decode/decode_kernel.h) covers, its tile, and its
 // launch. Its few instantiations (fp16 / bf16 q x fp16 / bf16 or fp8 caches x CUTLASSFA_SM90_DECODE_HEAD_DIMS
-// x 16 / 32 rows a CTA) compile here, in one object.
+// x 16 / 32 rows a CTA x plain / general) compile here, in one object.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -29,9 +29,14 @@ static_assert(DecodeTraitsOf<64, cutlass::half_t>::kRows == kSm90DecodeRows);
 
 bool one_slab(const FwdParams& params) { return static_cast<long long>(params.seqlen_q) * params.heads_ratio <= 16; }
 
-template <int kHeadDim, class Element, int kRows, bool kFp8Cache>
+// The general instantiation: left padding, a left window bound or softcap.
+bool general(const FwdParams& params) {
+  return params.leftpad_k != nullptr || params.window_left >= 0 || params.softcap_pre > 0.f;
+}
+
+template <int kHeadDim, class Element, int kRows, bool kFp8Cache, bool kGeneral>
 cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
-  using Traits = sm90decode::DecodeTraits<kHeadDim, Element, kRows, kFp8Cache>;
+  using Traits = sm90decode::DecodeTraits<kHeadDim, Element, kRows, kFp8Cache, kGeneral>;
   static_assert(Traits::kCtasPerSm == kSm90DecodeCtasPerSm, "the split heuristic's CTAs a multiprocessor");
   auto kernel = &sm90decode::decode_kernel<Traits>;
   if constexpr (Traits::kSmemSize > 48 * 1024) {
@@ -54,8 +59,8 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   if (capability < 90) { return false; }
   bool const halves = p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
   // One K/V sequence an entry, contiguous or paged (pages of a power-of-two size: shifts, not divisions,
-  // in the copies of every step); no varlen, no left padding.
-  bool const entry_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.leftpad_k == nullptr &&
+  // in the copies of every step); no varlen.
+  bool const entry_keys = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr &&
                           (p.block_table == nullptr || p.page_size_log2 >= 0);
   long long const rows = static_cast<long long>(p.seqlen_q) * p.heads_ratio;
   // A copy pass's rows span less than 4 GB (its stride is a 32-bit register; a step is at most 32 keys,
@@ -64,8 +69,8 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   // Past one CTA's rows, chunks that each re-read the keys from L2: for a few queries of many grouped heads,
   // where a tile kernel would fill a fraction of each tile's rows and read a K/V head once per query head.
   bool const row_count = rows <= kSm90DecodeRows || (rows <= kSm90DecodeMaxRows && p.seqlen_q <= kSm90DecodeChunkedQueries);
-  return halves && entry_keys && p.seqlen_q >= 1 && row_count && p.window_left < 0 &&
-         p.softcap_pre == 0.f && head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
+  return halves && entry_keys && p.seqlen_q >= 1 && row_count &&
+         head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);
 }
 
@@ -88,12 +93,13 @@ cudaError_t launch_sm90_decode(const FwdParams& params, cudaStream_t stream) {
     using Element = decltype(element);
     return head_dim_switch<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
-      if (params.kv_fp8) {
-        return one_slab(params) ? run_decode<kHeadDim, Element, 16, true>(params, stream)
-                                : run_decode<kHeadDim, Element, kSm90DecodeRows, true>(params, stream);
-      }
-      return one_slab(params) ? run_decode<kHeadDim, Element, 16, false>(params, stream)
-                              : run_decode<kHeadDim, Element, kSm90DecodeRows, false>(params, stream);
+      return bool_switch(params.kv_fp8, [&](auto fp8) {
+        return bool_switch(general(params), [&](auto general_modes) {
+          constexpr bool kFp8 = decltype(fp8)::value, kGeneral = decltype(general_modes)::value;
+          return one_slab(params) ? run_decode<kHeadDim, Element, 16, kFp8, kGeneral>(params, stream)
+                                  : run_decode<kHeadDim, Element, kSm90DecodeRows, kFp8, kGeneral>(params, stream);
+        });
+      });
     });
   });
 }

@@ -321,10 +321,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     v_descale: float32 dequantization scales, each a float (per tensor), (Hkv,) (per K/V head) or (B, Hkv)
     (per entry and head; on q's device or host values); None is 1. The result is attention(q, k * k_descale,
     v * v_descale) with float32 accumulation, in q's dtype. The decode kernel (sm_90: at most 32 query rows
-    per K/V head, Nq x Hq / Hkv, or 128 of at most 16 queries; head dims 64 and 128, no cache_leftpad, left
-    window bound or softcap, power-of-two page sizes) reads the fp8 bytes; every other call and backend runs
-    on a dequantized copy of the cache in q's dtype (a workspace of B x Hkv x capacity x d x 2 bytes for K
-    and for V, freed after the call).
+    per K/V head, Nq x Hq / Hkv, or 128 of at most 16 queries; head dims 64 and 128, power-of-two page
+    sizes) reads the fp8 bytes; every other call and backend runs on a dequantized copy of the cache in q's
+    dtype (a workspace of B x Hkv x capacity x d x 2 bytes for K and for V, freed after the call).
     num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
     pass fills the GPU; a call with none of the options above and at most 64 fp16 / bf16 queries chooses
     the same way, other such calls run one pass) or n >= 1 parts of the keys (at most one per 128 keys

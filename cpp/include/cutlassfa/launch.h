@@ -78,8 +78,8 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);
 // KernelTile::block_m), fp16 / bf16 q with a cache
 // of q's dtype or fp8 (e4m3, params.h kv_fp8; the only kernel that reads fp8 bytes: the others run a
 // dequantized copy, below) at CUTLASSFA_SM90_DECODE_HEAD_DIMS; contiguous or paged caches (power-of-two page sizes) with or without
-// seqlens_k, causal or a right window bound, ALiBi, lse, splits. Not: varlen, left padding or a left window
-// bound, softcap, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
+// seqlens_k, causal or any window, left padding, softcap (those three in a general instantiation), ALiBi,
+// sinks, lse, splits. Not: varlen, other page sizes, devices below sm_90 (`capability`: major * 10 + minor).
 // kSm90DecodeCtasPerSm is its traits' kCtasPerSm (a static_assert in launch_decode.cu ties them).
 constexpr int kSm90DecodeRows = 32;
 constexpr int kSm90DecodeMaxRows = 128;
