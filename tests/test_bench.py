@@ -198,8 +198,8 @@ def test_window_option_marks_every_case_and_adds_the_flex_anchor():
     cases = bench.select_cases(_args(["--shape", "1,2,256,64", "--window", "32,0", "--causal", "both"]))
     assert len(cases) == 2 and all(c.variant.window == (32, 0) for c in cases)
     assert bench.FLEX not in bench.select_backends(None)
-    assert bench.FLEX in bench.select_backends(None, window=True)
-    assert bench.select_backends(["cpu"], window=True) == ["cpu"]
+    assert bench.FLEX in bench.select_backends(None, flex=True)
+    assert bench.select_backends(["cpu"], flex=True) == ["cpu"]
     # the visible pairs of the window, not the dense count
     case = cases[1]
     assert case.causal and bench.tflops(case, 1.0) * 1e9 == bench.attention_flops(1, 2, 256, 256, 64, True, (32, 0))
@@ -207,7 +207,7 @@ def test_window_option_marks_every_case_and_adds_the_flex_anchor():
 
 def test_read_is_a_default_row_of_decode_runs_only(monkeypatch):
     assert bench.READ in bench.select_backends(None, decode=True)
-    assert bench.READ not in bench.select_backends(None) and bench.READ not in bench.select_backends(None, window=True)
+    assert bench.READ not in bench.select_backends(None) and bench.READ not in bench.select_backends(None, flex=True)
     assert bench.select_backends(["tensorcore"], decode=True) == ["tensorcore"]
     assert bench.select_backends(["read", "cpu"]) == ["read", "cpu"]
     assert bench.peak_of(bench.READ, "bfloat16") is None  # no arithmetic to compare with a GEMM
@@ -1226,3 +1226,20 @@ def test_fp8_cache_rows_are_checked_against_the_dequantized_cache(tmp_path):
     fp8 = bench.reference_sample(case, q, k, v, kv_values=bench.runners.fp8_roundtrip)
     assert 1e-3 < rel_l2(fp8, bench.reference_sample(case, q, k, v)) < 5e-2
     assert bench.split_term("tensorcore_fp8") == ("tensorcore", "fp8_cache")
+
+
+def test_speculative_grid_is_the_multi_token_decode_grid():
+    grid = bench.speculative_grid()
+    assert bench.select_cases(_args(["--speculative"])) == grid
+    assert len(grid) == 2 * 2 * 4 * 2  # caches x heads x queries x (contiguous, paged 16)
+    assert {(c.H, c.Hk) for c in grid} == {(32, 8), (64, 8)} and {c.Nq for c in grid} == {2, 4, 8, 16}
+    assert all(c.B == 8 and c.d == 128 and c.causal and c.dtype == "bfloat16" and c.Nk in (8192, 32768) for c in grid)
+    assert max(c.Nq * c.H // c.Hk for c in grid) == 128  # query rows a K/V head
+    for contiguous, paged in zip(grid[::2], grid[1::2]):
+        assert (contiguous.variant.page_size, paged.variant.page_size) == (0, 16)
+        assert bench.twin_of(paged) == contiguous
+    sized = bench.select_cases(_args(["--speculative", "--page-sizes", "64", "--dtypes", "float16"]))
+    assert {c.variant.page_size for c in sized} == {0, 64} and {c.dtype for c in sized} == {"float16"}
+    assert bench.FLEX in bench.select_backends(None, flex=True) and bench.READ in bench.select_backends(None, decode=True)
+    assert _run(["--speculative", "--window", "8,0"]) == 2
+    assert _run(["--speculative", "--shape", "1,8,1,64,64"]) == 2

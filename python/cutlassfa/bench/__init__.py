@@ -35,8 +35,8 @@ from .flops import attention_bytes, attention_flops, case_bytes, case_flops, var
 from .frames import CupyFrame, Frame, TorchFrame, pick_frame
 from .grid import (DECODE_MAX_KV_BYTES, HW4_SHAPES, LLM_HEAD_DIMS, LLM_SHAPES, PAGE_SIZES, VARLEN_MIXES, decode_grid,
                    decode_quick_grid, default_grid, dense_at_mean, kvcache_case, paged_cases, paged_grid,
-                   paged_quick_grid, parse_cases, parse_shape, parse_window, quick_grid, select_cases, twin_of, varlen_case,
-                   varlen_grid)
+                   paged_quick_grid, parse_cases, parse_shape, parse_window, quick_grid, select_cases, speculative_grid,
+                   twin_of, varlen_case, varlen_grid)
 from .measure import Row, Settings, apply_peaks, apply_twins, bench_case, measure_peaks
 from .samples import output_sample, reference_sample
 from .rules import (CPU_MAX_FLOPS, L2_FACTOR, MAX_COPIES, PEAKS, accuracy_bound, peak_of, rotation_copies,
@@ -57,7 +57,7 @@ __all__ = ["ALIBI", "ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEvent
            "dense_at_mean", "fa4", "flex", "gather_pages", "kvcache_case", "main", "make_feed", "make_runners",
            "measure_peaks", "median", "ours", "output_sample", "paged_cases", "paged_grid", "paged_quick_grid",
            "parse_cases", "parse_shape", "parse_window", "peak_of", "pick_frame", "quick_grid", "read", "reference_sample",
-           "rotation_copies", "round_robin", "run", "sdpa", "select_backends", "select_cases", "sink_values",
+           "rotation_copies", "round_robin", "run", "sdpa", "select_backends", "select_cases", "sink_values", "speculative_grid",
            "skip_reason", "split_term", "term_values",
            "split_sequences", "tflops", "twin_of", "varlen_case", "varlen_flops", "varlen_grid", "visible_pairs",
            "with_dense"]

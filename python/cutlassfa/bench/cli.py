@@ -64,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "with a contiguous cache and then at each of --page-sizes, the 'vs twin' column being "
                             "paged / contiguous. SDPA gets the pages gathered into a contiguous cache (outside the "
                             "timing); adds the read row, reading the page pools. With --shape: those shapes")
+    grids.add_argument("--speculative", action="store_true",
+                       help="the speculative-decoding grid instead: 2, 4, 8 and 16 causal queries (up to 128 query "
+                            "rows a K/V head) against full caches of 8k and 32k keys, B 8, 32 and 64 query heads on "
+                            "8, d 128, bf16 (--dtypes to change), each contiguous and in pages of 16 keys "
+                            "(--page-sizes); adds the flex and read rows")
     grids.add_argument("--varlen", action="store_true",
                        help="the varlen grid instead: causal prefill through varlen_forward of packed batches of "
                             "mixed lengths (16 of 64-8192, 64 of 64-1024, one of 16384 among 15 of 64-1024; fixed "
@@ -145,15 +150,18 @@ def _check_paths(args: argparse.Namespace) -> str | None:
 
 def _conflict(args: argparse.Namespace) -> str | None:
     """Options that do not go together with the paged and varlen grids."""
-    paged, varlen = getattr(args, "paged", False), getattr(args, "varlen", False)
+    paged = getattr(args, "paged", False) or getattr(args, "speculative", False)
+    varlen = getattr(args, "varlen", False)
     if args.page_sizes and not paged:
-        return "--page-sizes goes with --paged"
+        return "--page-sizes goes with --paged or --speculative"
     if args.lengths and not varlen:
         return "--lengths goes with --varlen"
     if (paged or varlen) and args.window is not None:
-        return "--window is for dense cases; not with --paged or --varlen"
+        return "--window is for dense cases; not with --paged, --speculative or --varlen"
     if varlen and args.shape:
         return "--varlen takes --lengths (heads 32:8, d from --head-dims), not --shape"
+    if getattr(args, "speculative", False) and (args.shape or args.head_dims):
+        return "--speculative is a fixed grid (d 128); --paged --shape runs other shapes"
     return None
 
 
@@ -162,7 +170,9 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     """Runs the benchmark; returns 0, 1 (a row of ours failed) or 2 (usage error). `frame` and
     `timer_for` are for tests."""
     bad = [d for d in (args.dtypes or []) if d not in DTYPES]
-    names = select_backends(args.backends, window=args.window is not None, decode=args.decode or args.paged)
+    speculative = getattr(args, "speculative", False)
+    names = select_backends(args.backends, flex=args.window is not None or speculative,
+                            decode=args.decode or args.paged or speculative)
     unknown = [b for b in names if b not in ALL_BACKENDS]
     if bad or unknown:
         return _usage(f"unknown dtype(s) {bad} / backend(s) {unknown}")

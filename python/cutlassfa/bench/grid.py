@@ -2,6 +2,7 @@
 HW4 test set), (B, N, d). LLM: fp16 and bf16, d 64 / 128, (B, H, N) with B*N = 32K tokens, causal and
 not. Quick: seconds on an H100. Decode: one new query (or four, causal) against a K/V cache, the
 inference grid. Paged: decode against paged caches, each shape also with a contiguous cache (its twin).
+Speculative: 2-16 causal queries of grouped heads against long caches, contiguous and paged (twins).
 Varlen: causal prefill of packed batches of mixed lengths, each beside a dense call of as many sequences
 at the mean length (its twin)."""
 
@@ -37,6 +38,13 @@ PAGED_KV_HEADS = (8, 32)
 PAGED_BATCHES = (1, 8, 64)
 PAGED_KEYS = (16384, 131072)
 PAGED_HEAD_DIMS = (128, 64)
+# Speculative: a few query tokens (2-16, causal) of many grouped heads against long caches, as speculative
+# decoding and multi-token prediction verify drafts (up to 128 query rows a K/V head), B 8, d 128, bf16,
+# each shape contiguous and in pages of 16 keys.
+SPECULATIVE_HEADS = ((32, 8), (64, 8))
+SPECULATIVE_QUERIES = (2, 4, 8, 16)
+SPECULATIVE_KEYS = (8192, 32768)
+SPECULATIVE_PAGE_SIZES = (16,)
 # Varlen: causal prefill, 32 query heads on 8 K/V heads, of batches whose lengths are drawn once with a
 # fixed seed: 16 of 64-8192 (the issue's mix; seed 0 gives the lengths bench/NOTES-variants.md quotes,
 # mean 4164), 64 short prompts, and one long prompt among 15 short ones.
@@ -112,6 +120,12 @@ def paged_quick_grid(page_sizes: Sequence[int] = PAGE_SIZES, dtypes: Sequence[st
     return [case for dt in dtypes
             for b, nk, nq, causal in ((8, 16384, 1, False), (1, 131072, 1, False), (8, 16384, 4, True))
             for case in paged_cases((b, DECODE_HEADS, 8, nq, nk, 128), dt, causal, page_sizes)]
+
+
+def speculative_grid(page_sizes: Sequence[int] = SPECULATIVE_PAGE_SIZES,
+                     dtypes: Sequence[str] = PAGED_DTYPES) -> list[Case]:
+    return [case for dt in dtypes for nk in SPECULATIVE_KEYS for h, hk in SPECULATIVE_HEADS
+            for nq in SPECULATIVE_QUERIES for case in paged_cases((8, h, hk, nq, nk, 128), dt, True, page_sizes)]
 
 
 def varlen_case(dtype: str, h: int, hk: int, d: int, causal: bool, lengths: Sequence[int]) -> Case:
@@ -197,7 +211,7 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     take --dtypes as the dtypes to run (default bfloat16), and --page-sizes / --lengths. --cases takes a
     part of the list."""
     part = getattr(args, "cases", None) or slice(None)
-    if getattr(args, "paged", False):
+    if getattr(args, "paged", False) or getattr(args, "speculative", False):
         return _paged_cases(args)[part]
     if getattr(args, "varlen", False):
         return _varlen_cases(args)[part]
@@ -232,8 +246,10 @@ _CAUSALS = {"no": [False], "yes": [True], "both": [False, True]}
 
 
 def _paged_cases(args: argparse.Namespace) -> list[Case]:
-    page_sizes = tuple(args.page_sizes or PAGE_SIZES)
     dtypes = args.dtypes or list(PAGED_DTYPES)
+    if getattr(args, "speculative", False):
+        return speculative_grid(tuple(args.page_sizes or SPECULATIVE_PAGE_SIZES), dtypes)
+    page_sizes = tuple(args.page_sizes or PAGE_SIZES)
     head_dims = tuple(args.head_dims or ())
     if args.shape:
         return [c for shape in args.shape for dt in dtypes for causal in _CAUSALS.get(args.causal, [False])
@@ -256,5 +272,5 @@ def _varlen_cases(args: argparse.Namespace) -> list[Case]:
 
 __all__ = ["DECODE_MAX_KV_BYTES", "DTYPES", "HW4_SHAPES", "LLM_HEAD_DIMS", "LLM_SHAPES", "PAGE_SIZES", "VARLEN_MIXES",
            "decode_grid", "decode_quick_grid", "default_grid", "dense_at_mean", "kvcache_case", "paged_cases",
-           "paged_grid", "paged_quick_grid", "parse_shape", "parse_window", "quick_grid", "select_cases", "twin_of",
-           "varlen_case", "varlen_grid"]
+           "paged_grid", "paged_quick_grid", "parse_shape", "parse_window", "quick_grid", "select_cases",
+           "speculative_grid", "twin_of", "varlen_case", "varlen_grid"]

@@ -389,14 +389,14 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
     return runners, unavailable
 
 
-def select_backends(requested: Sequence[str] | None, *, window: bool = False, decode: bool = False) -> list[str]:
+def select_backends(requested: Sequence[str] | None, *, flex: bool = False, decode: bool = False) -> list[str]:
     """Row names of a run: the requested ones ('sdpa' meaning the four sdpa_* rows), or all of them but the
-    sink rows; flex (a torch.compile per shape) only when asked for, or for a run with a window; read only
-    when asked for, or for a decode run, paged ones included (a bandwidth ceiling means nothing to
-    compute-bound prefill)."""
+    sink rows; flex (a torch.compile per shape) only when asked for, or for the runs whose anchor it is
+    (`flex`: windows, which SDPA cannot express, and speculative decoding); read only when asked for, or
+    for a decode run, paged ones included (a bandwidth ceiling means nothing to compute-bound prefill)."""
     if not requested:
         return [name for name in ALL_BACKENDS
-                if (name != FLEX or window) and (name != READ or decode) and split_term(name)[1] is None]
+                if (name != FLEX or flex) and (name != READ or decode) and split_term(name)[1] is None]
     names: list[str] = []
     for name in requested:
         names += list(SDPA_BACKENDS) if name == "sdpa" else [name]
