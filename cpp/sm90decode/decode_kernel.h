@@ -486,7 +486,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   auto score_scale_log2 = [&] {
     return Traits::kFp8Cache && !capped ? fp8_scale * 1.4426950408889634f : params.softmax_scale_log2;
   };
-  // The MMA's units to softcap's argument (fp8: fp8_scale is softmax_scale q.k_descale 2^-q_exponent).
+  // The MMA's units to softcap's argument q.k softcap_pre (fp8: fp8_scale / softmax_scale is
+  // k_descale 2^-q_exponent).
   auto softcap_pre = [&] {
     return Traits::kFp8Cache ? fp8_scale / params.softmax_scale * params.softcap_pre : params.softcap_pre;
   };

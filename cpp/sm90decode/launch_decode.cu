@@ -68,7 +68,8 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   auto step_in_32_bits = [](long long row_stride) { return row_stride >= 0 && row_stride * 2 * 32 <= UINT32_MAX; };
   // Past one CTA's rows, chunks that each re-read the keys from L2: for a few queries of many grouped heads,
   // where a tile kernel would fill a fraction of each tile's rows and read a K/V head once per query head.
-  bool const row_count = rows <= kSm90DecodeRows || (rows <= kSm90DecodeMaxRows && p.seqlen_q <= kSm90DecodeChunkedQueries);
+  bool const row_count =
+      rows <= kSm90DecodeRows || (rows <= kSm90DecodeMaxRows && p.seqlen_q <= kSm90DecodeChunkedQueries);
   return halves && entry_keys && p.seqlen_q >= 1 && row_count &&
          head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);

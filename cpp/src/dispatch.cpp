@@ -122,7 +122,7 @@ KernelTile kernel_tile(Kernel kernel, const FwdParams& params) {
 int decode_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;
   long long const rows = static_cast<long long>(params.seqlen_q) * params.heads_ratio;
-  long long const chunks = (rows + tile.block_m - 1) / tile.block_m;
+  long long const chunks = (rows + std::max(1, tile.block_m) - 1) / std::max(1, tile.block_m);
   long long const ctas = static_cast<long long>(params.batch) * params.heads_kv * chunks;
   long long const slots = static_cast<long long>(sms) * kSm90DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
