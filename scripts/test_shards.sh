@@ -20,7 +20,7 @@ summary() { grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error|deselected)' "$1
 pids=()
 for i in $(seq 0 $((shards - 1))); do
   OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
-    python3 -m pytest -q -rs -p no:cacheprovider --shard "$i/$shards" "$@" >"$out/tests-shard$i.log" 2>&1 &
+    python3 -m pytest -q -rfEs -p no:cacheprovider --shard "$i/$shards" "$@" >"$out/tests-shard$i.log" 2>&1 &
   pids+=($!)
 done
 status=0
@@ -31,7 +31,7 @@ for i in "${!pids[@]}"; do
   [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1
   echo "part $i/$shards (exit $rc): $(summary "$out/tests-shard$i.log")"
 done
-python3 -m pytest -q -rs -p no:cacheprovider --shard exclusive "$@" >"$out/tests-exclusive.log" 2>&1
+python3 -m pytest -q -rfEs -p no:cacheprovider --shard exclusive "$@" >"$out/tests-exclusive.log" 2>&1
 rc=$?
 [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1
 echo "exclusive (exit $rc): $(summary "$out/tests-exclusive.log")"
