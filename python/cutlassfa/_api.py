@@ -288,8 +288,8 @@ def plan(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float |
       fp8_dequantized: an fp8 cache that the decode kernel does not take, run on a dequantized copy.
     device: None, where forward would run the call (the arrays' GPU; host arrays: GPU 0, or the cpu backend
     as forward resolves it); or (compute capability as major * 10 + minor, multiprocessors), e.g. (90, 132)
-    for an H100 SXM, to plan for a GPU that need not be here (this build's kernels for it; no GPU needed). Raises as `forward` would for invalid arguments,
-    and when the backend cannot run there."""
+    for an H100 SXM, to plan for a GPU that need not be here (this build's kernels for it; no GPU needed).
+    Raises as `forward` would for invalid arguments, and when the backend cannot run there."""
     code, causal = _probe_arguments("plan", backend, causal, options)
     capability = multiprocessors = 0
     if device is not None:
