@@ -57,7 +57,7 @@ __all__ = ["ALIBI", "ALL_BACKENDS", "ANCHORS", "CPU_MAX_FLOPS", "CudaPythonEvent
            "dense_at_mean", "fa4", "flex", "gather_pages", "kvcache_case", "main", "make_feed", "make_runners",
            "measure_peaks", "median", "ours", "output_sample", "paged_cases", "paged_grid", "paged_quick_grid",
            "parse_cases", "parse_shape", "parse_window", "peak_of", "pick_frame", "quick_grid", "read", "reference_sample",
-           "rotation_copies", "round_robin", "run", "sdpa", "select_backends", "select_cases", "sink_values", "speculative_grid",
-           "skip_reason", "split_term", "term_values",
+           "rotation_copies", "round_robin", "run", "sdpa", "select_backends", "select_cases", "sink_values",
+           "skip_reason", "speculative_grid", "split_term", "term_values",
            "split_sequences", "tflops", "twin_of", "varlen_case", "varlen_flops", "varlen_grid", "visible_pairs",
            "with_dense"]
