@@ -340,31 +340,28 @@ struct IndexUpload {
   }
 };
 
-// Enqueues the whole call on `stream` (the current device is the arrays'): host index values uploaded,
-// k_new / v_new appended, the kernels (or, with nothing to compute, a fill of the outputs).
-cudaError_t launch_call(const Call& c, Backend backend, int device, const Output& o, const Output* lse,
-                        cudaStream_t stream, IndexUpload& uploads, const char** what) {
+// Whether the call has index or float arrays (call_tensors takes their device pointers).
+bool has_index_arrays(const Call& c) {
+  return c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given ||
+         c.sinks.given || c.alibi_slopes.given || c.k_descale.given || c.v_descale.given;
+}
+
+// The call's tensors as its kernels see them: q, k, v (c's), o and lse (the outputs), the index arrays at
+// `pointers` (cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table) and the float ones
+// at `float_pointers` (sinks, alibi_slopes, k_descale, v_descale).
+CallTensors call_tensors(const Call& c, const Output& o, const Output* lse, const int* const* pointers,
+                         const float* const* float_pointers) {
   const Problem& p = c.problem;
   CallTensors t;
-  if (c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given || c.sinks.given ||
-      c.alibi_slopes.given || c.k_descale.given || c.v_descale.given) {
-    const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
-    const int* pointers[5] = {};
-    const FloatArray* floats[4] = {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale};
-    const float* float_pointers[4] = {};
-    *what = "cutlassfa index upload";
-    cudaError_t const err = uploads.upload(indices, 5, pointers, floats, 4, float_pointers, stream);
-    if (err != cudaSuccess) return err;
-    t.sinks = float_pointers[0];
-    t.alibi_slopes = float_pointers[1];
-    t.alibi_batch_stride = c.alibi_slopes.row_stride;
-    t.k_descale = float_pointers[2], t.v_descale = float_pointers[3];
-    t.k_descale_strides = {c.k_descale.row_stride, c.k_descale.head_stride, 0};
-    t.v_descale_strides = {c.v_descale.row_stride, c.v_descale.head_stride, 0};
-    t.cu_seqlens_q = pointers[0], t.cu_seqlens_k = pointers[1], t.seqlens_k = pointers[2];
-    t.leftpad_k = pointers[3], t.block_table = pointers[4];
-    t.block_table_stride = c.block_table.row_stride;
-  }
+  t.sinks = float_pointers[0];
+  t.alibi_slopes = float_pointers[1];
+  t.alibi_batch_stride = c.alibi_slopes.row_stride;
+  t.k_descale = float_pointers[2], t.v_descale = float_pointers[3];
+  t.k_descale_strides = {c.k_descale.row_stride, c.k_descale.head_stride, 0};
+  t.v_descale_strides = {c.v_descale.row_stride, c.v_descale.head_stride, 0};
+  t.cu_seqlens_q = pointers[0], t.cu_seqlens_k = pointers[1], t.seqlens_k = pointers[2];
+  t.leftpad_k = pointers[3], t.block_table = pointers[4];
+  t.block_table_stride = c.block_table.row_stride;
   t.q = c.q.data, t.k = c.k.data, t.v = c.v.data, t.o = o.data;
   t.q_strides = c.strides(c.q), t.k_strides = c.strides(c.k), t.v_strides = c.strides(c.v);
   // Varlen entries are located by cu_seqlens: no batch stride (a compact (1, H, total, d) copy has one).
@@ -375,7 +372,24 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
     t.lse_batch_stride = p.varlen ? 0 : static_cast<long long>(p.heads_q) * p.seqlen_q;
     t.lse_head_stride = p.varlen ? lse->view.strides[1] : p.seqlen_q;
   }
-  FwdParams const params = make_params(p, t);
+  return t;
+}
+
+// Enqueues the whole call on `stream` (the current device is the arrays'): host index values uploaded,
+// k_new / v_new appended, the kernels (or, with nothing to compute, a fill of the outputs).
+cudaError_t launch_call(const Call& c, Backend backend, int device, const Output& o, const Output* lse,
+                        cudaStream_t stream, IndexUpload& uploads, const char** what) {
+  const Problem& p = c.problem;
+  const int* pointers[5] = {};
+  const float* float_pointers[4] = {};
+  if (has_index_arrays(c)) {
+    const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
+    const FloatArray* floats[4] = {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale};
+    *what = "cutlassfa index upload";
+    cudaError_t const err = uploads.upload(indices, 5, pointers, floats, 4, float_pointers, stream);
+    if (err != cudaSuccess) return err;
+  }
+  FwdParams const params = make_params(p, call_tensors(c, o, lse, pointers, float_pointers));
   AppendKV append{};
   if (c.k_new) {
     append = {c.k_new->data, c.v_new->data, {}, {}, p.n_new};
@@ -418,6 +432,9 @@ void run_device(const Call& c, Backend backend, Output& o, Output* lse, int64_t 
 }
 
 // ---- Host arrays on a GPU backend ------------------------------------------------------------------
+
+// Host arrays run on CUDA device 0.
+constexpr int kDeviceOfHostCalls = 0;
 
 // One host array of the call and its compact copy in the device buffer: `view` is the array in its own
 // dims, padded in front to 4-D (lower ranks get extent 1, stride 0).
@@ -512,7 +529,7 @@ void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
     if (lse != nullptr) fill_host(lse->data, DType::kFloat32, lse->view, -INFINITY);
     return;
   }
-  constexpr int kDevice = 0;
+  constexpr int kDevice = kDeviceOfHostCalls;
   DeviceGuard guard(kDevice);
   cudaStream_t const stream = cudaStreamPerThread;
   int const bytes = dtype_bytes(p.dtype), kv_bytes = dtype_bytes(static_cast<DType>(c.k.dtype));
@@ -643,6 +660,73 @@ nb::object forward(const Request& request, int backend, bool return_lse, nb::han
   }
   nb::object result = o.finish();
   return nb::make_tuple(result, return_lse ? lse.finish() : nb::none());
+}
+
+nb::dict plan(const Request& request, int backend, int capability, int multiprocessors) {
+  Call c = validate(request);
+  const Problem& p = c.problem;
+  bool const present = capability <= 0;
+  int const device = c.device < 0 ? kDeviceOfHostCalls : c.device;
+  int const resolved = present ? resolve_backend(c, backend) : resolve_backend_for(c, backend, capability);
+  nb::dict result;
+  result["backend"] = resolved == kBackendCpu ? "cpu" : backend_name(static_cast<Backend>(resolved));
+  result["kernel"] = resolved == kBackendCpu ? "cpu" : "fill";  // the cpu backend's numpy code; no kernel
+  result["num_splits"] = 1;
+  result["gqa_packed"] = false;
+  result["tile"] = nb::none();
+  result["kernel_head_dim"] = nb::none();
+  result["fp8_dequantized"] = false;
+  if (resolved == kBackendCpu || call_is_fill(p)) return result;
+  Backend const which = static_cast<Backend>(resolved);
+  PlanDevice const dev =
+      present ? plan_device(device) : PlanDevice{capability, multiprocessors, tensorcore_family_for(capability)};
+
+  // The tensors as the launch describes them, at an address never dereferenced (16-byte aligned, as every
+  // copy and allocation of the call is): host arrays as their compact device copies (run_host), the output
+  // as given on the device or else compact, the index and float arrays anywhere on the device.
+  char* const placeholder = reinterpret_cast<char*>(std::uintptr_t{1} << 40);
+  if (c.device < 0) {
+    int const bytes = dtype_bytes(p.dtype), kv_bytes = dtype_bytes(static_cast<DType>(c.k.dtype));
+    size_t total = 0;
+    for (ArrayRef* a : {&c.q, &c.k, &c.v}) {
+      move_to_device(*a, host_copy(a->data, padded_view(*a), a == &c.q ? bytes : kv_bytes, &total, true, false),
+                     placeholder, kDeviceOfHostCalls);
+    }
+  }
+  Output o;
+  o.data = placeholder;
+  if (c.out && c.device >= 0 && c.out->framework != Framework::kBuffer) {
+    o.data = c.out->data;
+    o.view = output_view(p, c.out->strides, false);
+  } else if (p.varlen) {
+    int64_t const strides[3] = {static_cast<int64_t>(p.heads_q) * p.head_dim, p.head_dim, 1};  // (total_q, Hq, d)
+    o.view = output_view(p, strides, false);
+  } else {
+    int64_t strides[4];
+    compact_strides(p, false, strides);
+    o.view = view_of(p, strides, false);
+  }
+  const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
+  const FloatArray* floats[4] = {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale};
+  const int* pointers[5] = {};
+  const float* float_pointers[4] = {};
+  for (int i = 0; i < 5; ++i) {
+    if (indices[i]->given) pointers[i] = indices[i]->on_host() ? reinterpret_cast<const int*>(placeholder) : indices[i]->device_data;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (floats[i]->given) float_pointers[i] = reinterpret_cast<const float*>(floats[i]->on_host() ? placeholder : floats[i]->device_data);
+  }
+  FwdParams const params = make_params(p, call_tensors(c, o, nullptr, pointers, float_pointers));
+  DequantizedKV const copy = dequantized_kv_in(params, placeholder);
+  CallPlan const call_plan = plan_call(which, dev, p, params, copy);
+  const Plan& chosen = call_plan.plan;
+  result["kernel"] = kernel_name(chosen.kernel);
+  result["num_splits"] = chosen.num_splits;
+  result["gqa_packed"] = chosen.pack_gqa;
+  if (chosen.tile.block_m > 0) result["tile"] = nb::make_tuple(chosen.tile.block_m, chosen.tile.block_n);
+  if (chosen.tile.head_dim > 0) result["kernel_head_dim"] = chosen.tile.head_dim;
+  result["fp8_dequantized"] = call_plan.dequantized;
+  return result;
 }
 
 }  // namespace cutlassfa::bindings

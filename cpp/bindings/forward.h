@@ -19,4 +19,10 @@ namespace nb = nanobind;
 // when the resolved backend is `cpu` (the caller runs it; the arguments are valid).
 nb::object forward(const Request& request, int backend, bool return_lse, nb::handle alloc, int64_t stream, bool sync);
 
+// What forward would launch for the call, launching nothing: {backend, kernel (dispatch.h's kernel_name,
+// "fill" when no row sees a key, "cpu"), num_splits, gqa_packed, tile (rows, keys) or None, kernel_head_dim
+// (the compiled width) or None, fp8_dequantized}. capability <= 0: on the arrays' device (host arrays:
+// GPU 0); else on a device of that capability and multiprocessor count, present or not.
+nb::dict plan(const Request& request, int backend, int capability, int multiprocessors);
+
 }  // namespace cutlassfa::bindings

@@ -217,6 +217,14 @@ NB_MODULE(_C, m) {
         "alloc"_a.none(), "stream"_a, "sync"_a, CUTLASSFA_OPTION_ARGS,
         "The whole call: validation, backend, outputs, launch. Returns (out, lse or None), or None when the "
         "backend is cpu (the caller runs it: the arguments are valid).");
+  m.def("plan", [](nb::handle q, nb::handle k, nb::handle v, bool causal, nb::handle scale, int backend, int capability,
+                   int multiprocessors, CUTLASSFA_OPTION_PARAMS) {
+    nb::handle const out = nb::none();  // forward allocates it
+    return cutlassfa::bindings::plan(CUTLASSFA_REQUEST, backend, capability, multiprocessors);
+  }, "q"_a, "k"_a, "v"_a, "causal"_a, "scale"_a.none(), "backend"_a, "capability"_a, "multiprocessors"_a,
+        CUTLASSFA_OPTION_ARGS,
+        "What forward would launch for the call (bindings/forward.h), launching nothing; capability <= 0: on the "
+        "arrays' device.");
 #else
   // Without CUDA: the same validation; every GPU backend is unavailable, so only cpu resolves.
   m.def("forward", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,

@@ -742,16 +742,16 @@ Call validate(const Request& r) {
   return c;
 }
 
-int resolve_backend(const Call& c, int backend) {
+namespace {
+
+// resolve_backend on a device whose backends' availability `unavailable` gives (empty: available), named
+// `where` in errors; `cpu_fallback`: host arrays may resolve to cpu.
+template <class Unavailable>
+int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::string& where, bool cpu_fallback) {
   const Problem& p = c.problem;
-  int const device = c.device < 0 ? 0 : c.device;
-  if (backend == kBackendCpu) {
-    if (c.device >= 0) value_error("backend 'cpu' needs host (numpy) arrays; q, k and v are on a CUDA device");
-    return kBackendCpu;
-  }
   auto runs = [&](int b) {
     Backend const which = static_cast<Backend>(b);
-    return backend_unavailable_reason(which, device).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
+    return unavailable(which).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
            (which != Backend::kTensorCore || tensorcore_accepts(c));
   };
   if (backend == kBackendAuto) {
@@ -759,17 +759,16 @@ int resolve_backend(const Call& c, int backend) {
     for (Backend b : {Backend::kTensorCore, Backend::kLargeTile, Backend::kSmallTile, Backend::kNaive}) {
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
-    if (c.device < 0) return kBackendCpu;
+    if (cpu_fallback) return kBackendCpu;
     std::string const refusal = head_dim_refusal(Backend::kNaive, p.head_dim, p.dtype);
-    if (!refusal.empty() && backend_unavailable_reason(Backend::kNaive, device).empty()) {
+    if (!refusal.empty() && unavailable(Backend::kNaive).empty()) {
       value_error("no GPU backend runs head dim " + num(p.head_dim) + ": " + refusal + " (compiled head dims: " +
                   head_dims_text() + "); host arrays run it on the cpu backend");
     }
-    throw std::runtime_error("no GPU backend can run on cuda:" + num(device) + ": " +
-                             backend_unavailable_reason(Backend::kSmallTile, device));
+    throw std::runtime_error("no GPU backend can run on " + where + ": " + unavailable(Backend::kSmallTile));
   }
   Backend const which = static_cast<Backend>(backend);
-  std::string const reason = backend_unavailable_reason(which, device);
+  std::string const reason = unavailable(which);
   if (!reason.empty()) {
     throw std::runtime_error(std::string("backend '") + backend_label(backend) + "' is not available: " + reason);
   }
@@ -785,6 +784,24 @@ int resolve_backend(const Call& c, int backend) {
                 "16 bytes; pass contiguous arrays or use backend='auto'");
   }
   return backend;
+}
+
+}  // namespace
+
+int resolve_backend(const Call& c, int backend) {
+  int const device = c.device < 0 ? 0 : c.device;
+  if (backend == kBackendCpu) {
+    if (c.device >= 0) value_error("backend 'cpu' needs host (numpy) arrays; q, k and v are on a CUDA device");
+    return kBackendCpu;
+  }
+  return resolve_on(c, backend, [device](Backend b) { return backend_unavailable_reason(b, device); },
+                    "cuda:" + num(device), c.device < 0);
+}
+
+int resolve_backend_for(const Call& c, int backend, int capability) {
+  if (backend == kBackendCpu) value_error("a plan for a GPU names a GPU backend, not 'cpu'");
+  return resolve_on(c, backend, [capability](Backend b) { return backend_unavailable_for(b, capability); },
+                    "sm_" + num(capability), false);
 }
 
 }  // namespace cutlassfa::bindings

@@ -98,6 +98,9 @@ Call validate(const Request& request);
 // Resolves `backend` (kBackendAuto, kBackendCpu or a Backend) for the call; raises when the asked
 // backend cannot run it.
 int resolve_backend(const Call& call, int backend);
+// The same for a device of compute capability `capability` that need not be present (cutlassfa.plan): the
+// backend's availability is this build's kernels for that capability; kBackendCpu is refused.
+int resolve_backend_for(const Call& call, int backend, int capability);
 
 // Head dims some backend of this build has kernels for, as "(32, 64, 128)".
 std::string head_dims_text();

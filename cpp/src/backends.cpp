@@ -159,12 +159,8 @@ Family tensorcore_family(int device) {
     int const known = cached[device].load(std::memory_order_relaxed);
     if (known != 0) return static_cast<Family>(known - 1);
   }
-  Family family = Family::kMmaSync;
-  if (!backend_unavailable_reason(Backend::kTensorCore, device).empty()) {
-    family = Family::kNone;
-  } else if (device_capability(device) == 90 && has_image(CUTLASSFA_SM90_ARCHITECTURES, 90)) {
-    family = Family::kWgmma;
-  }
+  Family const family = backend_unavailable_reason(Backend::kTensorCore, device).empty()
+                            ? tensorcore_family_for(device_capability(device)) : Family::kNone;
   if (device >= 0 && device < kMaxDevices) cached[device].store(static_cast<int>(family) + 1, std::memory_order_relaxed);
   return family;
 }
@@ -215,17 +211,26 @@ std::string compute_unavailable_reason(Backend backend, int device) {
   }
   int const capability = device_capability(device);
   if (capability == 0) return "cannot query CUDA device " + std::to_string(device);
+  std::string const reason = backend_unavailable_for(backend, capability);
+  return reason.empty() ? reason : "device " + std::to_string(device) + ": " + reason;
+}
+
+std::string backend_unavailable_for(Backend backend, int capability) {
   auto version = [](int cc) { return std::to_string(cc / 10) + "." + std::to_string(cc % 10); };
   if (capability < min_capability(backend)) {
-    return "needs compute capability >= " + version(min_capability(backend)) + ", device " + std::to_string(device) +
-           " has " + version(capability);
+    return "needs compute capability >= " + version(min_capability(backend)) + ", not " + version(capability);
   }
   const char* architectures = is_tensorcore(backend) ? CUTLASSFA_SM80_ARCHITECTURES : CUTLASSFA_ARCHITECTURES;
-  if (!has_image(architectures, capability)) {
+  if (!CUTLASSFA_HAS_CUDA || !has_image(architectures, capability)) {
     return "not compiled for sm_" + std::to_string(capability) + " (built for: " +
            (architectures[0] != '\0' ? architectures : "none") + ")";
   }
   return "";
+}
+
+Family tensorcore_family_for(int capability) {
+  if (!backend_unavailable_for(Backend::kTensorCore, capability).empty()) return Family::kNone;
+  return capability == 90 && has_image(CUTLASSFA_SM90_ARCHITECTURES, 90) ? Family::kWgmma : Family::kMmaSync;
 }
 
 // Head dims the wgmma family runs (zero-padded to the next compiled width); narrower ones (d <= 32) run

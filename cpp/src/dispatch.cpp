@@ -75,13 +75,13 @@ namespace {
 
 // The tensor-core kernel for `params` (num_splits included: the warp-specialized kernel runs one pass).
 // The order is the preference; each step past the decode kernel is a family that covers the call.
-Kernel tensorcore_kernel(Backend backend, int device, int capability, const FwdParams& params) {
+Kernel tensorcore_kernel(Backend backend, const PlanDevice& device, const FwdParams& params) {
   // A few query rows per K/V head against a cache: the decode kernel (both backends: it is an mma.sync
   // kernel, and decode is bound by memory, not by the MMA).
-  if (sm90_decode_covers(params, capability)) return Kernel::kSm90Decode;
+  if (sm90_decode_covers(params, device.capability)) return Kernel::kSm90Decode;
   if (backend == Backend::kTensorCoreSm80) return Kernel::kSm80;
   // The narrower head dims (d <= 32) run on mma.sync even on sm_90 (wgmma_head_dim).
-  if (tensorcore_family(device) != Family::kWgmma || !wgmma_head_dim(params.head_dim)) return Kernel::kSm80;
+  if (device.family != Family::kWgmma || !wgmma_head_dim(params.head_dim)) return Kernel::kSm80;
   if (CUTLASSFA_HAS_SM90WS) {
     // A problem of a tile or two runs sooner on mma.sync: the warp-specialized kernel's set-up (barriers,
     // descriptor prefetch, role split) costs about 1 us of GPU time that so little work cannot hide
@@ -122,7 +122,7 @@ KernelTile kernel_tile(Kernel kernel, const FwdParams& params) {
 int decode_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;
   long long const rows = static_cast<long long>(params.seqlen_q) * params.heads_ratio;
-  long long const chunks = (rows + tile.block_m - 1) / tile.block_m;
+  long long const chunks = (rows + std::max(1, tile.block_m) - 1) / std::max(1, tile.block_m);
   long long const ctas = static_cast<long long>(params.batch) * params.heads_kv * chunks;
   long long const slots = static_cast<long long>(sms) * kSm90DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
@@ -167,7 +167,11 @@ int tile_num_splits(int sms, const FwdParams& params, KernelTile tile) {
 
 }  // namespace
 
-Plan make_plan(Backend backend, int device, const FwdParams& params, int requested_splits) {
+PlanDevice plan_device(int device) {
+  return {device_capability(device), device_multiprocessors(device), tensorcore_family(device)};
+}
+
+Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& params, int requested_splits) {
   Plan plan;
   plan.backend = backend;
   switch (backend) {
@@ -177,10 +181,9 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     case Backend::kTensorCore:
     case Backend::kTensorCoreSm80: break;
   }
-  int const capability = device_capability(device);
   // Packing is for the tile kernels; the decode kernel takes a K/V head's rows (Nq x heads_ratio) as they are,
   // and covers every call packing would give it (one query of at most kSm90DecodeMaxRows heads).
-  plan.pack_gqa = packs_gqa(params) && !sm90_decode_covers(params, capability);
+  plan.pack_gqa = packs_gqa(params) && !sm90_decode_covers(params, device.capability);
   FwdParams p = plan.pack_gqa ? packed_gqa(params) : params;
   bool const decode_step = params.seqlen_q <= 64 && params.dtype != DType::kFloat32;
   int splits = requested_splits > 0 ? requested_splits : 1;
@@ -189,10 +192,10 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     // The kernel and tile that run the call split: the warp-specialized kernel runs one pass, so a split
     // is sized for (and runs on) the kernel the planner takes when it does not cover the call.
     p.num_splits = 2;
-    Kernel const split_kernel = tensorcore_kernel(backend, device, capability, p);
+    Kernel const split_kernel = tensorcore_kernel(backend, device, p);
     KernelTile const tile = kernel_tile(split_kernel, p);
     if (splits == 0) {
-      int const sms = device_multiprocessors(device);
+      int const sms = device.multiprocessors;
       splits = split_kernel == Kernel::kSm90Decode ? decode_num_splits(sms, p, tile) : tile_num_splits(sms, p, tile);
     }
     // More than one split per key tile would only add empty partials; past kMaxCombinedSplits, the
@@ -205,7 +208,7 @@ Plan make_plan(Backend backend, int device, const FwdParams& params, int request
     }
   }
   p.num_splits = 1;
-  plan.kernel = tensorcore_kernel(backend, device, capability, p);
+  plan.kernel = tensorcore_kernel(backend, device, p);
   plan.tile = kernel_tile(plan.kernel, p);
   return plan;
 }

@@ -5,15 +5,15 @@ mma.sync on sm_80 and up) and CUDA cores, for numpy, PyTorch, CuPy and JAX array
     out = cutlassfa.forward(q, k, v, causal=True)
     out = cutlassfa.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True)
 
-See `forward` for the contract, `backends()` for what runs on this machine and `supports()` for what
-each backend takes.
+See `forward` for the contract, `backends()` for what runs on this machine, `supports()` for what each
+backend takes and `plan()` for the kernel a call runs.
 """
 
 from ._api import (BACKENDS, HEAD_DIMS, BackendStatus, Support, backends, check_device_values, device_info,
-                   empty_cache, forward, select_backend, supports, varlen_forward)
+                   empty_cache, forward, plan, select_backend, supports, varlen_forward)
 from .merge import merge_attention, merge_attention_into
 
 __version__ = "0.1.0"
 __all__ = ["BACKENDS", "HEAD_DIMS", "BackendStatus", "Support", "backends", "check_device_values", "device_info",
-           "empty_cache", "forward", "merge_attention", "merge_attention_into", "select_backend", "supports",
+           "empty_cache", "forward", "merge_attention", "merge_attention_into", "plan", "select_backend", "supports",
            "varlen_forward", "__version__"]

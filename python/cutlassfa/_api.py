@@ -248,6 +248,18 @@ def _scale(softmax_scale: Any) -> float | None:
     return float(softmax_scale)
 
 
+def _probe_arguments(name: str, backend: Any, causal: Any, options: dict[str, Any]) -> tuple[int, bool]:
+    """The backend code and causal flag of a call that asks about a forward call (select_backend, plan); its
+    keyword arguments are forward's or varlen_forward's."""
+    code = _backend_code(backend)
+    causal = _flag(causal, "causal")
+    _require_extension()
+    unknown = sorted(options.keys() - set(_OPTION_NAMES) - set(_VARLEN_NAMES))
+    if unknown:
+        raise TypeError(f"{name}() got an unexpected keyword argument {unknown[0]!r}")
+    return code, causal
+
+
 def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
                    backend: str = "auto", **options: Any) -> str:
     """The backend `forward(q, k, v, causal=causal, backend=backend, **options)` runs: `auto` resolves to
@@ -255,14 +267,40 @@ def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scal
     available and runs the call, then cpu for host arrays when no GPU can be used. `options` are
     forward's (window, softcap, cache_seqlens, ...), or varlen_forward's with cu_seqlens_q / cu_seqlens_k
     (and max_seqlen_q / max_seqlen_k). Raises as `forward` would for invalid arguments."""
-    code = _backend_code(backend)
-    causal = _flag(causal, "causal")
-    _require_extension()
-    unknown = sorted(options.keys() - set(_OPTION_NAMES) - set(_VARLEN_NAMES))
-    if unknown:
-        raise TypeError(f"select_backend() got an unexpected keyword argument {unknown[0]!r}")
+    code, causal = _probe_arguments("select_backend", backend, causal, options)
     resolved = _C.validate(q, k, v, None, causal, _scale(softmax_scale), code, **options)
     return "cpu" if resolved == _CPU else _C.Backend(resolved).name
+
+
+def plan(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
+         device: tuple[int, int] | None = None, **options: Any) -> dict[str, Any]:
+    """What `forward(q, k, v, causal=causal, backend=backend, **options)` would launch, launching nothing
+    (`options` are forward's, or varlen_forward's with cu_seqlens_q / cu_seqlens_k and max_seqlen_q /
+    max_seqlen_k). Returns a dict:
+      backend: the backend the call resolves to ("cpu": the numpy code);
+      kernel: "sm90decode", "sm90ws", "sm90" or "sm80" (the tensor-core families, cpp/README.md),
+        "large_tile", "small_tile", "naive"; "fill" when no query row sees a key (the outputs are filled,
+        no kernel runs); "cpu";
+      num_splits: the key splits (more than 1: partial results, then a combine kernel);
+      gqa_packed: the grouped query heads of one query run as the rows of one tile;
+      tile: (query rows, keys) a CTA takes a step, or None; kernel_head_dim: the compiled head dim that runs
+        (zero-padded above the call's), or None;
+      fp8_dequantized: an fp8 cache that the decode kernel does not take, run on a dequantized copy.
+    device: None, where forward would run the call (the arrays' GPU; host arrays: GPU 0, or the cpu backend
+    as forward resolves it); or (compute capability as major * 10 + minor, multiprocessors), e.g. (90, 132)
+    for an H100 SXM, to plan for a GPU that need not be here (this build's kernels for it; no GPU needed).
+    Raises as `forward` would for invalid arguments, and when the backend cannot run there."""
+    code, causal = _probe_arguments("plan", backend, causal, options)
+    capability = multiprocessors = 0
+    if device is not None:
+        if (not isinstance(device, tuple) or len(device) != 2 or not all(type(x) is int for x in device)
+                or device[0] < 10 or device[1] < 1):
+            raise ValueError("device must be None or (compute capability as major * 10 + minor, multiprocessors), "
+                             f"e.g. (90, 132); got {device!r}")
+        capability, multiprocessors = device
+    if not hasattr(_C, "plan"):
+        raise RuntimeError("this cutlassfa was built without CUDA: it has no kernels to plan")
+    return _C.plan(q, k, v, causal, _scale(softmax_scale), code, capability, multiprocessors, **options)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ Family tensorcore_family(int device);
 // Empty when `backend` can run on `device`; otherwise why not (no device, too old, not compiled).
 std::string backend_unavailable_reason(Backend backend, int device);
 
+// The same two answers for a device of compute capability `capability` that need not be present (what this
+// build's kernels would do there: cutlassfa.plan for another GPU).
+Family tensorcore_family_for(int capability);
+std::string backend_unavailable_for(Backend backend, int capability);
+
 // Prefix of a refusal that is a backend's documented limit (a size its design cannot take), not a gap.
 inline constexpr const char* kLimitPrefix = "limit: ";
 

@@ -47,10 +47,22 @@ struct Plan {
   bool pack_gqa = false;  // the kernel runs packed_gqa(params)
 };
 
+// What a plan depends on in a device: queried once for a device present (plan_device), or given, to plan
+// for a GPU that is not here (cutlassfa.plan).
+struct PlanDevice {
+  int capability = 0;  // major * 10 + minor
+  int multiprocessors = 0;
+  Family family = Family::kNone;  // of the tensor-core backend
+};
+PlanDevice plan_device(int device);
+
 // Chooses how `backend` runs `params` on `device`; launches nothing and reads only cached device queries.
 // The tensor-core backends split keys (num_splits > 1) and pack GQA decode; the CUDA-core backends run
 // every call in one pass, which gives the same result up to rounding.
-Plan make_plan(Backend backend, int device, const FwdParams& params, int requested_splits);
+Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& params, int requested_splits);
+inline Plan make_plan(Backend backend, int device, const FwdParams& params, int requested_splits) {
+  return make_plan(backend, plan_device(device), params, requested_splits);
+}
 
 // Enqueues the plan's kernels on `stream` (on the current device) for the params make_plan was given
 // (params.num_splits is ignored: the plan's count is used); returns the first CUDA error.

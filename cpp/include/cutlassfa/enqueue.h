@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "cutlassfa/backends.h"
+#include "cutlassfa/dispatch.h"
 #include "cutlassfa/fill.h"
 #include "cutlassfa/launch.h"
 #include "cutlassfa/problem.h"
@@ -22,6 +23,17 @@ struct EnqueueFailure {
   const char* step = "cutlassfa kernel launch";
   size_t workspace_bytes = 0;
 };
+
+// The plan of a call's kernels (when it has any: a call no row of which sees a key is a fill): for an fp8
+// cache the decode kernel does not take, the plan on its dequantized copy (`dequantized`), whose params
+// dequantized_params(params, copy) give at any 16-byte aligned copy.
+struct CallPlan {
+  Plan plan;
+  bool dequantized = false;
+};
+bool call_is_fill(const Problem& problem);
+CallPlan plan_call(Backend backend, const PlanDevice& device, const Problem& problem, const FwdParams& params,
+                   const DequantizedKV& copy);
 
 // `params` is make_params(problem, ...) on the call's device (current); `append` nullptr when no keys
 // are appended; o_view (B, H, N, d) and lse_view (B, H, N, 1) (nullptr: not asked for) locate the
