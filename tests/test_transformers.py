@@ -10,6 +10,7 @@ cache_leftpad=) skip with the argument's name and run once it lands; until then 
 those layers, which other tests check."""
 
 import copy
+import dataclasses
 import functools
 import inspect
 
@@ -506,6 +507,9 @@ _CASES = {  # name: (mask function, causal, layer window, Nq, Nk, q_offset, kv_o
     "sliding window wider than N": (_SLIDING(12), True, 11, 9, 9, 0, 0, None, "dense"),
     "sliding window, left padding": (_SLIDING(4), True, 3, 9, 9, 0, 0, _padding([3, 0], [0, 0], 9), "cache"),
     "sliding cache, decode": (_SLIDING(4), True, 3, 1, 4, 20, 17, None, "dense"),
+    # transformers' 2-D mask is indexed by position: the layer's keys are positions 17-20
+    "sliding cache, decode, left padding": (_SLIDING(4), True, 3, 1, 4, 20, 17, _padding([3, 0], [0, 0], 21), "dense"),
+    "sliding cache, decode, padding in it": (_SLIDING(4), True, 3, 1, 4, 20, 17, _padding([19, 0], [0, 0], 21), "cache"),
     "chunked attention (Llama-4)": (masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long)),
                                     True, None, 9, 9, 0, 0, None, "packed"),
     "packed sequences": (masking_utils.and_masks(_CAUSAL, masking_utils.packed_sequence_mask_function(
@@ -539,9 +543,64 @@ def test_plan_computes_exactly_the_mask(case):
     np.testing.assert_array_equal(_visible_by_plan(layout, batch, nq, nk)[rows], dense.numpy()[rows])
     fast = getattr(given, "cutlassfa_padded_causal", None)
     assert (fast is not None) == (causal and form != "packed")  # the causal cases pad each entry at its ends
-    layer = cutlassfa_hf._plan_for(given, batch, nq, nk, causal, left, right, "cpu")
+    layer = cutlassfa_hf._plan_for(given, batch, nq, nk, causal, left, right)
     assert fast is None or layer is fast.plan
     np.testing.assert_array_equal(_visible_by_plan(layer, batch, nq, nk)[rows], dense.numpy()[rows])
+
+
+@pytest.mark.parametrize("case", [name for name, (_, causal, *_, form) in _CASES.items() if causal and form != "packed"])
+def test_causal_skip_only_where_the_mask_is_the_layers_own(case):
+    """With transformers' `allow_is_causal_skip` (which it passes with its causal and sliding-window masks),
+    the mask interface returns None (no mask: every layer runs its own causal pattern, planned without a
+    read) only where the mask is that pattern, bottom-right: a subset of where transformers lets SDPA skip
+    it (not its static-cache case, which is top-left)."""
+    function, causal, window, nq, nk, q_offset, kv_offset, padding, _ = _CASES[case]
+    batch = 1 if padding is None else padding.shape[0]
+    local_size = window + 1 if causal and window is not None else None
+    given = cutlassfa_hf.attention_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
+                                        attention_mask=padding, local_size=local_size, allow_is_causal_skip=True)
+    sdpa = masking_utils.sdpa_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
+                                   attention_mask=padding, local_size=local_size, allow_is_causal_skip=True)
+    if given is not None:
+        return  # planned from the mask, as without the skip (test_plan_computes_exactly_the_mask)
+    assert sdpa is None
+    dense = masking_utils.sdpa_mask(batch, nq, nk, q_offset=q_offset, kv_offset=kv_offset, mask_function=function,
+                                    attention_mask=padding, allow_is_causal_skip=False)[:, 0]
+    left = None if window is None else window
+    layer = cutlassfa_hf._plan_for(None, batch, nq, nk, causal, left, 0)
+    assert layer.kind == "dense"
+    np.testing.assert_array_equal(_visible_by_plan(layer, batch, nq, nk), dense.numpy())
+
+
+def test_causal_skip_cases():
+    """The skip fires for a plain prefill, a decode step and a window wider than the keys; not with padding,
+    a window that hides keys, or an empty static cache's slots."""
+    def skipped(nq, nk, q_offset=0, kv_offset=0, padding=None, local_size=None):
+        return cutlassfa_hf.attention_mask(1 if padding is None else padding.shape[0], nq, nk, q_offset=q_offset,
+                                           kv_offset=kv_offset, attention_mask=padding, local_size=local_size,
+                                           allow_is_causal_skip=True) is None
+    assert skipped(9, 9) and skipped(1, 10, q_offset=9) and skipped(9, 9, local_size=12)
+    assert skipped(1, 4, q_offset=20, kv_offset=17, padding=_padding([3, 0], [0, 0], 21))  # padding before the keys
+    assert not skipped(9, 9, padding=_padding([2, 0], [0, 0], 9))
+    assert not skipped(1, 4, q_offset=20, kv_offset=17, padding=_padding([3, 0], [0, 0], 21), local_size=4)
+    assert not skipped(3, 12, padding=_padding([0], [0], 3))  # static cache: 3 prompt tokens, 12 slots
+    assert not skipped(3, 9, q_offset=6)  # a chunk after a cache: transformers' mask, planned
+
+
+@pytest.mark.parametrize("nq, nk, causal, left, right, window", [
+    (1, 10, True, None, 0, None), (1, 10, True, 3, 0, (3, 0)), (1, 10, True, 9, 0, None), (9, 9, True, 8, 0, None),
+    (9, 9, True, 7, 0, (7, 0)), (9, 9, False, 2, 2, (2, 2)), (9, 9, False, None, 8, None), (9, 9, False, None, 7, (-1, 7)),
+    (1, 10, False, 9, 0, None), (1, 10, False, 8, 0, (8, -1)), (3, 10, False, None, 2, None)])
+def test_plan_without_a_mask_keeps_the_windows_that_hide_keys(nq, nk, causal, left, right, window):
+    layout = plan(None, nq, nk, causal, left, right)
+    assert (layout.kind, layout.causal, layout.window) == ("dense", causal, window)
+    full = _visible_by_plan(dataclasses.replace(layout, window=None), 1, nq, nk)
+    left_edge = np.arange(nq)[:, None] + nk - nq - (nk if left is None else left)
+    right_edge = np.arange(nq)[:, None] + nk - nq + (0 if causal else nk if right is None else right)
+    key = np.arange(nk)[None]
+    expected = (key >= left_edge) & (key <= right_edge)
+    np.testing.assert_array_equal(_visible_by_plan(layout, 1, nq, nk)[0], expected)
+    assert (window is None) == bool((full[0] == expected).all())
 
 
 def test_plan_refuses_masks_it_cannot_express():
@@ -557,10 +616,10 @@ def test_plan_refuses_masks_it_cannot_express():
     mask = cutlassfa_hf.attention_mask(1, 9, 9, mask_function=image)  # one block: not the padded-causal plan
     assert getattr(mask, "cutlassfa_padded_causal", None) is None
     with pytest.raises(NotImplementedError, match="not one cutlassfa can express"):
-        cutlassfa_hf._plan_for(mask, 1, 9, 9, True, None, 0, "cpu")
+        cutlassfa_hf._plan_for(mask, 1, 9, 9, True, None, 0)
     mask = cutlassfa_hf.attention_mask(1, 9, 9, mask_function=_SLIDING(4))  # no local_size: not recognised
     with pytest.raises(NotImplementedError, match="sliding window|not one cutlassfa"):
-        cutlassfa_hf._plan_for(mask, 1, 9, 9, True, None, 0, "cpu")  # the layer claims no window
+        cutlassfa_hf._plan_for(mask, 1, 9, 9, True, None, 0)  # the layer claims no window
     # A packed mask of rows for 9 keys given to a layer of 12 (checked on the device, with the rest)
     rows = MaskRows.unpack(cutlassfa_hf.attention_mask(1, big, big), 12)
     with pytest.raises(NotImplementedError, match="another number of keys"):

@@ -172,7 +172,7 @@ def _layout(rows: MaskRows, length_q: int, length_k: int) -> Plan:
     for causal, left, right in patterns:
         for candidate in (rows, dataclasses.replace(rows, matters=~empty)):
             try:
-                layout = plan(candidate, length_q, length_k, causal, left, right, device=rows.first.device)
+                layout = plan(candidate, length_q, length_k, causal, left, right)
             except NotImplementedError as error:
                 refusal = error
                 continue

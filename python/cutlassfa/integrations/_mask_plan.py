@@ -141,19 +141,15 @@ def _query_runs(rows: MaskRows) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def plan(rows: MaskRows | None, nq: int, nk: int, causal: bool, left: int | None = None,
-         right: int | None = None, device: torch.device | str = "cpu") -> Plan:
+         right: int | None = None) -> Plan:
     """The first form (dense, cache, varlen) that computes exactly the mask `rows` describes, given the
     layer's own pattern: `causal` and a window of `left` keys before and `right` after the diagonal
     (None: unbounded; causal sets right to 0). `rows` None: no mask, the layer's pattern alone. Raises
     NotImplementedError when no form matches."""
     plain = (None, 0 if causal else None)  # the layer's pattern without its window
     windowed = (left, 0 if causal else right)
-    if rows is None:
-        zero = torch.zeros(1, 1, dtype=torch.long, device=device)
-        first, last = _implied(nq, zero, zero + nk, zero + (nk - nq), *windowed)
-        seen = first <= last
-        rows = MaskRows(torch.where(seen, first, nk), torch.where(seen, last, -1), torch.ones_like(seen),
-                        torch.ones_like(seen), nk)
+    if rows is None:  # the layer's own pattern, dense: exact by construction, nothing to read
+        return Plan("dense", causal, _binding_window(nq, nk, causal, left, right))
     if rows.kv_length != nk or rows.first.shape[1] != nq:
         raise NotImplementedError(f"the mask covers {rows.first.shape[1]} queries x {rows.kv_length} keys, "
                                   f"the layer has {nq} x {nk}")
@@ -299,6 +295,17 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
 
 def _window(left: int | None, right: int | None) -> tuple[int, int]:
     return (-1 if left is None else left, -1 if right is None else right)
+
+
+def _binding_window(nq: int, nk: int, causal: bool, left: int | None, right: int | None) -> tuple[int, int] | None:
+    """forward's window of a dense nq x nk call (bottom-right) bounded `left` keys before and `right` after
+    the diagonal (None: unbounded; causal: right is causal's 0), or None where no bound hides a key."""
+    left = None if left is None or left >= nk - 1 else left  # the last query's first key is then 0
+    if not causal and right is not None and right >= nq - 1:  # the first query's last key is then Nk - 1
+        right = None
+    if left is None and (causal or right is None):
+        return None
+    return _window(left, 0 if causal else right)
 
 
 def packed_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Plan, options: dict) -> torch.Tensor:

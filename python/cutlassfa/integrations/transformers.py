@@ -69,13 +69,16 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
     mask_function = mask_function or causal_mask_function
     rows_per_step = max(1, _MASK_CHUNK // max(1, batch_size * kv_length))
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if kwargs.get("allow_is_causal_skip") and _plain_causal(padding, q_length, kv_length, q_offset, kv_offset,
+                                                            kwargs.get("local_size")):
+        return None  # the layers' own causal pattern (`plan` of no mask: no read)
     if isinstance(q_offset, int) and q_length <= rows_per_step:  # decode steps, short prefills
         visible = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                             kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                             allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
         real_queries = _real_queries(padding, batch_size, q_length, q_offset, device)
-        fast = padded_causal_plan(visible[:, 0], real_queries, padding, q_offset + q_length - kv_offset,
-                                  kwargs.get("local_size"))
+        fast = padded_causal_plan(visible[:, 0], real_queries, _layer_keys(padding, kv_length, kv_offset),
+                                  q_offset + q_length - kv_offset, kwargs.get("local_size"))
         if fast is not None:  # the layers of this pattern take its plan as it is (`_plan_for`)
             visible.cutlassfa_padded_causal = fast
             return visible
@@ -91,6 +94,31 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
         empty = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         return MaskRows(empty, empty, empty.bool(), empty.bool(), kv_length).pack()
     return concat_rows(parts).pack()
+
+
+def _plain_causal(padding: torch.Tensor | None, q_length: int, kv_length: int, q_offset: Any, kv_offset: int,
+                  local_size: int | None) -> bool:
+    """Where transformers lets SDPA skip the causal mask (`allow_is_causal_skip`), the cases in which its mask
+    is the plain causal one, bottom-right aligned as forward's: one query or as many queries as keys, a
+    window (or chunk) of `local_size` that hides no key, no padding among the layer's keys (one read, as
+    transformers' own check makes). Its static-cache case (queries from 0 against empty slots: top-left) is
+    not among them: it goes through the planners."""
+    if not isinstance(q_offset, int) or (q_length != 1 and q_length != kv_length):
+        return False
+    if local_size is not None and kv_length >= local_size:
+        return False
+    keys = _layer_keys(padding, kv_length, kv_offset)
+    return keys is None or bool(keys.all())
+
+
+def _layer_keys(padding: torch.Tensor | None, kv_length: int, kv_offset: int) -> torch.Tensor | None:
+    """(B, kv_length): which of the layer's keys are real tokens. transformers' 2-D mask is indexed by absolute
+    position (key j of the layer is position j + kv_offset); one that already starts at kv_offset (an older
+    transformers) is taken as it is."""
+    if padding is None:
+        return None
+    start = kv_offset if padding.shape[-1] >= kv_offset + kv_length else 0
+    return padding[:, start:start + kv_length]
 
 
 def _real_queries(padding: torch.Tensor | None, batch: int, rows: int, offset: Any,
@@ -128,13 +156,12 @@ def _rows_of(mask: Any, batch: int, kv_length: int) -> MaskRows | None:
 _plans: dict[tuple, tuple[weakref.ref, Plan]] = {}
 
 
-def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None,
-              device: torch.device) -> Plan:
+def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None) -> Plan:
     fast = getattr(mask, "cutlassfa_padded_causal", None)
     if fast is not None and fast.fits(nq, nk, causal, left):
         return fast.plan
     if not isinstance(mask, torch.Tensor):
-        return plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right, device=device)
+        return plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right)
     # An inference tensor (torch.inference_mode) has no version counter; it is not modified in place
     # between the layers of one forward pass either.
     version = -1 if mask.is_inference() else mask._version
@@ -142,7 +169,7 @@ def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int |
     cached = _plans.get(key)
     if cached is not None and cached[0]() is mask:
         return cached[1]
-    layout = plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right, device=device)
+    layout = plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right)
     if len(_plans) >= 16:
         _plans.clear()
     _plans[key] = (weakref.ref(mask), layout)
@@ -173,7 +200,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     left, right = (None, None) if window is None else ((window - 1, 0) if causal else (window, window))
 
     batch, nq, nk = query.shape[0], query.shape[2], key.shape[2]
-    layout = _plan_for(attention_mask, batch, nq, nk, causal, left, right, query.device)
+    layout = _plan_for(attention_mask, batch, nq, nk, causal, left, right)
     options = {"causal": layout.causal, "softmax_scale": scaling, "backend": backend}
     if layout.window is not None:
         options["window"] = layout.window
