@@ -358,6 +358,49 @@ def test_gpu_llama_generation(rng):
     _expect_same_generation(rng, _llama(), _inputs(rng, 2, 16)[0], ours="cutlassfa_large_tile", device="cuda")
 
 
+_SYNCHRONIZING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+@pytest.mark.gpu
+@_needs("window", "cache_seqlens", "cache_leftpad")
+@pytest.mark.parametrize("config", [_llama, _mistral], ids=["llama", "mistral_sliding_cache"])
+def test_gpu_decode_step_attention_never_synchronizes(rng, config):
+    """A decode step of a left-padded batch (Mistral: past its sliding window, a cache that drops keys): no
+    host synchronization inside the layers' attention calls, whoever makes it (torch, the extension): the
+    CUDA runtime calls the profiler records within each call's range."""
+    _need_gpu()
+    ids, mask = _inputs(rng, 3, 24, left_pad=(0, 5, 11))
+    ids, mask = ids.cuda(), mask.cuda()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config(), attn_implementation="cutlassfa").to("cuda", torch.bfloat16).eval()
+
+    def traced(*args, **kwargs):
+        with torch.profiler.record_function("cutlassfa_layer"):
+            return cutlassfa_hf.attention_forward(*args, **kwargs)
+
+    transformers.AttentionInterface.register("cutlassfa_traced", traced)
+    masking_utils.AttentionMaskInterface.register("cutlassfa_traced", cutlassfa_hf.attention_mask)
+    model.set_attn_implementation("cutlassfa_traced")
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        cache, step = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        for _ in range(2):  # the second step is profiled (the first initialises what is lazy)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=activities) as profile:
+                out = model(input_ids=step, attention_mask=mask, past_key_values=cache, use_cache=True)
+                torch.cuda.synchronize()
+            cache, step = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    events = profile.events()
+    layers = [e.time_range for e in events if e.name == "cutlassfa_layer"]
+    assert len(layers) == model.config.num_hidden_layers
+    inside = [e.name for e in events if e.name.startswith(_SYNCHRONIZING)
+              and any(r.start <= e.time_range.start <= r.end for r in layers)]
+    assert inside == []
+    assert any(e.name.startswith("cudaLaunchKernel") or "Launch" in e.name for e in events
+               if any(r.start <= e.time_range.start <= r.end for r in layers))  # the runtime calls are recorded
+
+
 @pytest.mark.gpu
 @_needs("cache_seqlens", "cache_leftpad")
 @pytest.mark.parametrize("dtype, ours", _GPU)
