@@ -7,7 +7,8 @@
 Handles causal and non-causal layers, grouped-query attention, the layer's `scaling`, sliding-window
 layers (a window of W tokens is ``window=(W - 1, 0)``), logit softcapping, attention sinks (gpt-oss's
 ``s_aux``), padding masks, and sequences packed in a row (``position_ids`` that restart; chunked
-attention). The mask transformers builds is planned once per forward pass: a causal mask over padded
+attention). The mask transformers builds is planned once per forward pass: none at all where
+transformers would let SDPA skip it and it is the layers' own causal pattern; a causal mask over padded
 entries (decode steps, short prefills) in a few operations and one read (`_mask_plan.padded_causal_plan`),
 any other reduced to the key range each query row sees (`_mask_plan.MaskRows`), from which each layer
 picks the cutlassfa call that computes exactly that mask (`_mask_plan.plan`); what cutlassfa cannot
@@ -216,9 +217,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if layout.kind == "cache":  # lengths made once per plan, leftpad decided then: no device read here
         options.update(layout.cache_arguments)
     _require(cutlassfa.forward, options, layout)
-    # Written straight into transformers' (B, Nq, Hq, d) layout: forward takes any strides of `out`. forward
-    # itself takes torch tensors, through the operator where PyTorch must see the call (a decode step pays
-    # its Python once a layer: ~5 us less than through cutlassfa.integrations.torch on a GPU host).
+    # Written straight into transformers' (B, Nq, Hq, d) layout: forward takes any strides of `out`, and torch
+    # tensors as they are (through the operator where PyTorch must see the call).
     result = query.new_empty(batch, nq, query.shape[1], query.shape[3])
     cutlassfa.forward(query, key, value, out=result.transpose(1, 2), **options)
     return result, None
