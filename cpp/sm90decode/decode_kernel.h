@@ -97,9 +97,9 @@ struct DecodeTraits {
   static constexpr int kSmemQ = kRows * kHeadDim * int(sizeof(MmaElement));
   static constexpr int kSmemRing = kNWarps * kStages * 2 * kStageSlotBytes;
   static constexpr int kSmemWide = kFp8Cache ? kNWarps * 2 * kSlotElems * int(sizeof(MmaElement)) : 0;
-  // The merge of the warps' results (O rows, lse_s, then each row's lse) reuses the ring.
+  // The merge of the warps' results (O rows, then lse_s) reuses the ring.
   static constexpr int kMergeRowStride = kHeadDim + 4;  // floats; breaks the bank pattern of the row writes
-  static constexpr int kSmemMerge = (kNWarps * kRows * (kMergeRowStride + 1) + kRows) * int(sizeof(float));
+  static constexpr int kSmemMerge = kNWarps * kRows * (kMergeRowStride + 1) * int(sizeof(float));
   // Paged caches: each warp's block-table entries of kStages steps (a step's keys touch at most kWarpKeys
   // pages).
   static constexpr int kSmemTableOffset = kSmemQ + (kSmemRing + kSmemWide > kSmemMerge ? kSmemRing + kSmemWide : kSmemMerge);
@@ -647,47 +647,47 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   }
   __syncthreads();
 
-  // Each row's lse and its warps' weights, once a row (the weights replace the lse_s in place).
-  float* const merge_row_lse = merge_lse + kNWarps * kRows;  // [row]
-  if (tidx < rows) {
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) { m = fmaxf(m, merge_lse[w * kRows + tidx]); }
-    float sum = 0.f;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) { sum += merge_weight(merge_lse[w * kRows + tidx], m); }  // exp(lse_w - m)
-    float row_lse = merged_lse(m, sum);
-    if (params.sinks != nullptr && params.num_splits == 1) {  // final rows take the sink (a split's: the combine)
-      int const h = chunk_rows.head(tidx), i = chunk_rows.query(tidx);
-      row_lse = rules::lse_with_sink(row_lse, params.sinks[h * params.sinks_head_stride + i * params.sinks_row_stride]);
-    }
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) { merge_lse[w * kRows + tidx] = merge_weight(merge_lse[w * kRows + tidx], row_lse); }
-    merge_row_lse[tidx] = row_lse;
-  }
-  __syncthreads();
-
   bool const partial = params.num_splits > 1;
   float const v_descale = !Traits::kFp8Cache || params.v_descale == nullptr ? 1.f
                           : params.v_descale[b * params.v_descale_batch_stride + h_kv * params.v_descale_head_stride];
   long long const rows_all = static_cast<long long>(params.batch) * params.heads_q * nq;  // of o_accum
+  // A row's lse and its warps' weights, computed by each thread that writes part of the row (no barrier and
+  // no one-warp phase between the merge's writes and the output; the weights are those of common/lse_merge.h,
+  // rounded as they were when one thread a row wrote them to shared memory).
+  auto row_merge = [&](int r, float (&weight)[kNWarps]) {
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) { weight[w] = merge_lse[w * kRows + r], m = fmaxf(m, weight[w]); }
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) { sum += merge_weight(weight[w], m); }  // exp(lse_w - m)
+    float row_lse = merged_lse(m, sum);
+    if (params.sinks != nullptr && !partial) {  // final rows take the sink (a split's: the combine)
+      row_lse = rules::lse_with_sink(row_lse, params.sinks[chunk_rows.head(r) * params.sinks_head_stride +
+                                                           chunk_rows.query(r) * params.sinks_row_stride]);
+    }
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) { weight[w] = merge_weight(weight[w], row_lse); }
+    return row_lse;
+  };
   // Four columns a thread at a time: 16-byte shared loads, 16-byte partial or 8-byte output stores, and a row's
   // head and query (divisions) once per four columns (one column a thread, this loop was a fifth of a
   // 2k-key call's samples under ncu). o's rows are 16-byte aligned (sm90_decode_covers), o_accum's too.
   constexpr int kCols = 4, kRowChunks = kHeadDim / kCols;
   for (int e = tidx; e < rows * kRowChunks; e += Traits::kNThreads) {
     int const r = e / kRowChunks, col = e % kRowChunks * kCols;
+    float weight[kNWarps];
+    float const row_lse = row_merge(r, weight);
     float4 out = make_float4(0.f, 0.f, 0.f, 0.f);
     CUTE_UNROLL
     for (int w = 0; w < kNWarps; ++w) {
-      float const weight = merge_lse[w * kRows + r];
-      if (weight != 0.f) {
+      if (weight[w] != 0.f) {
         float4 const part = *reinterpret_cast<const float4*>(&merge_o[(w * kRows + r) * Traits::kMergeRowStride + col]);
-        out.x += weight * part.x, out.y += weight * part.y, out.z += weight * part.z, out.w += weight * part.w;
+        out.x += weight[w] * part.x, out.y += weight[w] * part.y;
+        out.z += weight[w] * part.z, out.w += weight[w] * part.w;
       }
     }
     if constexpr (Traits::kFp8Cache) { out.x *= v_descale, out.y *= v_descale, out.z *= v_descale, out.w *= v_descale; }
-    float const row_lse = merge_row_lse[r];
     int const h = chunk_rows.head(r), i = chunk_rows.query(r);
     long long const row = (static_cast<long long>(b) * params.heads_q + h) * nq + i;
     if (partial) {
