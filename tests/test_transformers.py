@@ -271,6 +271,35 @@ def test_llama_generation_under_inference_mode(rng):
     _expect_same_generation(rng, _llama(), ids, mask, grad_mode=torch.inference_mode)
 
 
+@_needs("cache_seqlens", "cache_leftpad")
+def test_static_cache_decode_step_compiles_whole(rng):
+    """A static cache's decode step under torch.compile (fullgraph: no graph break, the mask planned on the
+    device) gives eager's logits; a mask the compiled plan cannot express (a hole in an entry's keys) stops
+    the step with the plan's assertion instead of an answer to another mask."""
+    config = _llama()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=_OURS).eval()
+    ids, mask = _inputs(rng, 2, 6, left_pad=(0, 2))
+
+    def step(cache, token, step_mask, position):
+        return model(input_ids=token, attention_mask=step_mask, past_key_values=cache, use_cache=True,
+                     cache_position=position).logits
+
+    def prefilled():  # a cache counts its updates: each run gets its own
+        cache = transformers.StaticCache(config=config, max_cache_len=16)
+        return cache, step(cache, ids, mask, torch.arange(6))[:, -1:].argmax(-1)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    step_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    position = torch.tensor([6])
+    with torch.no_grad():
+        eager = step(*prefilled(), step_mask, position)
+        torch.testing.assert_close(compiled(*prefilled(), step_mask, position), eager, rtol=1e-5, atol=1e-5)
+        holed = step_mask.clone()
+        holed[0, 3] = 0
+        with pytest.raises(RuntimeError, match="left-padded entries only"):
+            compiled(*prefilled(), holed, position)
+
+
 def test_bert_bidirectional_logits(rng):
     ids, _ = _inputs(rng, 2, 24)
     _expect_logits_close(rng, _bert(), ids)

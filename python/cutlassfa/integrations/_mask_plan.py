@@ -20,7 +20,6 @@ Anything else raises NotImplementedError: the caller never gets an answer to a d
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -76,14 +75,16 @@ class Plan:
     cu_seqlens: torch.Tensor | None = None  # packed: (S + 1,) int32 bounds of the S sequences of B x N rows
     max_seqlen: int = 0  # packed: the longest sequence
 
-    @functools.cached_property
-    def cache_arguments(self) -> dict[str, torch.Tensor]:
-        """cache_seqlens (and cache_leftpad where some entry starts past key 0) of a cache plan, int32; made
-        once per plan, which every layer of a forward pass reuses."""
-        lengths = {"cache_seqlens": self.key_end.to(torch.int32)}
-        if self.leftpad:
-            lengths["cache_leftpad"] = self.key_start.to(torch.int32)
-        return lengths
+    def __post_init__(self) -> None:
+        # cache_arguments: cache_seqlens (and cache_leftpad where some entry starts past key 0) of a cache plan,
+        # int32, made once per plan, which every layer of a forward pass reuses (made here, not as a cached
+        # property, whose lock torch.compile cannot trace on Python 3.11).
+        lengths = {}
+        if self.kind == "cache":
+            lengths["cache_seqlens"] = self.key_end.to(torch.int32)
+            if self.leftpad:
+                lengths["cache_leftpad"] = self.key_start.to(torch.int32)
+        object.__setattr__(self, "cache_arguments", lengths)
 
 
 def rows_of_visible(visible: torch.Tensor, matters: torch.Tensor | None = None) -> MaskRows:
@@ -259,16 +260,21 @@ class PaddedCausal:
                                           None if self.window is None else self.window - 1)
 
 
-def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, padding: torch.Tensor | None, q_end: int,
-                       window: int | None) -> PaddedCausal | None:
+def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, padding: torch.Tensor | None, q_end: int | torch.Tensor,
+                       window: int | None, traced: bool = False) -> PaddedCausal | None:
     """The plan of a causal mask over padded entries, in a few operations and one read (what a decode
     step's mask costs): `visible` (B, Nq, Nk) is the mask, `real_queries` (B, Nq) the rows that matter,
-    `padding` (B, Nk) the entries' real keys (None: all), query i sits on key i + q_end - Nq, `window` is
-    transformers' sliding window (query p sees keys > p - window) or None. The plan is a cache call (keys
-    [first real key, q_end), leftpad where an entry starts past 0) or, with no padding and the queries on
-    the last keys, a dense one; None when the mask is not that one (then `plan` decides from its rows)."""
+    `padding` (B, Nk) which of the layer's keys are real tokens (None: all), query i sits on key
+    i + q_end - Nq, `window` is transformers' sliding window (query p sees keys > p - window) or None. The plan
+    is a cache call (keys [first real key, q_end), leftpad where an entry starts past 0) or, with no padding
+    and the queries on the last keys, a dense one; None when the mask is not that one (then `plan` decides
+    from its rows).
+    traced (torch.compile, where nothing may be read and q_end may be a tensor): always the cache call, with
+    left padding and the window, and a mask that is not this one (or a q_end outside [Nq, Nk]) stops the run
+    with a device-side assertion instead of falling back."""
     b, nq, nk = visible.shape
-    if not 0 < q_end <= nk or q_end < nq:
+    q_end_known = not isinstance(q_end, torch.Tensor)
+    if q_end_known and (not 0 < q_end <= nk or q_end < nq):
         return None
     device = visible.device
     key = torch.arange(nk, device=device)
@@ -276,12 +282,19 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
     if padding is None:
         start = torch.zeros(b, dtype=torch.long, device=device)
     else:
-        real = padding[:, :q_end].bool()
+        real = padding.bool() & (key < q_end)
         start = torch.where(real.any(-1), real.int().argmax(-1), q_end)  # first real key of each entry
     implied = (key >= start[:, None, None]) & (key <= diagonal)
     if window is not None:
         implied &= key > diagonal - window
     exact = ((visible == implied) | ~real_queries[:, :, None]).all()
+    if traced:
+        if not q_end_known:
+            exact &= (q_end > 0) & (q_end <= nk) & (q_end >= nq)
+        torch._assert_async(exact, "cutlassfa under torch.compile computes causal masks over left-padded entries only; "
+                                   "this mask is another (run the model eagerly)")
+        bound = None if window is None else (window - 1, 0)
+        return PaddedCausal(nq, nk, window, Plan("cache", True, bound, start, start * 0 + q_end, leftpad=True))
     exact, leftpad = torch.stack([exact, (start > 0).any()]).tolist()  # planning's one read
     if not exact:
         return None

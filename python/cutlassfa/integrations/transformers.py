@@ -13,8 +13,9 @@ entries (decode steps, short prefills) in a few operations and one read (`_mask_
 any other reduced to the key range each query row sees (`_mask_plan.MaskRows`), from which each layer
 picks the cutlassfa call that computes exactly that mask (`_mask_plan.plan`); what cutlassfa cannot
 express raises NotImplementedError (or not yet: the forward arguments each form needs are looked up on
-`cutlassfa.forward`), never a different answer. Reading the mask's values makes the adapter an eager
-one: under torch.compile it breaks the graph.
+`cutlassfa.forward`), never a different answer. Under torch.compile (a static cache) nothing may be read:
+every mask is planned as causal over left-padded entries on the device, and one that is not stops the
+step with a device-side assertion; the whole step compiles (fullgraph).
 """
 
 from __future__ import annotations
@@ -69,16 +70,17 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
     mask_function = mask_function or causal_mask_function
     rows_per_step = max(1, _MASK_CHUNK // max(1, batch_size * kv_length))
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
-    if kwargs.get("allow_is_causal_skip") and _plain_causal(padding, q_length, kv_length, q_offset, kv_offset,
-                                                            kwargs.get("local_size")):
+    traced = torch.compiler.is_compiling()  # nothing may be read: the padded-causal plan, checked on the device
+    if not traced and kwargs.get("allow_is_causal_skip") and _plain_causal(
+            padding, q_length, kv_length, q_offset, kv_offset, kwargs.get("local_size")):
         return None  # the layers' own causal pattern (`plan` of no mask: no read)
-    if isinstance(q_offset, int) and q_length <= rows_per_step:  # decode steps, short prefills
+    if traced or (isinstance(q_offset, int) and q_length <= rows_per_step):  # decode steps, short prefills
         visible = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                             kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                             allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
         real_queries = _real_queries(padding, batch_size, q_length, q_offset, device)
         fast = padded_causal_plan(visible[:, 0], real_queries, _layer_keys(padding, kv_length, kv_offset),
-                                  q_offset + q_length - kv_offset, kwargs.get("local_size"))
+                                  q_offset + q_length - kv_offset, kwargs.get("local_size"), traced)
         if fast is not None:  # the layers of this pattern take its plan as it is (`_plan_for`)
             visible.cutlassfa_padded_causal = fast
             return visible
