@@ -27,6 +27,13 @@ def test_e2e_row_on_the_cpu(model):
     assert f"| {row['workload']} | {baseline} |" in e2e.e2e_table([row])
 
 
+def test_e2e_static_cache_row():
+    """generate with cache_implementation="static" (compiled by transformers on a GPU, eager here)."""
+    row = e2e.measure(e2e.Workload("llama", 2, 12, 3, "tiny", cache="static"), rounds=1, device="cpu")
+    assert row["cache"] == "static" and row["workload"].endswith(", static cache")
+    assert row["greedy_token_agreement"] == 1.0
+
+
 def test_e2e_prefill_only_row():
     row = e2e.measure(e2e.Workload("llama", 1, 16, 0, "tiny"), rounds=1, device="cpu")
     assert "generate_speedup" not in row and row["prefill_speedup"] > 0

@@ -32,17 +32,19 @@ class Workload:
     prompt: int
     new_tokens: int  # 0: prefill only
     size: str = "gpu"  # "gpu": the model sizes; "tiny": a CPU smoke size
+    cache: str = ""  # generate's cache_implementation ("static": on a GPU transformers compiles the decode steps)
 
     @property
     def label(self) -> str:
         what = f"prefill {self.batch} x {self.prompt}" if not self.new_tokens else \
             f"batch {self.batch}, prompt {self.prompt}, {self.new_tokens} new"
-        return f"{self.model}: {what}"
+        return f"{self.model}: {what}" + (f", {self.cache} cache" if self.cache else "")
 
 
 GPU_WORKLOADS = [
     Workload("llama", 8, 1024, 128), Workload("llama", 1, 8192, 128), Workload("llama", 8, 2048, 0),
     Workload("mistral", 8, 1024, 128), Workload("gemma2", 8, 1024, 128),
+    Workload("llama", 8, 1024, 128, cache="static"),
 ]
 CPU_WORKLOADS = [Workload("llama", 2, 24, 4, "tiny"), Workload("gemma2", 2, 24, 4, "tiny")]
 
@@ -143,7 +145,8 @@ def measure(work: Workload, rounds: int, device: str) -> dict[str, Any]:
             if work.new_tokens:
                 seconds, out = _timed(torch, device, lambda: model.generate(
                     input_ids=ids, attention_mask=mask, max_new_tokens=work.new_tokens,
-                    min_new_tokens=work.new_tokens, do_sample=False, pad_token_id=0))
+                    min_new_tokens=work.new_tokens, do_sample=False, pad_token_id=0,
+                    **({"cache_implementation": work.cache} if work.cache else {})))
                 times[impl].generate.append(seconds)
                 times[impl].tokens = out[:, ids.shape[1]:].cpu()
 
@@ -156,7 +159,8 @@ def measure(work: Workload, rounds: int, device: str) -> dict[str, Any]:
             run_once(impl)
 
     row: dict[str, Any] = {"workload": work.label, "model": work.model, "batch": work.batch, "prompt": work.prompt,
-                           "new_tokens": work.new_tokens, "dtype": str(dtype).removeprefix("torch."),
+                           "new_tokens": work.new_tokens, "cache": work.cache or None,
+                           "dtype": str(dtype).removeprefix("torch."),
                            "rounds": rounds, "baseline": baseline, "implementations": {}}
     for impl, t in times.items():
         entry: dict[str, Any] = {"prefill_ms": statistics.median(t.prefill) * 1e3}
