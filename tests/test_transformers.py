@@ -401,7 +401,8 @@ def test_gpu_decode_step_attention_never_synchronizes(rng, config):
     ids, mask = _inputs(rng, 3, 24, left_pad=(0, 5, 11))
     ids, mask = ids.cuda(), mask.cuda()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config(), attn_implementation="cutlassfa").to("cuda", torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_config(config(), attn_implementation="cutlassfa")
+    model = model.to("cuda", torch.bfloat16).eval()
 
     def traced(*args, **kwargs):
         with torch.profiler.record_function("cutlassfa_layer"):
@@ -421,7 +422,8 @@ def test_gpu_decode_step_attention_never_synchronizes(rng, config):
                 torch.cuda.synchronize()
             cache, step = out.past_key_values, out.logits[:, -1:].argmax(-1)
     events = profile.events()
-    layers = [e.time_range for e in events if e.name == "cutlassfa_layer" and e.device_type == torch.autograd.DeviceType.CPU]
+    layers = [e.time_range for e in events
+              if e.name == "cutlassfa_layer" and e.device_type == torch.autograd.DeviceType.CPU]
     assert len(layers) == model.config.num_hidden_layers
     inside = [e.name for e in events if e.name.startswith(_SYNCHRONIZING)
               and any(r.start <= e.time_range.start <= r.end for r in layers)]
@@ -581,7 +583,8 @@ _CASES = {  # name: (mask function, causal, layer window, Nq, Nk, q_offset, kv_o
     "sliding cache, decode": (_SLIDING(4), True, 3, 1, 4, 20, 17, None, "dense"),
     # transformers' 2-D mask is indexed by position: the layer's keys are positions 17-20
     "sliding cache, decode, left padding": (_SLIDING(4), True, 3, 1, 4, 20, 17, _padding([3, 0], [0, 0], 21), "dense"),
-    "sliding cache, decode, padding in it": (_SLIDING(4), True, 3, 1, 4, 20, 17, _padding([19, 0], [0, 0], 21), "cache"),
+    "sliding cache, decode, padding in it": (_SLIDING(4), True, 3, 1, 4, 20, 17, _padding([19, 0], [0, 0], 21),
+                                             "cache"),
     "chunked attention (Llama-4)": (masking_utils.chunked_causal_mask_function(3, torch.zeros(1, dtype=torch.long)),
                                     True, None, 9, 9, 0, 0, None, "packed"),
     "packed sequences": (masking_utils.and_masks(_CAUSAL, masking_utils.packed_sequence_mask_function(
@@ -620,7 +623,8 @@ def test_plan_computes_exactly_the_mask(case):
     np.testing.assert_array_equal(_visible_by_plan(layer, batch, nq, nk)[rows], dense.numpy()[rows])
 
 
-@pytest.mark.parametrize("case", [name for name, (_, causal, *_, form) in _CASES.items() if causal and form != "packed"])
+@pytest.mark.parametrize("case", [name for name, (_, causal, *_, form) in _CASES.items()
+                                  if causal and form != "packed"])
 def test_causal_skip_only_where_the_mask_is_the_layers_own(case):
     """With transformers' `allow_is_causal_skip` (which it passes with its causal and sliding-window masks),
     the mask interface returns None (no mask: every layer runs its own causal pattern, planned without a
@@ -661,7 +665,8 @@ def test_causal_skip_cases():
 
 @pytest.mark.parametrize("nq, nk, causal, left, right, window", [
     (1, 10, True, None, 0, None), (1, 10, True, 3, 0, (3, 0)), (1, 10, True, 9, 0, None), (9, 9, True, 8, 0, None),
-    (9, 9, True, 7, 0, (7, 0)), (9, 9, False, 2, 2, (2, 2)), (9, 9, False, None, 8, None), (9, 9, False, None, 7, (-1, 7)),
+    (9, 9, True, 7, 0, (7, 0)), (9, 9, False, 2, 2, (2, 2)), (9, 9, False, None, 8, None),
+    (9, 9, False, None, 7, (-1, 7)),
     (1, 10, False, 9, 0, None), (1, 10, False, 8, 0, (8, -1)), (3, 10, False, None, 2, None)])
 def test_plan_without_a_mask_keeps_the_windows_that_hide_keys(nq, nk, causal, left, right, window):
     layout = plan(None, nq, nk, causal, left, right)

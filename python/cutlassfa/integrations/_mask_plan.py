@@ -260,8 +260,8 @@ class PaddedCausal:
                                           None if self.window is None else self.window - 1)
 
 
-def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, padding: torch.Tensor | None, q_end: int | torch.Tensor,
-                       window: int | None, traced: bool = False) -> PaddedCausal | None:
+def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, padding: torch.Tensor | None,
+                       q_end: int | torch.Tensor, window: int | None, traced: bool = False) -> PaddedCausal | None:
     """The plan of a causal mask over padded entries, in a few operations and one read (what a decode
     step's mask costs): `visible` (B, Nq, Nk) is the mask, `real_queries` (B, Nq) the rows that matter,
     `padding` (B, Nk) which of the layer's keys are real tokens (None: all), query i sits on key
@@ -291,8 +291,8 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
     if traced:
         if not q_end_known:
             exact &= (q_end > 0) & (q_end <= nk) & (q_end >= nq)
-        torch._assert_async(exact, "cutlassfa under torch.compile computes causal masks over left-padded entries only; "
-                                   "this mask is another (run the model eagerly)")
+        torch._assert_async(exact, "cutlassfa under torch.compile computes causal masks over left-padded entries "
+                                   "only; this mask is another (run the model eagerly)")
         bound = None if window is None else (window - 1, 0)
         return PaddedCausal(nq, nk, window, Plan("cache", True, bound, start, start * 0 + q_end, leftpad=True))
     exact, leftpad = torch.stack([exact, (start > 0).any()]).tolist()  # planning's one read
