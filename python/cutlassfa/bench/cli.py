@@ -125,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "GQA, Mistral-like window, Gemma-2-like softcap + d 256) with attn_implementation "
                              "'sdpa' and 'cutlassfa': prefill, generate tokens/s, decode step, attention's share "
                              "(needs transformers and PyTorch; tiny models on the CPU without a GPU)")
-    parser.add_argument("--e2e-rounds", type=int, default=3, help="interleaved rounds of --e2e (default 3)")
+    parser.add_argument("--e2e-rounds", type=int, default=10, help="interleaved rounds of --e2e (default 10)")
     parser.add_argument("--overhead-calls", type=int, default=DEFAULT_CALLS,
                         help=f"back-to-back calls per measurement of --overhead (default {DEFAULT_CALLS})")
     parser.add_argument("--sync-calls", type=int, default=DEFAULT_SYNC_CALLS,
