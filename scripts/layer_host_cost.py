@@ -39,7 +39,8 @@ def main() -> None:
         q = torch.randn(batch, 16, 1, 128, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(batch, 4, keys, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         padding = torch.ones(batch, keys, dtype=torch.long, device="cuda")
-        padding[1:, :100] = 0
+        if batch > 1:
+            padding[1, :100] = 0  # one entry left-padded
         mask = None if batch == 1 else cutlassfa_hf.attention_mask(batch, 1, keys, q_offset=keys - 1, kv_offset=0,
                                                                    attention_mask=padding, device="cuda")
         out = torch.empty(batch, 1, 16, 128, device="cuda", dtype=torch.bfloat16)
