@@ -340,10 +340,23 @@ struct IndexUpload {
   }
 };
 
-// Whether the call has index or float arrays (call_tensors takes their device pointers).
-bool has_index_arrays(const Call& c) {
-  return c.cu_seqlens_q.given || c.cache_seqlens.given || c.cache_leftpad.given || c.block_table.given ||
-         c.sinks.given || c.alibi_slopes.given || c.k_descale.given || c.v_descale.given;
+// The call's index arrays and float arrays, in the order call_tensors reads their device pointers.
+struct CallArrays {
+  const IndexArray* indices[5];  // cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table
+  const FloatArray* floats[4];   // sinks, alibi_slopes, k_descale, v_descale
+  bool any_given() const {
+    for (const IndexArray* a : indices) {
+      if (a->given) return true;
+    }
+    for (const FloatArray* f : floats) {
+      if (f->given) return true;
+    }
+    return false;
+  }
+};
+CallArrays call_arrays(const Call& c) {
+  return {{&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table},
+          {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale}};
 }
 
 // The call's tensors as its kernels see them: q, k, v (c's), o and lse (the outputs), the index arrays at
@@ -382,11 +395,10 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
   const Problem& p = c.problem;
   const int* pointers[5] = {};
   const float* float_pointers[4] = {};
-  if (has_index_arrays(c)) {
-    const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
-    const FloatArray* floats[4] = {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale};
+  CallArrays const arrays = call_arrays(c);
+  if (arrays.any_given()) {
     *what = "cutlassfa index upload";
-    cudaError_t const err = uploads.upload(indices, 5, pointers, floats, 4, float_pointers, stream);
+    cudaError_t const err = uploads.upload(arrays.indices, 5, pointers, arrays.floats, 4, float_pointers, stream);
     if (err != cudaSuccess) return err;
   }
   FwdParams const params = make_params(p, call_tensors(c, o, lse, pointers, float_pointers));
@@ -706,15 +718,16 @@ nb::dict plan(const Request& request, int backend, int capability, int multiproc
     compact_strides(p, false, strides);
     o.view = view_of(p, strides, false);
   }
-  const IndexArray* indices[5] = {&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table};
-  const FloatArray* floats[4] = {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale};
+  CallArrays const arrays = call_arrays(c);
   const int* pointers[5] = {};
   const float* float_pointers[4] = {};
   for (int i = 0; i < 5; ++i) {
-    if (indices[i]->given) pointers[i] = indices[i]->on_host() ? reinterpret_cast<const int*>(placeholder) : indices[i]->device_data;
+    const IndexArray& a = *arrays.indices[i];
+    if (a.given) pointers[i] = a.on_host() ? reinterpret_cast<const int*>(placeholder) : a.device_data;
   }
   for (int i = 0; i < 4; ++i) {
-    if (floats[i]->given) float_pointers[i] = reinterpret_cast<const float*>(floats[i]->on_host() ? placeholder : floats[i]->device_data);
+    const FloatArray& f = *arrays.floats[i];
+    if (f.given) float_pointers[i] = reinterpret_cast<const float*>(f.on_host() ? placeholder : f.device_data);
   }
   FwdParams const params = make_params(p, call_tensors(c, o, nullptr, pointers, float_pointers));
   DequantizedKV const copy = dequantized_kv_in(params, placeholder);
