@@ -11,8 +11,6 @@ those layers, which other tests check."""
 
 import copy
 import dataclasses
-import functools
-import inspect
 
 import numpy as np
 import pytest
@@ -57,16 +55,6 @@ masking_utils.AttentionMaskInterface.register("exact_float64", _boolean_mask)
 
 _UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 _VOCAB = 96
-
-
-@functools.lru_cache(maxsize=None)
-def _forward_takes(*names):
-    return set(names) <= set(inspect.signature(cutlassfa.forward).parameters)
-
-
-def _needs(*names):
-    missing = ", ".join(f"{n}=" for n in names)
-    return pytest.mark.skipif(not _forward_takes(*names), reason=f"cutlassfa.forward does not take {missing} yet")
 
 
 def _llama(**overrides):
@@ -190,15 +178,23 @@ def _expect_logits_close(rng, config, ids, mask=None, dtype=torch.float32, basel
 
 
 def _expect_same_generation(rng, config, ids, mask=None, new_tokens=8, ours=_OURS, device="cpu",
-                            grad_mode=torch.no_grad, **options):
+                            grad_mode=torch.no_grad, compiled=False, **options):
     """Greedy generation (under `grad_mode`) picks eager's tokens; a difference is only allowed where
-    eager's two best logits are closer than the logits' deviation (a tie). `options` go to generate."""
+    eager's two best logits are closer than the logits' deviation (a tie). `options` go to generate.
+    compiled: `ours` generates as transformers does on a GPU with a static cache (masks built ahead of each
+    step, the step compiled whole: fullgraph), and compiled once if compiled == "once"."""
     models = _models(rng, config, ["eager", ours], device=device)
     ids, mask = ids.to(device), None if mask is None else mask.to(device)
     with grad_mode():
         kwargs = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **options)
         expected = models["eager"].generate(ids, **kwargs).cpu()
-        got = models[ours].generate(ids, **kwargs).cpu()
+        if compiled:
+            compile_config = transformers.CompileConfig(backend="aot_eager", mode=None, fullgraph=True)
+            compile_config._compile_all_devices = True  # transformers compiles on accelerators only
+            kwargs.update(cache_implementation="static", compile_config=compile_config)
+            torch._dynamo.reset()
+        with torch._dynamo.config.patch(error_on_recompile=compiled == "once"):
+            got = models[ours].generate(ids, **kwargs).cpu()
     if torch.equal(got, expected):
         return
     step = int((got != expected).any(0).nonzero()[0])
@@ -231,14 +227,12 @@ def test_llama_greedy_generation(rng):
     _expect_same_generation(rng, _llama(), ids)
 
 
-@_needs("cache_seqlens")
 def test_llama_generation_with_a_static_cache(rng):
     # The keys are the whole static cache: each step sees only its filled part.
     ids, _ = _inputs(rng, 2, 12)
     _expect_same_generation(rng, _llama(), ids, cache_implementation="static")
 
 
-@_needs("cache_seqlens", "cache_leftpad")
 def test_llama_left_padding_logits_and_generation(rng):
     ids, mask = _inputs(rng, 3, 30, left_pad=(0, 4, 13))
     _expect_logits_close(rng, _llama(), ids, mask)
@@ -264,14 +258,12 @@ def test_packed_sequences_from_position_ids(rng, config):
     assert _deviation(whole, logits["eager"], real) > 100 * (2 * allowed + _UNIT_ROUNDOFF[torch.float32])
 
 
-@_needs("cache_seqlens", "cache_leftpad")
 def test_llama_generation_under_inference_mode(rng):
     # Inference tensors carry no version counter; the adapter's plan cache must not ask them for one.
     ids, mask = _inputs(rng, 3, 20, left_pad=(0, 3, 9))
     _expect_same_generation(rng, _llama(), ids, mask, grad_mode=torch.inference_mode)
 
 
-@_needs("cache_seqlens", "cache_leftpad")
 def test_static_cache_decode_step_compiles_whole(rng):
     """A static cache's decode step under torch.compile (fullgraph: no graph break, the mask planned on the
     device) gives eager's logits; a mask the compiled plan cannot express (a hole in an entry's keys) stops
@@ -300,18 +292,27 @@ def test_static_cache_decode_step_compiles_whole(rng):
             compiled(*prefilled(), holed, position)
 
 
+# transformers' sliding static cache recompiles the step as it fills (its guard on the filled length).
+@pytest.mark.parametrize("config, compiled", [(_llama, "once"), (lambda: _mistral(window=8), True)],
+                         ids=["llama", "mistral_window"])
+def test_static_cache_generate_compiled(rng, config, compiled):
+    """generate with a static cache, compiled as transformers compiles it (the masks built before each step
+    with a tensor offset, not read; every layer plans its mask on the device): eager's tokens, left padding
+    and a window that hides keys included."""
+    ids, mask = _inputs(rng, 3, 14, left_pad=(0, 3, 6))
+    _expect_same_generation(rng, config(), ids, mask, new_tokens=10, compiled=compiled)
+
+
 def test_bert_bidirectional_logits(rng):
     ids, _ = _inputs(rng, 2, 24)
     _expect_logits_close(rng, _bert(), ids)
 
 
-@_needs("cache_seqlens")
 def test_bert_right_padding_logits(rng):
     ids, mask = _inputs(rng, 3, 24, right_pad=(0, 6, 15))
     _expect_logits_close(rng, _bert(), ids, mask)
 
 
-@pytest.mark.skipif(not hasattr(cutlassfa, "varlen_forward"), reason="cutlassfa has no varlen_forward yet")
 def test_llama_padding_on_both_sides(rng):
     # Real tokens in the middle: the padding queries at the end would see the real keys, so the real
     # rows and keys of each entry are packed for varlen_forward.
@@ -325,28 +326,24 @@ def test_mistral_window_wider_than_the_sequence(rng):
     _expect_logits_close(rng, _mistral(window=16), ids)
 
 
-@_needs("window")
 def test_mistral_sliding_window(rng):
     ids, _ = _inputs(rng, 2, 40)
     _expect_logits_close(rng, _mistral(window=8), ids, must_differ=_mistral(window=64))
     _expect_same_generation(rng, _mistral(window=8), ids[:, :12], new_tokens=10)
 
 
-@_needs("window", "cache_seqlens", "cache_leftpad")
 def test_mistral_sliding_window_left_padding(rng):
     ids, mask = _inputs(rng, 2, 30, left_pad=(0, 7))
     _expect_logits_close(rng, _mistral(window=8), ids, mask)
     _expect_same_generation(rng, _mistral(window=8), ids, mask)
 
 
-@_needs("window", "softcap")
 def test_gemma2_softcap_and_sliding_window(rng):
     ids, _ = _inputs(rng, 2, 40)
     _expect_logits_close(rng, _gemma2(), ids, baseline="exact_float64", must_differ=_gemma2(softcap=None))
     _expect_same_generation(rng, _gemma2(), ids[:, :12], new_tokens=10)
 
 
-@_needs("window", "softcap", "cache_seqlens", "cache_leftpad")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpt_oss_sinks_logits(rng, dtype):
     _expect_close_to_float64_eager(rng, _gpt_oss(), _inputs(rng, 2, 40)[0], dtype, _OURS)
@@ -391,7 +388,6 @@ _SYNCHRONIZING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSy
 
 
 @pytest.mark.gpu
-@_needs("window", "cache_seqlens", "cache_leftpad")
 @pytest.mark.parametrize("config", [_llama, _mistral], ids=["llama", "mistral_sliding_cache"])
 def test_gpu_decode_step_attention_never_synchronizes(rng, config):
     """A decode step of a left-padded batch (Mistral: past its sliding window, a cache that drops keys): no
@@ -433,7 +429,6 @@ def test_gpu_decode_step_attention_never_synchronizes(rng, config):
 
 
 @pytest.mark.gpu
-@_needs("cache_seqlens", "cache_leftpad")
 @pytest.mark.parametrize("dtype, ours", _GPU)
 def test_gpu_llama_left_padding(rng, dtype, ours):
     _need_gpu()
@@ -444,7 +439,6 @@ def test_gpu_llama_left_padding(rng, dtype, ours):
 
 
 @pytest.mark.gpu
-@_needs("window")
 @pytest.mark.parametrize("dtype, ours", _GPU)
 def test_gpu_mistral_sliding_window(rng, dtype, ours):
     _need_gpu()
@@ -453,7 +447,6 @@ def test_gpu_mistral_sliding_window(rng, dtype, ours):
 
 
 @pytest.mark.gpu
-@_needs("window", "softcap")
 @pytest.mark.parametrize("dtype, ours", _GPU)
 def test_gpu_gemma2_softcap_and_sliding_window(rng, dtype, ours):
     _need_gpu()
@@ -463,7 +456,6 @@ def test_gpu_gemma2_softcap_and_sliding_window(rng, dtype, ours):
 
 
 @pytest.mark.gpu
-@_needs("window", "softcap", "cache_seqlens", "cache_leftpad")
 @pytest.mark.parametrize("dtype, ours", _GPU)
 @pytest.mark.parametrize("pad", ["right_pad", "left_pad"])
 def test_gpu_sliding_window_models_with_padding(rng, dtype, ours, pad):

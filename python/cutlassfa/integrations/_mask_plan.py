@@ -21,6 +21,7 @@ Anything else raises NotImplementedError: the caller never gets an answer to a d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -304,6 +305,23 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
     else:
         layout = Plan("cache", True, bound, start, torch.full_like(start, q_end), leftpad=leftpad)
     return PaddedCausal(nq, nk, window, layout)
+
+
+def traced_padded_causal_plan(mask: Any, batch: int, nq: int, nk: int, causal: bool,
+                              left: int | None) -> Plan | None:
+    """Under torch.compile: the plan of a causal layer's boolean (batch, 1, nq, nk) mask, with a window of `left`
+    keys before the diagonal (None: none), taken from the mask alone on the device (padded_causal_plan,
+    traced: a mask that is not causal over left-padded entries stops the run). A row that sees no key is a
+    padding query; a key no row sees, padding (or outside every window); the queries end after the last
+    row's last key. None for a mask of another kind (planned eagerly)."""
+    if not (causal and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4
+            and tuple(mask.shape) == (batch, 1, nq, nk)):
+        return None
+    visible = mask[:, 0]
+    key = torch.arange(nk, device=mask.device)
+    q_end = torch.where(visible[:, -1], key, -1).amax() + 1
+    window = None if left is None else left + 1
+    return padded_causal_plan(visible, visible.any(-1), visible.any(1), q_end, window, traced=True).plan
 
 
 def _window(left: int | None, right: int | None) -> tuple[int, int]:

@@ -12,16 +12,16 @@ transformers would let SDPA skip it and it is the layers' own causal pattern; a 
 entries (decode steps, short prefills) in a few operations and one read (`_mask_plan.padded_causal_plan`),
 any other reduced to the key range each query row sees (`_mask_plan.MaskRows`), from which each layer
 picks the cutlassfa call that computes exactly that mask (`_mask_plan.plan`); what cutlassfa cannot
-express raises NotImplementedError (or not yet: the forward arguments each form needs are looked up on
-`cutlassfa.forward`), never a different answer. Under torch.compile (a static cache) nothing may be read:
-every mask is planned as causal over left-padded entries on the device, and one that is not stops the
-step with a device-side assertion; the whole step compiles (fullgraph).
+express raises NotImplementedError, never a different answer. Under torch.compile (a static cache) nothing may be read:
+each layer plans the boolean mask it is handed (built in the compiled step or, as `generate` does for a
+static cache, before it) as causal over left-padded entries on the device, and one that is not stops the
+step with a device-side assertion; the whole step compiles (fullgraph). Other masks under compilation
+take the eager planner (a graph break).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import weakref
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 import cutlassfa
 
 from ._mask_plan import (MaskRows, Plan, concat_rows, packed_forward, packed_sequences_forward, padded_causal_plan, plan,
-                         rows_of_visible)
+                         rows_of_visible, traced_padded_causal_plan)
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 
@@ -70,17 +70,21 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
     mask_function = mask_function or causal_mask_function
     rows_per_step = max(1, _MASK_CHUNK // max(1, batch_size * kv_length))
     padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
-    traced = torch.compiler.is_compiling()  # nothing may be read: the padded-causal plan, checked on the device
+    traced = torch.compiler.is_compiling()
     if not traced and kwargs.get("allow_is_causal_skip") and _plain_causal(
             padding, q_length, kv_length, q_offset, kv_offset, kwargs.get("local_size")):
         return None  # the layers' own causal pattern (`plan` of no mask: no read)
-    if traced or (isinstance(q_offset, int) and q_length <= rows_per_step):  # decode steps, short prefills
+    if traced or q_length <= rows_per_step:  # decode steps, short prefills
         visible = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                             kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                             allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
+        # Nothing may be read while tracing, nor a static cache's offset tensor here (generate builds its
+        # masks ahead of the compiled step): each layer plans the mask itself (`_plan_for`).
+        if traced or isinstance(q_offset, torch.Tensor):
+            return visible
         real_queries = _real_queries(padding, batch_size, q_length, q_offset, device)
         fast = padded_causal_plan(visible[:, 0], real_queries, _layer_keys(padding, kv_length, kv_offset),
-                                  q_offset + q_length - kv_offset, kwargs.get("local_size"), traced)
+                                  q_offset + q_length - kv_offset, kwargs.get("local_size"))
         if fast is not None:  # the layers of this pattern take its plan as it is (`_plan_for`)
             visible.cutlassfa_padded_causal = fast
             return visible
@@ -159,6 +163,10 @@ _plans: dict[tuple, tuple[weakref.ref, Plan]] = {}
 
 
 def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None) -> Plan:
+    if torch.compiler.is_compiling():
+        traced = traced_padded_causal_plan(mask, batch, nq, nk, causal, left)
+        if traced is not None:
+            return traced
     fast = getattr(mask, "cutlassfa_padded_causal", None)
     if fast is not None and fast.fits(nq, nk, causal, left):
         return fast.plan
@@ -214,11 +222,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if layout.kind == "varlen":
         return _varlen(query, key, value, layout, options), None
     if layout.kind == "packed":
-        _require(getattr(cutlassfa, "varlen_forward", None), options, layout)
         return packed_sequences_forward(query, key, value, layout, options), None
     if layout.kind == "cache":  # lengths made once per plan, leftpad decided then: no device read here
         options.update(layout.cache_arguments)
-    _require(cutlassfa.forward, options, layout)
     # Written straight into transformers' (B, Nq, Hq, d) layout: forward takes any strides of `out`, and torch
     # tensors as they are (through the operator where PyTorch must see the call).
     result = query.new_empty(batch, nq, query.shape[1], query.shape[3])
@@ -229,28 +235,4 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Plan,
             options: dict[str, Any]) -> torch.Tensor:
     """Packs the query rows and keys of each entry, runs varlen_forward, unpacks (other rows: 0)."""
-    _require(getattr(cutlassfa, "varlen_forward", None), options, layout)
     return packed_forward(query, key, value, layout, options)
-
-
-_FEATURES = {"window": "sliding windows (window=)", "softcap": "logit softcapping (softcap=)",
-             "cache_seqlens": "per-sequence key lengths (cache_seqlens=)",
-             "cache_leftpad": "left-padded sequences (cache_leftpad=)", "sinks": "attention sinks (sinks=)"}
-
-
-def _require(function: Any, options: dict[str, Any], layout: Plan) -> None:
-    """NotImplementedError naming the first argument this layer needs that `function` does not take."""
-    if function is None:
-        raise NotImplementedError("this mask needs cutlassfa.varlen_forward (padding around both ends of "
-                                  "the queries), which this version of cutlassfa does not have")
-    accepted = _parameters(function)
-    for name in options:
-        if name not in accepted:
-            raise NotImplementedError(
-                f"this layer needs {_FEATURES.get(name, name)}, which {function.__name__} of this version "
-                f"of cutlassfa does not take ({layout.kind} form)")
-
-
-@functools.lru_cache(maxsize=None)
-def _parameters(function: Any) -> frozenset[str]:
-    return frozenset(inspect.signature(function).parameters)
