@@ -307,21 +307,22 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
     return PaddedCausal(nq, nk, window, layout)
 
 
-def traced_padded_causal_plan(mask: Any, batch: int, nq: int, nk: int, causal: bool,
-                              left: int | None) -> Plan | None:
-    """Under torch.compile: the plan of a causal layer's boolean (batch, 1, nq, nk) mask, with a window of `left`
-    keys before the diagonal (None: none), taken from the mask alone on the device (padded_causal_plan,
-    traced: a mask that is not causal over left-padded entries stops the run). A row that sees no key is a
-    padding query; a key no row sees, padding (or outside every window); the queries end after the last
-    row's last key. None for a mask of another kind (planned eagerly)."""
-    if not (causal and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4
-            and tuple(mask.shape) == (batch, 1, nq, nk)):
+def pack_cache_plan(layout: Plan) -> torch.Tensor:
+    """A cache plan made without a read, as the tensor transformers hands every layer untouched: int32
+    (2, 1, 1, B), each entry's first key over one past its last (transformers' masks are boolean or floating
+    point, MaskRows' int64), so that it crosses into a compiled step; the layer's own window applies."""
+    return torch.stack([layout.key_start, layout.key_end]).to(torch.int32)[:, None, None]
+
+
+def unpack_cache_plan(mask: Any, batch: int, causal: bool, left: int | None) -> Plan | None:
+    """The cache plan `pack_cache_plan` made, for a causal layer with a window of `left` keys before the
+    diagonal (None: none); None if `mask` is not one."""
+    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.int32 and tuple(mask.shape) == (2, 1, 1, batch)):
         return None
-    visible = mask[:, 0]
-    key = torch.arange(nk, device=mask.device)
-    q_end = torch.where(visible[:, -1], key, -1).amax() + 1
-    window = None if left is None else left + 1
-    return padded_causal_plan(visible, visible.any(-1), visible.any(1), q_end, window, traced=True).plan
+    if not causal:
+        raise NotImplementedError("a causal mask reached a layer that is not causal")
+    bound = None if left is None else (left, 0)
+    return Plan("cache", True, bound, mask[0, 0, 0], mask[1, 0, 0], leftpad=True)
 
 
 def _window(left: int | None, right: int | None) -> tuple[int, int]:

@@ -12,11 +12,11 @@ transformers would let SDPA skip it and it is the layers' own causal pattern; a 
 entries (decode steps, short prefills) in a few operations and one read (`_mask_plan.padded_causal_plan`),
 any other reduced to the key range each query row sees (`_mask_plan.MaskRows`), from which each layer
 picks the cutlassfa call that computes exactly that mask (`_mask_plan.plan`); what cutlassfa cannot
-express raises NotImplementedError, never a different answer. Under torch.compile (a static cache) nothing may be read:
-each layer plans the boolean mask it is handed (built in the compiled step or, as `generate` does for a
-static cache, before it) as causal over left-padded entries on the device, and one that is not stops the
-step with a device-side assertion; the whole step compiles (fullgraph). Other masks under compilation
-take the eager planner (a graph break).
+express raises NotImplementedError, never a different answer. Under torch.compile, and in a static
+cache's decode step (which `generate` compiles, building its mask before the step), nothing may be read:
+the mask is planned once, on the device, as causal over left-padded entries, its plan handed to the layers
+as a tensor, and a mask that is not that one stops the step with a device-side assertion; the whole step
+compiles (fullgraph).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import torch
 
 import cutlassfa
 
-from ._mask_plan import (MaskRows, Plan, concat_rows, packed_forward, packed_sequences_forward, padded_causal_plan, plan,
-                         rows_of_visible, traced_padded_causal_plan)
+from ._mask_plan import (MaskRows, Plan, concat_rows, pack_cache_plan, packed_forward, packed_sequences_forward,
+                         padded_causal_plan, plan, rows_of_visible, unpack_cache_plan)
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 
@@ -78,13 +78,17 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
         visible = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                             kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                             allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
-        # Nothing may be read while tracing, nor a static cache's offset tensor here (generate builds its
-        # masks ahead of the compiled step): each layer plans the mask itself (`_plan_for`).
-        if traced or isinstance(q_offset, torch.Tensor):
-            return visible
         real_queries = _real_queries(padding, batch_size, q_length, q_offset, device)
-        fast = padded_causal_plan(visible[:, 0], real_queries, _layer_keys(padding, kv_length, kv_offset),
-                                  q_offset + q_length - kv_offset, kwargs.get("local_size"))
+        keys, q_end = _layer_keys(padding, kv_length, kv_offset), q_offset + q_length - kv_offset
+        # Nothing may be read while tracing, nor in a static cache's decode step (its offset is a tensor;
+        # generate builds the mask ahead of the compiled step): the plan is made on the device, checked by
+        # an assertion, and handed to the layers as a tensor.
+        if traced or (isinstance(q_offset, torch.Tensor) and q_length == 1):
+            traced_plan = padded_causal_plan(visible[:, 0], real_queries, keys, q_end, kwargs.get("local_size"), True)
+            return pack_cache_plan(traced_plan.plan)
+        if isinstance(q_offset, torch.Tensor):  # a static cache's prefill: the layers plan it (one read)
+            return visible
+        fast = padded_causal_plan(visible[:, 0], real_queries, keys, q_end, kwargs.get("local_size"))
         if fast is not None:  # the layers of this pattern take its plan as it is (`_plan_for`)
             visible.cutlassfa_padded_causal = fast
             return visible
@@ -163,10 +167,9 @@ _plans: dict[tuple, tuple[weakref.ref, Plan]] = {}
 
 
 def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None) -> Plan:
-    if torch.compiler.is_compiling():
-        traced = traced_padded_causal_plan(mask, batch, nq, nk, causal, left)
-        if traced is not None:
-            return traced
+    made = unpack_cache_plan(mask, batch, causal, left)
+    if made is not None:
+        return made
     fast = getattr(mask, "cutlassfa_padded_causal", None)
     if fast is not None and fast.fits(nq, nk, causal, left):
         return fast.plan
