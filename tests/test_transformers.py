@@ -228,9 +228,25 @@ def test_llama_greedy_generation(rng):
 
 
 def test_llama_generation_with_a_static_cache(rng):
-    # The keys are the whole static cache: each step sees only its filled part.
-    ids, _ = _inputs(rng, 2, 12)
-    _expect_same_generation(rng, _llama(), ids, cache_implementation="static")
+    # The keys are the whole static cache: each step sees only its filled part (a decode step planned
+    # without a read, from the padding).
+    ids, mask = _inputs(rng, 3, 12, left_pad=(0, 2, 5))
+    _expect_same_generation(rng, _llama(), ids, mask, cache_implementation="static")
+
+
+def test_static_cache_decode_step_refuses_a_mask_with_a_hole(rng):
+    """A static cache's decode step is planned without a read as causal over left-padded entries; a 2-D mask
+    with a hole inside an entry stops it with the plan's assertion instead of another answer."""
+    config = _llama()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=_OURS).eval()
+    ids, mask = _inputs(rng, 2, 6)
+    cache = transformers.StaticCache(config=config, max_cache_len=16)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, past_key_values=cache, cache_position=torch.arange(6))
+        holed = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        holed[1, 2] = 0
+        with pytest.raises(RuntimeError, match="left-padded entries only"):
+            model(input_ids=ids[:, :1], attention_mask=holed, past_key_values=cache, cache_position=torch.tensor([6]))
 
 
 def test_llama_left_padding_logits_and_generation(rng):
@@ -382,6 +398,16 @@ def test_gpu_llama_logits(rng, dtype, ours):
 def test_gpu_llama_generation(rng):
     _need_gpu()
     _expect_same_generation(rng, _llama(), _inputs(rng, 2, 16)[0], ours="cutlassfa_large_tile", device="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_static_cache_generation_compiled(rng):
+    """On CUDA, generate compiles a static cache's decode steps itself (inductor, CUDA graphs): the plan
+    made in the mask interface, handed to the compiled step as a tensor, gives eager's tokens."""
+    _need_gpu()
+    ids, mask = _inputs(rng, 3, 16, left_pad=(0, 3, 7))
+    _expect_same_generation(rng, _llama(), ids, mask, new_tokens=12, ours="cutlassfa_large_tile", device="cuda",
+                            cache_implementation="static")
 
 
 _SYNCHRONIZING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")

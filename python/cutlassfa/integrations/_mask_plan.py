@@ -244,6 +244,12 @@ def packed_sequences_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return out.reshape(batch, n, heads, dim)
 
 
+# Where a plan is made without a read (torch.compile; a static cache's decode step), a mask it does not
+# compute stops the run with this device-side assertion.
+NOT_PADDED_CAUSAL = ("cutlassfa under torch.compile or in a static cache's decode step computes causal masks over "
+                     "left-padded entries only; this mask is another (run the model eagerly, with a dynamic cache)")
+
+
 @dataclass(frozen=True)
 class PaddedCausal:
     """A causal mask (with transformers' sliding window of `window` keys, or none) over each entry's keys
@@ -292,8 +298,7 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
     if traced:
         if not q_end_known:
             exact &= (q_end > 0) & (q_end <= nk) & (q_end >= nq)
-        torch._assert_async(exact, "cutlassfa under torch.compile computes causal masks over left-padded entries "
-                                   "only; this mask is another (run the model eagerly)")
+        torch._assert_async(exact, NOT_PADDED_CAUSAL)
         bound = None if window is None else (window - 1, 0)
         return PaddedCausal(nq, nk, window, Plan("cache", True, bound, start, start * 0 + q_end, leftpad=True))
     exact, leftpad = torch.stack([exact, (start > 0).any()]).tolist()  # planning's one read
@@ -305,6 +310,25 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
     else:
         layout = Plan("cache", True, bound, start, torch.full_like(start, q_end), leftpad=leftpad)
     return PaddedCausal(nq, nk, window, layout)
+
+
+def causal_step_plan(padding: torch.Tensor | None, batch: int, nk: int, q_end: int | torch.Tensor,
+                     device: torch.device | str) -> Plan:
+    """The plan of one query on key q_end - 1 under the plain causal mask over padded entries, made on the
+    device without a read: each entry's keys are its real ones before q_end (`padding` (B, nk): which keys
+    are real tokens; None: all), which must be one run (else a device-side assertion stops the run)."""
+    if padding is None:
+        start = torch.zeros(batch, dtype=torch.long, device=device)
+    else:
+        key = torch.arange(nk, device=padding.device)
+        before = key < q_end
+        real = padding.bool() & before
+        start = real.int().argmax(-1)
+        exact = (real == ((key >= start[:, None]) & before)).all()
+        if isinstance(q_end, torch.Tensor):
+            exact &= (q_end > 0) & (q_end <= nk)
+        torch._assert_async(exact, NOT_PADDED_CAUSAL)
+    return Plan("cache", True, None, start, start * 0 + q_end, leftpad=True)
 
 
 def pack_cache_plan(layout: Plan) -> torch.Tensor:

@@ -29,8 +29,8 @@ import torch
 
 import cutlassfa
 
-from ._mask_plan import (MaskRows, Plan, concat_rows, pack_cache_plan, packed_forward, packed_sequences_forward,
-                         padded_causal_plan, plan, rows_of_visible, unpack_cache_plan)
+from ._mask_plan import (MaskRows, Plan, causal_step_plan, concat_rows, pack_cache_plan, packed_forward,
+                         packed_sequences_forward, padded_causal_plan, plan, rows_of_visible, unpack_cache_plan)
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
 
@@ -75,15 +75,19 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
             padding, q_length, kv_length, q_offset, kv_offset, kwargs.get("local_size")):
         return None  # the layers' own causal pattern (`plan` of no mask: no read)
     if traced or q_length <= rows_per_step:  # decode steps, short prefills
+        keys, q_end = _layer_keys(padding, kv_length, kv_offset), q_offset + q_length - kv_offset
+        # Nothing may be read while tracing, nor in a static cache's decode step (its offset is a tensor;
+        # generate builds the mask ahead of the compiled step): the plan is made on the device, checked by
+        # an assertion, and handed to the layers as a tensor. The causal mask itself need not be built for
+        # one query: its keys are the entry's real ones before q_end.
+        no_read = traced or (isinstance(q_offset, torch.Tensor) and q_length == 1)
+        if no_read and q_length == 1 and mask_function is causal_mask_function:
+            return pack_cache_plan(causal_step_plan(keys, batch_size, kv_length, q_end, device))
         visible = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                             kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                             allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
         real_queries = _real_queries(padding, batch_size, q_length, q_offset, device)
-        keys, q_end = _layer_keys(padding, kv_length, kv_offset), q_offset + q_length - kv_offset
-        # Nothing may be read while tracing, nor in a static cache's decode step (its offset is a tensor;
-        # generate builds the mask ahead of the compiled step): the plan is made on the device, checked by
-        # an assertion, and handed to the layers as a tensor.
-        if traced or (isinstance(q_offset, torch.Tensor) and q_length == 1):
+        if no_read:
             traced_plan = padded_causal_plan(visible[:, 0], real_queries, keys, q_end, kwargs.get("local_size"), True)
             return pack_cache_plan(traced_plan.plan)
         if isinstance(q_offset, torch.Tensor):  # a static cache's prefill: the layers plan it (one read)
