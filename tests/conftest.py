@@ -222,6 +222,19 @@ def need_backend():
 
 
 @pytest.fixture
+def hopper(torch, need_backend):
+    """torch, skipping unless `tensorcore` runs the wgmma families here (an sm_90 device and an sm_90a
+    build: the planner's sm_90 kernels)."""
+    import cutlassfa
+
+    need_backend("tensorcore")
+    info = cutlassfa.device_info()
+    if not (tuple(info["compute_capability"]) == (9, 0) and "90a" in info["wgmma_architectures"]):
+        pytest.skip("machine: the planner's sm_90 kernels need an sm_90 GPU and an sm_90a build")
+    return torch
+
+
+@pytest.fixture
 def bf16():
     """numpy's bfloat16 (ml_dtypes); skips the test when ml_dtypes is not installed."""
     return pytest.importorskip("ml_dtypes").bfloat16

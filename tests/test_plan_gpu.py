@@ -23,16 +23,6 @@ FAMILIES = (WS, SM90, SM80, DECODE)
 TC = "tensorcore"
 
 
-@pytest.fixture
-def hopper(torch, need_backend):
-    """Skips unless `tensorcore` runs the wgmma families here (sm_90 device, sm_90a build)."""
-    need_backend("tensorcore")
-    info = cutlassfa.device_info()
-    if not (tuple(info["compute_capability"]) == (9, 0) and "90a" in info["wgmma_architectures"]):
-        pytest.skip("machine: the planner's sm_90 kernels need an sm_90 GPU and an sm_90a build")
-    return torch
-
-
 def _cuda(torch, rng, shape, dtype="float16"):
     return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to("cuda", getattr(torch, dtype))
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bindings/arrays.h"
@@ -15,6 +16,7 @@
 #include "cutlassfa/enqueue.h"
 #include "cutlassfa/fill.h"
 #include "cutlassfa/launch.h"
+#include "cutlassfa/tuning.h"
 #include "cutlassfa/workspace.h"
 
 namespace cutlassfa::bindings {
@@ -688,6 +690,8 @@ nb::dict plan(const Request& request, int backend, int capability, int multiproc
   result["tile"] = nb::none();
   result["kernel_head_dim"] = nb::none();
   result["fp8_dequantized"] = false;
+  result["tuned"] = false;
+  result["tune_class"] = nb::none();
   if (resolved == kBackendCpu || call_is_fill(p)) return result;
   Backend const which = static_cast<Backend>(resolved);
   PlanDevice const dev =
@@ -739,7 +743,37 @@ nb::dict plan(const Request& request, int backend, int capability, int multiproc
   if (chosen.tile.block_m > 0) result["tile"] = nb::make_tuple(chosen.tile.block_m, chosen.tile.block_n);
   if (chosen.tile.head_dim > 0) result["kernel_head_dim"] = chosen.tile.head_dim;
   result["fp8_dequantized"] = call_plan.dequantized;
+  result["tuned"] = chosen.tuned;
+  TuneClass const cls = tune_class(call_plan.dequantized ? dequantized_params(params, copy) : params);
+  result["tune_class"] = nb::make_tuple(cls[0], cls[1], cls[2], cls[3], cls[4], cls[5], cls[6]);
   return result;
+}
+
+void set_tuning(int capability, int multiprocessors, const std::vector<nb::tuple>& entries) {
+  std::vector<TunedChoice> table;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const nb::tuple& e = entries[i];
+    TunedChoice choice{};
+    bool ok = e.size() == 3 && nb::isinstance<nb::tuple>(e[0]) && nb::isinstance<nb::str>(e[1]) &&
+              nb::isinstance<nb::int_>(e[2]) && tunable_kernel(nb::cast<std::string>(e[1]), &choice.kernel);
+    nb::tuple const cls = ok ? nb::borrow<nb::tuple>(e[0]) : nb::tuple();
+    if (ok && cls.size() == choice.cls.size()) {
+      for (size_t j = 0; j < choice.cls.size(); ++j) {
+        ok = ok && nb::isinstance<nb::int_>(cls[j]);
+        if (ok) choice.cls[j] = nb::cast<int>(cls[j]);
+      }
+      choice.num_splits = nb::cast<int>(e[2]);
+      ok = ok && choice.num_splits >= 1 && choice.num_splits <= kMaxCombinedSplits;
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      throw nb::value_error(("tuning entry " + std::to_string(i) + " is not ((7 ints), a tile kernel's name, "
+                             "num_splits in [1, " + std::to_string(kMaxCombinedSplits) + "])").c_str());
+    }
+    table.push_back(choice);
+  }
+  set_tuning_table(capability, multiprocessors, std::move(table));
 }
 
 }  // namespace cutlassfa::bindings

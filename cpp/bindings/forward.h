@@ -5,6 +5,8 @@
 
 #include <nanobind/nanobind.h>
 
+#include <vector>
+
 #include "bindings/request.h"
 
 namespace cutlassfa::bindings {
@@ -21,8 +23,13 @@ nb::object forward(const Request& request, int backend, bool return_lse, nb::han
 
 // What forward would launch for the call, launching nothing: {backend, kernel (dispatch.h's kernel_name,
 // "fill" when no row sees a key, "cpu"), num_splits, gqa_packed, tile (rows, keys) or None, kernel_head_dim
-// (the compiled width) or None, fp8_dequantized}. capability <= 0: on the arrays' device (host arrays:
-// GPU 0); else on a device of that capability and multiprocessor count, present or not.
+// (the compiled width) or None, fp8_dequantized, tuned (the measured table chose), tune_class (the
+// table's class of the call, cutlassfa/tuning.h, or None)}. capability <= 0: on the arrays' device (host
+// arrays: GPU 0); else on a device of that capability and multiprocessor count, present or not.
 nb::dict plan(const Request& request, int backend, int capability, int multiprocessors);
+
+// Installs the measured table for devices of (capability, multiprocessors): entries (tune class, kernel
+// name, num_splits); an empty list removes it. ValueError naming a malformed entry, nothing installed.
+void set_tuning(int capability, int multiprocessors, const std::vector<nb::tuple>& entries);
 
 }  // namespace cutlassfa::bindings

@@ -225,6 +225,8 @@ NB_MODULE(_C, m) {
         CUTLASSFA_OPTION_ARGS,
         "What forward would launch for the call (bindings/forward.h), launching nothing; capability <= 0: on the "
         "arrays' device.");
+  m.def("set_tuning", &cutlassfa::bindings::set_tuning, "capability"_a, "multiprocessors"_a, "entries"_a,
+        "Installs the measured dispatch table for devices of (capability, multiprocessors) (bindings/forward.h).");
 #else
   // Without CUDA: the same validation; every GPU backend is unavailable, so only cpu resolves.
   m.def("forward", [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal, nb::handle scale,

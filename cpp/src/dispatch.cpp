@@ -8,6 +8,7 @@
 
 #include "cutlassfa/config.h"
 #include "cutlassfa/launch.h"
+#include "cutlassfa/tuning.h"
 #include "cutlassfa/workspace.h"
 
 namespace cutlassfa {
@@ -165,6 +166,38 @@ int tile_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   return best;
 }
 
+// ---- A measured choice (cutlassfa/tuning.h) ------------------------------------------------------------------
+
+// Whether `kernel` takes `params` (packed and split as it would run) for `backend` on `device`: the decode
+// kernel where it covers the call, mma.sync for every call of a tensor-core backend, the wgmma families
+// on the tensor-core backend of a wgmma device where they cover it (the warp-specialized one in one pass).
+bool kernel_takes(Kernel kernel, Backend backend, const PlanDevice& device, const FwdParams& params) {
+  bool const wgmma = backend == Backend::kTensorCore && device.family == Family::kWgmma &&
+                     wgmma_head_dim(params.head_dim);
+  switch (kernel) {
+    case Kernel::kSm90Decode: return sm90_decode_covers(params, device.capability);
+    case Kernel::kSm80: return CUTLASSFA_HAS_SM80 != 0;
+    case Kernel::kSm90: return wgmma && sm90_covers(params);
+    case Kernel::kSm90ws: return wgmma && CUTLASSFA_HAS_SM90WS && params.num_splits == 1 && sm90ws_covers(params);
+    default: return false;
+  }
+}
+
+// The table's choice for `params`, when it has one that takes the call; splits bounded as the heuristic's.
+bool tuned_plan(Backend backend, const PlanDevice& device, const FwdParams& params, Plan* plan) {
+  const TunedChoice* choice = tuned_choice(device, params);
+  if (choice == nullptr) return false;
+  bool const pack = choice->kernel != Kernel::kSm90Decode && packs_gqa(params);
+  FwdParams p = pack ? packed_gqa(params) : params;
+  p.num_splits = choice->num_splits;
+  if (!kernel_takes(choice->kernel, backend, device, p)) return false;
+  KernelTile const tile = kernel_tile(choice->kernel, p);
+  int const key_tiles = tile.block_n > 0 ? (p.seqlen_k + tile.block_n - 1) / tile.block_n : 1;
+  plan->kernel = choice->kernel, plan->tile = tile, plan->pack_gqa = pack, plan->tuned = true;
+  plan->num_splits = std::max(1, std::min({choice->num_splits, key_tiles, kMaxCombinedSplits}));
+  return true;
+}
+
 }  // namespace
 
 PlanDevice plan_device(int device) {
@@ -181,6 +214,8 @@ Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& param
     case Backend::kTensorCore:
     case Backend::kTensorCoreSm80: break;
   }
+  // A measured choice, unless the caller asked for a split count.
+  if (requested_splits <= 0 && tuned_plan(backend, device, params, &plan)) return plan;
   // Packing is for the tile kernels; the decode kernel takes a K/V head's rows (Nq x heads_ratio) as they are,
   // and covers every call packing would give it (one query of at most kSm90DecodeMaxRows heads).
   plan.pack_gqa = packs_gqa(params) && !sm90_decode_covers(params, device.capability);

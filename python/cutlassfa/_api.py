@@ -285,7 +285,9 @@ def plan(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float |
       gqa_packed: the grouped query heads of one query run as the rows of one tile;
       tile: (query rows, keys) a CTA takes a step, or None; kernel_head_dim: the compiled head dim that runs
         (zero-padded above the call's), or None;
-      fp8_dequantized: an fp8 cache that the decode kernel does not take, run on a dequantized copy.
+      fp8_dequantized: an fp8 cache that the decode kernel does not take, run on a dequantized copy;
+      tuned: kernel and splits came from the measured table (cutlassfa/tuning.py); tune_class: the table's
+        class of the call (cpp/include/cutlassfa/tuning.h), or None.
     device: None, where forward would run the call (the arrays' GPU; host arrays: GPU 0, or the cpu backend
     as forward resolves it); or (compute capability as major * 10 + minor, multiprocessors), e.g. (90, 132)
     for an H100 SXM, to plan for a GPU that need not be here (this build's kernels for it; no GPU needed).
@@ -300,6 +302,8 @@ def plan(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float |
         capability, multiprocessors = device
     if not hasattr(_C, "plan"):
         raise RuntimeError("this cutlassfa was built without CUDA: it has no kernels to plan")
+    if _TUNING_PENDING:
+        _install_tuning()
     return _C.plan(q, k, v, causal, _scale(softmax_scale), code, capability, multiprocessors, **options)
 
 
@@ -401,6 +405,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
                                        return_lse=return_lse, out=out, **_given(options))
     if _C is None:
         raise RuntimeError(_EXTENSION_ERROR)
+    if _TUNING_PENDING:
+        _install_tuning()
     if module.startswith("jax"):
         result = _forward_jax(q, k, v, out, causal, softmax_scale, code, return_lse, options)
     elif module.startswith("cupy"):
@@ -449,12 +455,27 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
         raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd, "
                                   "tensor subclasses)")
     _require_extension()
+    if _TUNING_PENDING:
+        _install_tuning()
     alloc, stream = (_arrays.cupy_empty, _arrays.cupy_stream(q)) if module.startswith("cupy") else (None, -1)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     result = _C.forward(q, k, v, out, causal, scale, code, return_lse, alloc, stream, False, *options, *varlen)
     if result is None:
         result = _forward_cpu(q, k, v, out, causal, scale, return_lse, options, varlen)
     return result if return_lse else result[0]
+
+
+# The measured dispatch table (cutlassfa/tuning.py) is looked up on the first call that plans for a GPU (a
+# query of the GPU before would initialize CUDA at import).
+_TUNING_PENDING = True
+
+
+def _install_tuning() -> None:
+    global _TUNING_PENDING
+    _TUNING_PENDING = False
+    from . import tuning
+
+    tuning.ensure_installed()
 
 
 def _given(options: tuple) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""The ``cutlassfa`` command line: run / gen / info / check / bench.
+"""The ``cutlassfa`` command line: run / gen / info / check / bench / tune.
 
     cutlassfa run INPUT OUTPUT [--backend auto]   HW4 input file -> HW4 output file
     cutlassfa gen PREFIX --B 2 --N 128 --d 32     random case: PREFIX.in and its reference PREFIX.out
     cutlassfa info                                GPU, compiled architectures, available backends
     cutlassfa check ... / cutlassfa bench ...     (cutlassfa.check / cutlassfa.bench)
+    cutlassfa tune [--grid decode] [--out PATH]   measure the planner's choices here, write its table
 
 HW4 is the FlashAttention assignment (Homework 4) of the CS542200 Parallel Programming course; its
 binary files and its correctness rule (every output within 5e-3) are described in `cutlassfa.hw4`.
@@ -40,6 +41,7 @@ _RUN_CHUNK_ELEMS = 1 << 24
 _EXTERNAL = {
     "check": ("cutlassfa.check", "check every available backend against the reference"),
     "bench": ("cutlassfa.bench", "benchmark the backends (TFLOP/s)"),
+    "tune": ("cutlassfa.bench.tune", "measure the planner's kernel choices on this GPU and write its dispatch table"),
 }
 
 HW4_MAX_ABS_ERROR = hw4.MAX_ABS_ERROR  # the HW4 correctness rule: every output within 5e-3
@@ -143,6 +145,7 @@ def _cmd_gen(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     import cutlassfa
+    from cutlassfa import tuning
 
     from ._diagnostics import build_problem
 
@@ -161,6 +164,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for name, backend in cutlassfa.backends().items():
         state = "available" if backend.available else f"unavailable: {backend.reason}"
         print(f"  {name:<15} {state}")
+    status = tuning.ensure_installed()
+    where = f"{status.path} ({status.origin}, {status.entries} entries)" if status.path else "none"
+    print(f"tuning table: {where}" + (f"; {status.note}" if status.note else ""))
     return 1 if problem else 0
 
 

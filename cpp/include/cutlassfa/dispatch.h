@@ -3,9 +3,9 @@
 //   Plan plan = make_plan(backend, device, params, requested_splits);  // pure: chooses, launches nothing
 //   cudaError_t err = run_plan(plan, params, stream);                  // the same params
 //
-// make_plan picks the kernel (the first family in the planner's order whose *_covers accepts the call,
-// cutlassfa/launch.h), its instantiation (head dim, tile), the key splits (sized from that tile) and the
-// GQA packing. run_plan calls only the chosen launcher; a launcher refusing a call its family covers is
+// make_plan picks the kernel (the measured table's choice where it has one, cutlassfa/tuning.h; else the
+// first family in the planner's order whose *_covers accepts the call, cutlassfa/launch.h), its
+// instantiation (head dim, tile), the key splits (sized from that tile) and the GQA packing. run_plan calls only the chosen launcher; a launcher refusing a call its family covers is
 // an internal error (cudaErrorInvalidValue), never a fallback to another kernel. The device is the one
 // the call runs on (current when run_plan is called).
 #pragma once
@@ -45,6 +45,7 @@ struct Plan {
   KernelTile tile;     // the kernel's instantiation for the call (empty for the CUDA-core kernels)
   int num_splits = 1;  // > 1: partials of num_splits key ranges in the workspace pool, then the combine
   bool pack_gqa = false;  // the kernel runs packed_gqa(params)
+  bool tuned = false;     // kernel and splits from the measured table (cutlassfa/tuning.h)
 };
 
 // What a plan depends on in a device: queried once for a device present (plan_device), or given, to plan

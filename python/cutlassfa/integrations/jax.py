@@ -201,9 +201,10 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     cuda_backend = _device_backend(name, backend, scale)
     ffi_backend = None
     if ffi_registered():
-        from cutlassfa import _C
+        from cutlassfa import _C, tuning
 
         ffi_backend = getattr(_C.Backend, cuda_backend).value
+        tuning.ensure_installed()  # the custom call plans in the extension, with the measured table
     return _Call(bool(causal), scale, cpu_backend, cuda_backend, ffi_backend, **statics), operands
 
 
