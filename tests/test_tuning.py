@@ -194,6 +194,45 @@ def test_tune_without_a_gpu_says_so(capsys):
     assert "needs a GPU" in capsys.readouterr().err
 
 
+# --- the planner (a CUDA build with the sm_90a kernels; no GPU needed: it plans for an H100's kind) ------
+
+@pytest.fixture
+def planner():
+    """cutlassfa._C of a build with the sm_90a kernels; no table installed after the test."""
+    if not hasattr(cutlassfa._C, "set_tuning") or "90a" not in cutlassfa.device_info()["wgmma_architectures"]:
+        pytest.skip("build: the planner's table needs a CUDA build with the sm_90a kernels")
+    yield cutlassfa._C
+    cutlassfa._C.set_tuning(CAP, SMS, [])
+
+
+def test_the_planner_takes_an_entry_that_covers_the_call_for_its_gpu_only(planner, rng):
+    q = rng.standard_normal((4, 32, 1, 128)).astype(np.float16)
+    k = rng.standard_normal((4, 8, 4096, 128)).astype(np.float16)
+    call = dict(causal=True, cache_seqlens=np.full(4, 3000, np.int32), device=(CAP, SMS))
+    untuned = cutlassfa.plan(q, k, k, **call)
+    assert (untuned["kernel"], untuned["tuned"]) == ("sm90decode", False)
+    cls = untuned["tune_class"]
+    assert cls[:3] == (1, 128, 1 | 4) and cls[4] == 4  # fp16, d 128, causal + cache lengths, 32:8 heads
+    for kernel, splits, packed in (("sm90decode", 3, False), ("sm90", 2, True), ("sm80", 1, True)):
+        planner.set_tuning(CAP, SMS, [(cls, kernel, splits)])
+        tuned = cutlassfa.plan(q, k, k, **call)
+        assert (tuned["kernel"], tuned["num_splits"], tuned["gqa_packed"], tuned["tuned"]) == (kernel, splits, packed, True)
+        assert not cutlassfa.plan(q, k, k, **dict(call, num_splits=2))["tuned"]  # the caller's count wins
+        assert not cutlassfa.plan(q, k, k, **dict(call, device=(CAP, SMS - 18)))["tuned"]  # another GPU
+        other = cutlassfa.plan(q, k, k, **dict(call, cache_seqlens=None))  # another class: no cache lengths
+        assert not other["tuned"] and other["tune_class"] != cls
+    planner.set_tuning(CAP, SMS, [(cls, "sm90ws", 1)])  # takes no cache: passed over
+    assert cutlassfa.plan(q, k, k, **call) == untuned
+    planner.set_tuning(CAP, SMS, [])
+    assert cutlassfa.plan(q, k, k, **call) == untuned
+
+
+@pytest.mark.parametrize("entry", [((1, 2, 3), "sm90", 1), (CLASS, "naive", 1), (CLASS, "sm90", 0), (CLASS, "sm90")])
+def test_the_planner_refuses_malformed_entries(planner, entry):
+    with pytest.raises(ValueError, match="tuning entry 0"):
+        planner.set_tuning(CAP, SMS, [entry])
+
+
 # --- on the GPU -----------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -227,14 +266,6 @@ def test_gpu_the_planner_takes_an_entry_that_covers_the_call(tunable, rng):
     # A kernel that does not cover the call is passed over (the warp-specialized one takes no cache).
     cutlassfa._C.set_tuning(cap, sms, [(cls, "sm90ws", 1)])
     assert cutlassfa.plan(q, k, v, causal=True, cache_seqlens=lengths) == untuned
-
-
-@pytest.mark.gpu
-def test_gpu_malformed_entries_are_refused_and_install_nothing(tunable):
-    _, (cap, sms) = tunable
-    for entry in ([(1, 2, 3), "sm90", 1], [CLASS, "naive", 1], [CLASS, "sm90", 0], (CLASS, "sm90")):
-        with pytest.raises(ValueError, match="tuning entry 0"):
-            cutlassfa._C.set_tuning(cap, sms, [tuple(entry)] if isinstance(entry, list) else [entry])
 
 
 @pytest.mark.gpu
