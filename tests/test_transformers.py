@@ -527,6 +527,19 @@ def test_mask_with_a_hole_refused(rng):
         _run(rng, _llama(), ids, mask)
 
 
+def test_decode_step_with_a_hole_refused(rng):
+    """A decode step whose entry's keys are not one run (right-padded prompts, then generated tokens): its
+    one-query plan reads that and the mask is planned whole, which refuses it."""
+    ids, mask = _inputs(rng, 2, 12, right_pad=(3, 0))
+    model = _models(rng, _llama(), [_OURS])[_OURS]
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=model.config)
+        model(ids, attention_mask=mask, past_key_values=cache)
+        step_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        with pytest.raises(NotImplementedError, match="contiguous"):
+            model(ids[:, :1], attention_mask=step_mask, past_key_values=cache)
+
+
 def test_four_dimensional_masks(rng):
     """A 4-D mask a caller built (transformers passes it through): a causal one, boolean or additive, is
     computed and matches eager's; one with a bias is refused."""
@@ -593,6 +606,9 @@ _CASES = {  # name: (mask function, causal, layer window, Nq, Nk, q_offset, kv_o
     "causal, left padding": (_CAUSAL, True, None, 9, 9, 0, 0, _padding([2, 0, 5], [0, 0, 0], 9), "cache"),
     "causal, both sides": (_CAUSAL, True, None, 9, 9, 0, 0, _padding([2, 0], [3, 1], 9), "varlen"),
     "decode, left padding": (_CAUSAL, True, None, 1, 10, 9, 0, _padding([4, 0], [0, 0], 10), "cache"),
+    "decode": (_CAUSAL, True, None, 1, 10, 9, 0, None, "dense"),
+    "decode, no padding": (_CAUSAL, True, None, 1, 10, 9, 0, _padding([0, 0], [0, 0], 10), "dense"),
+    "decode, left padding, empty slots": (_CAUSAL, True, None, 1, 12, 9, 0, _padding([4, 0], [0, 0], 10), "cache"),
     "chunk after a cache": (_CAUSAL, True, None, 3, 10, 7, 0, _padding([4, 0], [0, 0], 10), "cache"),
     "static cache, 5 of 12 slots": (_CAUSAL, True, None, 2, 12, 3, 0, _padding([1, 0], [0, 0], 5), "cache"),
     "sliding window": (_SLIDING(4), True, 3, 9, 9, 0, 0, None, "dense"),

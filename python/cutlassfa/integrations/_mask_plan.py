@@ -313,22 +313,33 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
 
 
 def causal_step_plan(padding: torch.Tensor | None, batch: int, nk: int, q_end: int | torch.Tensor,
-                     device: torch.device | str) -> Plan:
-    """The plan of one query on key q_end - 1 under the plain causal mask over padded entries, made on the
-    device without a read: each entry's keys are its real ones before q_end (`padding` (B, nk): which keys
-    are real tokens; None: all), which must be one run (else a device-side assertion stops the run)."""
+                     device: torch.device | str, traced: bool = False) -> Plan | None:
+    """The plan of one query on key q_end - 1 under the plain causal mask over padded entries, from the
+    padding alone (`padding` (B, nk): which keys are real tokens; None: all): each entry's keys are its real
+    ones before q_end, which must be one run. One read decides it (None: they are not; a dense call where no
+    entry is padded and q_end is the last key); traced (torch.compile, a static cache's step): nothing is
+    read, the plan is the cache call with left padding, and a mask that is not this one stops the run with
+    a device-side assertion."""
     if padding is None:
-        start = torch.zeros(batch, dtype=torch.long, device=device)
+        start, exact = torch.zeros(batch, dtype=torch.long, device=device), None
     else:
         key = torch.arange(nk, device=padding.device)
         before = key < q_end
         real = padding.bool() & before
         start = real.int().argmax(-1)
         exact = (real == ((key >= start[:, None]) & before)).all()
+    if traced:
         if isinstance(q_end, torch.Tensor):
-            exact &= (q_end > 0) & (q_end <= nk)
-        torch._assert_async(exact, NOT_PADDED_CAUSAL)
-    return Plan("cache", True, None, start, start * 0 + q_end, leftpad=True)
+            exact = (q_end > 0) & (q_end <= nk) & (True if exact is None else exact)
+        if exact is not None:
+            torch._assert_async(exact, NOT_PADDED_CAUSAL)
+        return Plan("cache", True, None, start, start * 0 + q_end, leftpad=True)
+    is_exact, leftpad = (True, False) if exact is None else torch.stack([exact, (start > 0).any()]).tolist()
+    if not is_exact or not 0 < q_end <= nk:
+        return None
+    if not leftpad and q_end == nk:
+        return Plan("dense", True)
+    return Plan("cache", True, None, start, torch.full_like(start, q_end), leftpad=leftpad)
 
 
 def pack_cache_plan(layout: Plan) -> torch.Tensor:

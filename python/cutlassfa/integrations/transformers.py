@@ -29,7 +29,7 @@ import torch
 
 import cutlassfa
 
-from ._mask_plan import (MaskRows, Plan, causal_step_plan, concat_rows, pack_cache_plan, packed_forward,
+from ._mask_plan import (MaskRows, PaddedCausal, Plan, causal_step_plan, concat_rows, pack_cache_plan, packed_forward,
                          packed_sequences_forward, padded_causal_plan, plan, rows_of_visible, unpack_cache_plan)
 
 __all__ = ["NAME", "register", "attention_forward", "attention_mask"]
@@ -79,10 +79,17 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
         # Nothing may be read while tracing, nor in a static cache's decode step (its offset is a tensor;
         # generate builds the mask ahead of the compiled step): the plan is made on the device, checked by
         # an assertion, and handed to the layers as a tensor. The causal mask itself need not be built for
-        # one query: its keys are the entry's real ones before q_end.
+        # one query: its keys are the entry's real ones before q_end (an eager step reads once whether
+        # they are one run, and builds the mask only if not).
         no_read = traced or (isinstance(q_offset, torch.Tensor) and q_length == 1)
-        if no_read and q_length == 1 and mask_function is causal_mask_function:
-            return pack_cache_plan(causal_step_plan(keys, batch_size, kv_length, q_end, device))
+        if q_length == 1 and mask_function is causal_mask_function:
+            step = causal_step_plan(keys, batch_size, kv_length, q_end, device, no_read)
+            if no_read:
+                return pack_cache_plan(step)
+            if step is not None:  # the layers of this pattern take it as it is (`_plan_for`)
+                marker = torch.empty(batch_size, 1, 1, 0, dtype=torch.bool, device=device)
+                marker.cutlassfa_padded_causal = PaddedCausal(1, kv_length, None, step)
+                return marker
         visible = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                             kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                             allow_is_causal_skip=False, use_vmap=use_vmap, device=device)
@@ -171,12 +178,16 @@ _plans: dict[tuple, tuple[weakref.ref, Plan]] = {}
 
 
 def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int | None, right: int | None) -> Plan:
-    made = unpack_cache_plan(mask, batch, causal, left)
-    if made is not None:
-        return made
     fast = getattr(mask, "cutlassfa_padded_causal", None)
     if fast is not None and fast.fits(nq, nk, causal, left):
         return fast.plan
+    if fast is not None and mask.numel() == 0:  # a decode step's plan alone (no mask to plan again from)
+        raise NotImplementedError(f"cutlassfa planned this decode step's mask for causal layers without a window "
+                                  f"over {fast.kv_length} keys; this layer has {nk} keys, causal={causal}, "
+                                  f"window={left}")
+    made = unpack_cache_plan(mask, batch, causal, left)
+    if made is not None:
+        return made
     if not isinstance(mask, torch.Tensor):
         return plan(_rows_of(mask, batch, nk), nq, nk, causal, left, right)
     # An inference tensor (torch.inference_mode) has no version counter; it is not modified in place
