@@ -9,7 +9,8 @@ layers (a window of W tokens is ``window=(W - 1, 0)``), logit softcapping, atten
 ``s_aux``), padding masks, and sequences packed in a row (``position_ids`` that restart; chunked
 attention). The mask transformers builds is planned once per forward pass: none at all where
 transformers would let SDPA skip it and it is the layers' own causal pattern; a causal mask over padded
-entries (decode steps, short prefills) in a few operations and one read (`_mask_plan.padded_causal_plan`),
+entries in a few operations and one read (a decode step's from the padding alone, without building the
+mask, `_mask_plan.causal_step_plan`; short prefills' `_mask_plan.padded_causal_plan`),
 any other reduced to the key range each query row sees (`_mask_plan.MaskRows`), from which each layer
 picks the cutlassfa call that computes exactly that mask (`_mask_plan.plan`); what cutlassfa cannot
 express raises NotImplementedError, never a different answer. Under torch.compile, and in a static
