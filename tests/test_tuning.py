@@ -169,8 +169,7 @@ def _measured(cls, heuristic_ms, **others):
 
 
 class _Case:
-    def label(self):
-        return "case"
+    label = "case"
 
 
 def test_choose_takes_the_best_candidate_over_a_class_and_leaves_weak_ones_out():
@@ -224,6 +223,20 @@ def test_the_planner_takes_an_entry_that_covers_the_call_for_its_gpu_only(planne
     planner.set_tuning(CAP, SMS, [(cls, "sm90ws", 1)])  # takes no cache: passed over
     assert cutlassfa.plan(q, k, k, **call) == untuned
     planner.set_tuning(CAP, SMS, [])
+    assert cutlassfa.plan(q, k, k, **call) == untuned
+
+
+def test_a_varlen_batch_takes_the_table_kernel_in_one_pass(planner, rng):
+    lengths = np.array([0, 700, 1800, 4000], np.int32)
+    q = rng.standard_normal((4000, 16, 128)).astype(np.float16)
+    k = rng.standard_normal((4000, 4, 128)).astype(np.float16)
+    call = dict(causal=True, cu_seqlens_q=lengths, cu_seqlens_k=lengths, max_seqlen_q=2200, max_seqlen_k=2200,
+                device=(CAP, SMS))
+    untuned = cutlassfa.plan(q, k, k, **call)
+    assert (untuned["kernel"], untuned["num_splits"]) == ("sm90ws", 1)
+    planner.set_tuning(CAP, SMS, [(untuned["tune_class"], "sm90", 1)])
+    assert (cutlassfa.plan(q, k, k, **call)["kernel"], cutlassfa.plan(q, k, k, **call)["tuned"]) == ("sm90", True)
+    planner.set_tuning(CAP, SMS, [(untuned["tune_class"], "sm90", 2)])  # a varlen batch is never split
     assert cutlassfa.plan(q, k, k, **call) == untuned
 
 

@@ -183,10 +183,11 @@ bool kernel_takes(Kernel kernel, Backend backend, const PlanDevice& device, cons
   }
 }
 
-// The table's choice for `params`, when it has one that takes the call; splits bounded as the heuristic's.
-bool tuned_plan(Backend backend, const PlanDevice& device, const FwdParams& params, Plan* plan) {
+// The table's choice for `params`, when it has one that takes the call; splits bounded as the heuristic's
+// (one_pass: a varlen batch, which is not split: the table's kernel alone).
+bool tuned_plan(Backend backend, const PlanDevice& device, const FwdParams& params, bool one_pass, Plan* plan) {
   const TunedChoice* choice = tuned_choice(device, params);
-  if (choice == nullptr) return false;
+  if (choice == nullptr || (one_pass && choice->num_splits != 1)) return false;
   bool const pack = choice->kernel != Kernel::kSm90Decode && packs_gqa(params);
   FwdParams p = pack ? packed_gqa(params) : params;
   p.num_splits = choice->num_splits;
@@ -214,8 +215,10 @@ Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& param
     case Backend::kTensorCore:
     case Backend::kTensorCoreSm80: break;
   }
-  // A measured choice, unless the caller asked for a split count.
-  if (requested_splits <= 0 && tuned_plan(backend, device, params, &plan)) return plan;
+  // A measured choice, unless the caller asked for a split count (a varlen batch, which runs one pass
+  // whatever was asked, may still take the table's kernel).
+  bool const varlen = params.cu_seqlens_q != nullptr;
+  if ((requested_splits <= 0 || varlen) && tuned_plan(backend, device, params, varlen, &plan)) return plan;
   // Packing is for the tile kernels; the decode kernel takes a K/V head's rows (Nq x heads_ratio) as they are,
   // and covers every call packing would give it (one query of at most kSm90DecodeMaxRows heads).
   plan.pack_gqa = packs_gqa(params) && !sm90_decode_covers(params, device.capability);

@@ -78,7 +78,7 @@ def choose(results: Sequence[Measured]) -> list[tuple[tuple[int, ...], Choice, d
             continue
         kernel, splits = best[1].split("/")
         measured = {"speedup": round(best[0], 4),
-                    "cases": [{"case": m.case.label(), "heuristic": m.heuristic.label(),
+                    "cases": [{"case": m.case.label, "heuristic": m.heuristic.label(),
                                "ms": round(m.times[best[1]], 5), "heuristic_ms": round(m.times[m.heuristic.label()], 5)}
                               for m in members]}
         chosen.append((cls, Choice(kernel, int(splits)), measured))
@@ -96,10 +96,41 @@ def plan_options(case: Case, feed: Any) -> dict[str, Any]:
     return options
 
 
-def measure_case(case: Case, frame: Any, device: tuple[int, int], rounds: int, calls_per_graph: int) -> Measured | None:
-    """The heuristics and the candidates on one case (None: no tensor-core plan to tune: cpu, fill)."""
+def planned_choices(case: Case, arrays: Sequence[Any], options: dict[str, Any],
+                    device: tuple[int, int]) -> tuple[tuple[int, ...], Choice, list[Choice]] | None:
+    """(class, the heuristics' choice, the distinct candidates the planner runs as asked) for a call of
+    `case` on `arrays` (q, k, v), planned for `device` (capability, multiprocessors); None where there is no
+    tensor-core kernel to choose (fill, cpu). Leaves no table installed for that device."""
     import cutlassfa
     from cutlassfa import _C, tuning
+
+    capability, sms = device
+
+    def plan_with(entries: list) -> dict[str, Any]:
+        _C.set_tuning(capability, sms, entries)
+        return cutlassfa.plan(*arrays, backend="tensorcore", device=device, **options)
+
+    try:
+        heuristic_plan = plan_with([])
+        if heuristic_plan["kernel"] not in tuning.KERNELS:
+            return None
+        cls = heuristic_plan["tune_class"]
+        heuristic = Choice(heuristic_plan["kernel"], heuristic_plan["num_splits"])
+        distinct = {(heuristic.kernel, heuristic.num_splits, heuristic_plan["gqa_packed"]): heuristic}
+        for choice in candidates(heuristic, tuning.KERNELS):
+            p = plan_with([(cls, choice.kernel, choice.num_splits)])
+            key = (p["kernel"], p["num_splits"], p["gqa_packed"])
+            if p["tuned"] and (p["kernel"], p["num_splits"]) == (choice.kernel, choice.num_splits) and \
+                    key not in distinct:
+                distinct[key] = choice
+    finally:
+        _C.set_tuning(capability, sms, [])
+    return tuple(cls), heuristic, list(distinct.values())
+
+
+def measure_case(case: Case, frame: Any, device: tuple[int, int], rounds: int, calls_per_graph: int) -> Measured | None:
+    """The heuristics and the candidates on one case (None: no tensor-core plan to tune: cpu, fill)."""
+    from cutlassfa import _C
 
     from .feeds import clone_feed, make_feed, working_set
     from .rules import rotation_copies
@@ -108,28 +139,13 @@ def measure_case(case: Case, frame: Any, device: tuple[int, int], rounds: int, c
 
     capability, sms = device
     feed = make_feed(case, frame, seed=0)
-    options = plan_options(case, feed)
-
-    def plan_with(choice: Choice | None) -> dict[str, Any]:
-        _C.set_tuning(capability, sms, [] if choice is None else [(cls, choice.kernel, choice.num_splits)])
-        return cutlassfa.plan(*feed.own[:3], backend="tensorcore", **options)
-
-    heuristic_plan = plan_with(None)
-    if heuristic_plan["kernel"] not in tuning.KERNELS:
+    planned = planned_choices(case, feed.own[:3], plan_options(case, feed), device)
+    if planned is None:
         return None
-    cls = heuristic_plan["tune_class"]
-    heuristic = Choice(heuristic_plan["kernel"], heuristic_plan["num_splits"])
-    distinct = {(heuristic.kernel, heuristic.num_splits, heuristic_plan["gqa_packed"]): heuristic}
-    for choice in candidates(heuristic, tuning.KERNELS):
-        p = plan_with(choice)
-        key = (p["kernel"], p["num_splits"], p["gqa_packed"])
-        if p["tuned"] and (p["kernel"], p["num_splits"]) == (choice.kernel, choice.num_splits) and key not in distinct:
-            distinct[key] = choice
-    _C.set_tuning(capability, sms, [])
+    cls, heuristic, choices = planned
     copies = rotation_copies(working_set(case, frame, feed, False), frame.l2_bytes(), frame.free_bytes())
     inputs = [feed.own] + [clone_feed(frame, feed).own for _ in range(copies - 1)]
     run = ours("tensorcore").prepare(case)
-    choices = list(distinct.values())
 
     def contender(choice: Choice) -> Callable[[int], Any]:
         entries = [] if choice is heuristic else [(cls, choice.kernel, choice.num_splits)]
@@ -143,7 +159,7 @@ def measure_case(case: Case, frame: Any, device: tuple[int, int], rounds: int, c
         times = TorchGraphTimer(calls_per_graph).time([contender(c) for c in choices], rounds)
     finally:
         _C.set_tuning(capability, sms, [])
-    return Measured(case, tuple(cls), heuristic, {c.label(): median(t) for c, t in zip(choices, times)})
+    return Measured(case, cls, heuristic, {c.label(): median(t) for c, t in zip(choices, times)})
 
 
 def run_tune(grid_names: Sequence[str], out: str | None, rounds: int, calls_per_graph: int,
@@ -165,7 +181,7 @@ def run_tune(grid_names: Sequence[str], out: str | None, rounds: int, calls_per_
     todo = [case for name in grid_names for case in GRIDS[name]()][cases]
     results = []
     for i, case in enumerate(todo):
-        print(f"\r[{i + 1}/{len(todo)}] {case.label()[:60]:<60}", end="", file=sys.stderr, flush=True)
+        print(f"\r[{i + 1}/{len(todo)}] {case.label[:60]:<60}", end="", file=sys.stderr, flush=True)
         try:
             m = measure_case(case, frame, device, rounds, calls_per_graph)
         except Exception as error:  # noqa: BLE001 - a case that cannot run (memory) is left to the heuristics
@@ -181,7 +197,7 @@ def run_tune(grid_names: Sequence[str], out: str | None, rounds: int, calls_per_
     path = out or str(tuning.user_directory() / tuning.table_name(info["name"], info["multiprocessors"]))
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     document = table.to_json()
-    document["cases"] = [{"case": m.case.label(), "class": list(m.tune_class), "heuristic": m.heuristic.label(),
+    document["cases"] = [{"case": m.case.label, "class": list(m.tune_class), "heuristic": m.heuristic.label(),
                           "ms": m.times} for m in results]
     pathlib.Path(path).write_text(json.dumps(document, indent=1) + "\n")
     tuning.install(cutlassfa._C, table, capability, info["multiprocessors"])
