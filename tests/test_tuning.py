@@ -240,6 +240,18 @@ def test_a_varlen_batch_takes_the_table_kernel_in_one_pass(planner, rng):
     assert cutlassfa.plan(q, k, k, **call) == untuned
 
 
+def test_the_sweep_keeps_the_candidates_the_planner_runs_as_asked(planner):
+    from cutlassfa._inputs import Case
+
+    decode = Case("bfloat16", 8, 32, 8, 1, 2048, 128, False)
+    arrays = [np.zeros(s, np.float16) for s in ((8, 32, 1, 128), (8, 8, 2048, 128), (8, 8, 2048, 128))]
+    cls, heuristic, choices = tune.planned_choices(decode, arrays, {"causal": False}, (CAP, SMS))
+    labels = [c.label() for c in choices]
+    assert labels[0] == heuristic.label() and heuristic.kernel == "sm90decode" and len(set(labels)) == len(labels)
+    assert {"sm90ws/1", "sm90/1", "sm80/1"} <= set(labels)  # each family that covers a dense decode call
+    assert cutlassfa.plan(*arrays, device=(CAP, SMS))["tuned"] is False  # no table left behind
+
+
 @pytest.mark.parametrize("entry", [((1, 2, 3), "sm90", 1), (CLASS, "naive", 1), (CLASS, "sm90", 0), (CLASS, "sm90")])
 def test_the_planner_refuses_malformed_entries(planner, entry):
     with pytest.raises(ValueError, match="tuning entry 0"):
