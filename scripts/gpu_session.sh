@@ -28,9 +28,21 @@ install() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
   export PYTHONPATH=/tmp/site
   local start=$(date +%s)
+  # Kernels exported by another build of these sources (cpp/prebuilt_kernels.cmake), packed as
+  # .kernels.tar.xz: linked instead of compiled; a build they do not match refuses them, then builds all.
+  local prebuilt=()
+  if [ -f .kernels.tar.xz ] && mkdir -p /tmp/kernels && tar -xJf .kernels.tar.xz -C /tmp/kernels; then
+    prebuilt=(-C cmake.define.CUTLASSFA_KERNELS_FROM=/tmp/kernels)
+  fi
   python3 -m pip install -q --no-build-isolation --no-deps \
-    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" "${defines[@]}" . >"$OUT/build.log" 2>&1
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" "${defines[@]}" "${prebuilt[@]}" . >"$OUT/build.log" 2>&1
   local rc=$?
+  if [ $rc -ne 0 ] && [ ${#prebuilt[@]} -gt 0 ]; then
+    echo "prebuilt kernels refused or failed ($(grep -m1 -o 'CUTLASSFA_KERNELS_FROM.*' "$OUT/build.log" | cut -c1-160)); building all"
+    python3 -m pip install -q --no-build-isolation --no-deps \
+      -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" "${defines[@]}" . >"$OUT/build.log" 2>&1
+    rc=$?
+  fi
   echo "build rc=$rc in $(( $(date +%s) - start )) s (arch $arch)"
   [ $rc -eq 0 ] || tail -40 "$OUT/build.log"
   return $rc
