@@ -39,7 +39,7 @@ install() {
   local rc=$?
   if [ $rc -ne 0 ] && [ ${#prebuilt[@]} -gt 0 ]; then
     echo "prebuilt kernels refused or failed ($(grep -m1 -o 'CUTLASSFA_KERNELS_FROM.*' "$OUT/build.log" | cut -c1-160)); building all"
-    python3 -m pip install -q --no-build-isolation --no-deps \
+    python3 -m pip install -q --no-build-isolation --no-deps -C cmake.define.CUTLASSFA_KERNELS_FROM= \
       -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" "${defines[@]}" . >"$OUT/build.log" 2>&1
     rc=$?
   fi
