@@ -41,8 +41,8 @@ endif()
 string(REPLACE ";" "," _stamp_flags "${CUTLASSFA_CUDA_FLAGS}")
 string(REPLACE ";" "," _stamp_architectures "${CMAKE_CUDA_ARCHITECTURES}")
 if(CUTLASSFA_KERNELS_FROM)
-  cutlassfa_kernels_stamp(stamp "${PROJECT_SOURCE_DIR}" "${GENERATED}" "${CMAKE_CUDA_COMPILER_VERSION}" "${_stamp_flags}"
-                          "${_stamp_architectures}" "${_cutlass_include}")
+  cutlassfa_kernels_stamp(stamp "${PROJECT_SOURCE_DIR}" "${GENERATED}" "${CMAKE_CUDA_COMPILER_VERSION}"
+                          "${_stamp_flags}" "${_stamp_architectures}" "${_cutlass_include}")
   file(READ "${CUTLASSFA_KERNELS_FROM}/STAMP" prebuilt_stamp)
   string(STRIP "${prebuilt_stamp}" prebuilt_stamp)
   if(NOT prebuilt_stamp STREQUAL stamp)

@@ -215,7 +215,8 @@ def test_the_planner_takes_an_entry_that_covers_the_call_for_its_gpu_only(planne
     for kernel, splits, packed in (("sm90decode", 3, False), ("sm90", 2, True), ("sm80", 1, True)):
         planner.set_tuning(CAP, SMS, [(cls, kernel, splits)])
         tuned = cutlassfa.plan(q, k, k, **call)
-        assert (tuned["kernel"], tuned["num_splits"], tuned["gqa_packed"], tuned["tuned"]) == (kernel, splits, packed, True)
+        got = (tuned["kernel"], tuned["num_splits"], tuned["gqa_packed"], tuned["tuned"])
+        assert got == (kernel, splits, packed, True)
         assert not cutlassfa.plan(q, k, k, **dict(call, num_splits=2))["tuned"]  # the caller's count wins
         assert not cutlassfa.plan(q, k, k, **dict(call, device=(CAP, SMS - 18)))["tuned"]  # another GPU
         other = cutlassfa.plan(q, k, k, **dict(call, cache_seqlens=None))  # another class: no cache lengths

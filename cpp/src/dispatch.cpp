@@ -166,7 +166,7 @@ int tile_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   return best;
 }
 
-// ---- A measured choice (cutlassfa/tuning.h) ------------------------------------------------------------------
+// ---- A measured choice (cutlassfa/tuning.h) -------------------------------------------------------------
 
 // Whether `kernel` takes `params` (packed and split as it would run) for `backend` on `device`: the decode
 // kernel where it covers the call, mma.sync for every call of a tensor-core backend, the wgmma families

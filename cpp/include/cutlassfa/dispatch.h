@@ -5,9 +5,10 @@
 //
 // make_plan picks the kernel (the measured table's choice where it has one, cutlassfa/tuning.h; else the
 // first family in the planner's order whose *_covers accepts the call, cutlassfa/launch.h), its
-// instantiation (head dim, tile), the key splits (sized from that tile) and the GQA packing. run_plan calls only the chosen launcher; a launcher refusing a call its family covers is
-// an internal error (cudaErrorInvalidValue), never a fallback to another kernel. The device is the one
-// the call runs on (current when run_plan is called).
+// instantiation (head dim, tile), the key splits (sized from that tile) and the GQA packing. run_plan
+// calls only the chosen launcher; a launcher refusing a call its family covers is an internal error
+// (cudaErrorInvalidValue), never a fallback to another kernel. The device is the one the call runs on
+// (current when run_plan is called).
 #pragma once
 
 #include <cuda_runtime.h>
