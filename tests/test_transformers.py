@@ -540,6 +540,18 @@ def test_decode_step_with_a_hole_refused(rng):
             model(ids[:, :1], attention_mask=step_mask, past_key_values=cache)
 
 
+def test_a_decode_steps_plan_serves_only_its_layers():
+    """An eager decode step's plan travels without its mask: a layer it does not fit (a window), or the
+    plan sliced by model code (which drops it), is refused instead of planned from an empty mask."""
+    padding = _padding([3, 0], [0, 0], 10)
+    given = cutlassfa_hf.attention_mask(2, 1, 10, q_offset=9, mask_function=_CAUSAL, attention_mask=padding)
+    assert cutlassfa_hf._plan_for(given, 2, 1, 10, True, None, 0).kind == "cache"
+    with pytest.raises(NotImplementedError, match="planned this decode step"):
+        cutlassfa_hf._plan_for(given, 2, 1, 10, True, 3, 0)
+    with pytest.raises(NotImplementedError, match="sliced"):
+        cutlassfa_hf._plan_for(given[:, :, :, :10], 2, 1, 10, True, None, 0)
+
+
 def test_four_dimensional_masks(rng):
     """A 4-D mask a caller built (transformers passes it through): a causal one, boolean or additive, is
     computed and matches eager's; one with a bias is refused."""

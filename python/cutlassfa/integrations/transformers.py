@@ -182,10 +182,11 @@ def _plan_for(mask: Any, batch: int, nq: int, nk: int, causal: bool, left: int |
     fast = getattr(mask, "cutlassfa_padded_causal", None)
     if fast is not None and fast.fits(nq, nk, causal, left):
         return fast.plan
-    if fast is not None and mask.numel() == 0:  # a decode step's plan alone (no mask to plan again from)
-        raise NotImplementedError(f"cutlassfa planned this decode step's mask for causal layers without a window "
-                                  f"over {fast.kv_length} keys; this layer has {nk} keys, causal={causal}, "
-                                  f"window={left}")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] == 0 and nk > 0:
+        # A decode step's plan alone (no mask to plan again from), for another layer or sliced by the model.
+        planned = f"for causal layers without a window over {fast.kv_length} keys" if fast is not None else ""
+        raise NotImplementedError(f"cutlassfa planned this decode step's mask {planned}; this layer has {nk} keys, "
+                                  f"causal={causal}, window={left} (or the model sliced the mask)")
     made = unpack_cache_plan(mask, batch, causal, left)
     if made is not None:
         return made
