@@ -405,9 +405,14 @@ def test_gpu_static_cache_generation_compiled(rng):
     """On CUDA, generate compiles a static cache's decode steps itself (inductor, CUDA graphs): the plan
     made in the mask interface, handed to the compiled step as a tensor, gives eager's tokens."""
     _need_gpu()
+    from torch._dynamo.utils import counters
+
     ids, mask = _inputs(rng, 3, 16, left_pad=(0, 3, 7))
+    counters.clear()
     _expect_same_generation(rng, _llama(), ids, mask, new_tokens=12, ours="cutlassfa_large_tile", device="cuda",
                             cache_implementation="static")
+    assert not counters["graph_break"], dict(counters["graph_break"])  # the steps compiled whole
+    assert counters["stats"]["unique_graphs"] >= 2  # both models' steps were compiled
 
 
 _SYNCHRONIZING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
