@@ -286,60 +286,68 @@ def padded_causal_plan(visible: torch.Tensor, real_queries: torch.Tensor, paddin
     device = visible.device
     key = torch.arange(nk, device=device)
     diagonal = torch.arange(nq, device=device)[:, None] + (q_end - nq)  # (Nq, 1): each query's key
-    if padding is None:
-        start = torch.zeros(b, dtype=torch.long, device=device)
-    else:
-        real = padding.bool() & (key < q_end)
-        start = torch.where(real.any(-1), real.int().argmax(-1), q_end)  # first real key of each entry
+    start = _first_real_key(padding, key, q_end, b)
     implied = (key >= start[:, None, None]) & (key <= diagonal)
     if window is not None:
         implied &= key > diagonal - window
     exact = ((visible == implied) | ~real_queries[:, :, None]).all()
-    if traced:
-        if not q_end_known:
-            exact &= (q_end > 0) & (q_end <= nk) & (q_end >= nq)
-        torch._assert_async(exact, NOT_PADDED_CAUSAL)
-        bound = None if window is None else (window - 1, 0)
-        return PaddedCausal(nq, nk, window, Plan("cache", True, bound, start, start * 0 + q_end, leftpad=True))
-    exact, leftpad = torch.stack([exact, (start > 0).any()]).tolist()  # planning's one read
-    if not exact:
-        return None
-    bound = (window - 1, 0) if window is not None and q_end > window else None  # None: it binds nowhere
-    if not leftpad and q_end == nk:
-        layout = Plan("dense", True, bound)
-    else:
-        layout = Plan("cache", True, bound, start, torch.full_like(start, q_end), leftpad=leftpad)
-    return PaddedCausal(nq, nk, window, layout)
+    if traced and not q_end_known:
+        exact &= q_end >= nq
+    layout = _padded_causal_layout(start, exact, q_end, nk, window, traced)
+    return None if layout is None else PaddedCausal(nq, nk, window, layout)
 
 
 def causal_step_plan(padding: torch.Tensor | None, batch: int, nk: int, q_end: int | torch.Tensor,
                      device: torch.device | str, traced: bool = False) -> Plan | None:
     """The plan of one query on key q_end - 1 under the plain causal mask over padded entries, from the
     padding alone (`padding` (B, nk): which keys are real tokens; None: all): each entry's keys are its real
-    ones before q_end, which must be one run. One read decides it (None: they are not; a dense call where no
-    entry is padded and q_end is the last key); traced (torch.compile, a static cache's step): nothing is
-    read, the plan is the cache call with left padding, and a mask that is not this one stops the run with
-    a device-side assertion."""
-    if padding is None:
-        start, exact = torch.zeros(batch, dtype=torch.long, device=device), None
-    else:
-        key = torch.arange(nk, device=padding.device)
+    ones before q_end, which must be one run (`_padded_causal_layout` decides, with one read or, traced,
+    none)."""
+    if not traced and not 0 < q_end <= nk:
+        return None
+    key = torch.arange(nk, device=device)
+    start = _first_real_key(padding, key, q_end, batch)
+    exact = None  # without padding the keys are [0, q_end): nothing to check
+    if padding is not None:
         before = key < q_end
-        real = padding.bool() & before
-        start = real.int().argmax(-1)
-        exact = (real == ((key >= start[:, None]) & before)).all()
+        exact = ((padding.bool() & before) == ((key >= start[:, None]) & before)).all()
+    return _padded_causal_layout(start, exact, q_end, nk, None, traced)
+
+
+def _first_real_key(padding: torch.Tensor | None, key: torch.Tensor, q_end: int | torch.Tensor,
+                    batch: int) -> torch.Tensor:
+    """(B,) int64: each entry's first real key before q_end (q_end where it has none; 0 without padding)."""
+    if padding is None:
+        return torch.zeros(batch, dtype=torch.long, device=key.device)
+    real = padding.bool() & (key < q_end)
+    return torch.where(real.any(-1), real.int().argmax(-1), q_end)
+
+
+def _padded_causal_layout(start: torch.Tensor, exact: torch.Tensor | None, q_end: int | torch.Tensor, nk: int,
+                          window: int | None, traced: bool) -> Plan | None:
+    """The plan of a causal mask (transformers' sliding `window` of keys, or none) over each entry's keys
+    [start, q_end), given `exact`, a device bool saying the mask is that one (None: no padding, so it is, and
+    every start is 0). traced (torch.compile, a static cache's step): nothing is read; always the cache call
+    with left padding and the window, and a mask that is not this one (or a q_end outside (0, nk]) stops the
+    run with a device-side assertion. Else one read (none without padding): None where the mask is another;
+    a dense call where no entry starts past key 0 and q_end is the last key; else the cache call."""
     if traced:
         if isinstance(q_end, torch.Tensor):
-            exact = (q_end > 0) & (q_end <= nk) & (True if exact is None else exact)
+            in_range = (q_end > 0) & (q_end <= nk)
+            exact = in_range if exact is None else exact & in_range
         if exact is not None:
             torch._assert_async(exact, NOT_PADDED_CAUSAL)
-        return Plan("cache", True, None, start, start * 0 + q_end, leftpad=True)
-    is_exact, leftpad = (True, False) if exact is None else torch.stack([exact, (start > 0).any()]).tolist()
-    if not is_exact or not 0 < q_end <= nk:
-        return None
+        bound = None if window is None else (window - 1, 0)
+        return Plan("cache", True, bound, start, start * 0 + q_end, leftpad=True)
+    leftpad = False
+    if exact is not None:
+        is_exact, leftpad = torch.stack([exact, (start > 0).any()]).tolist()  # planning's one read
+        if not is_exact:
+            return None
+    bound = (window - 1, 0) if window is not None and q_end > window else None  # None: it binds nowhere
     if not leftpad and q_end == nk:
-        return Plan("dense", True)
-    return Plan("cache", True, None, start, torch.full_like(start, q_end), leftpad=leftpad)
+        return Plan("dense", True, bound)
+    return Plan("cache", True, bound, start, torch.full_like(start, q_end), leftpad=leftpad)
 
 
 def pack_cache_plan(layout: Plan) -> torch.Tensor:
