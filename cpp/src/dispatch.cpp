@@ -74,27 +74,40 @@ namespace {
 
 // ---- Which kernel ---------------------------------------------------------------------------------------
 
-// The tensor-core kernel for `params` (num_splits included: the warp-specialized kernel runs one pass).
-// The order is the preference; each step past the decode kernel is a family that covers the call.
+// Whether `kernel` takes `params` (packed and split as it would run) for `backend` on `device`: the decode
+// kernel where it covers the call, mma.sync for every call of a tensor-core backend, the wgmma families
+// (the narrower head dims, d <= 32, excepted: wgmma_head_dim) on the tensor-core backend of a wgmma device
+// where they cover it.
+bool kernel_takes(Kernel kernel, Backend backend, const PlanDevice& device, const FwdParams& params) {
+  bool const wgmma = backend == Backend::kTensorCore && device.family == Family::kWgmma &&
+                     wgmma_head_dim(params.head_dim);
+  switch (kernel) {
+    case Kernel::kSm90Decode: return sm90_decode_covers(params, device.capability);
+    case Kernel::kSm80: return CUTLASSFA_HAS_SM80 != 0;
+    case Kernel::kSm90: return wgmma && sm90_covers(params);
+    case Kernel::kSm90ws: return wgmma && CUTLASSFA_HAS_SM90WS && sm90ws_covers(params);
+    default: return false;
+  }
+}
+
+// The tensor-core kernel for `params` (num_splits included: the warp-specialized kernel runs one pass):
+// the first in this order that takes the call, mma.sync last (it takes every call).
 Kernel tensorcore_kernel(Backend backend, const PlanDevice& device, const FwdParams& params) {
   // A few query rows per K/V head against a cache: the decode kernel (both backends: it is an mma.sync
   // kernel, and decode is bound by memory, not by the MMA).
-  if (sm90_decode_covers(params, device.capability)) return Kernel::kSm90Decode;
-  if (backend == Backend::kTensorCoreSm80) return Kernel::kSm80;
-  // The narrower head dims (d <= 32) run on mma.sync even on sm_90 (wgmma_head_dim).
-  if (device.family != Family::kWgmma || !wgmma_head_dim(params.head_dim)) return Kernel::kSm80;
-  if (CUTLASSFA_HAS_SM90WS) {
-    // A problem of a tile or two runs sooner on mma.sync: the warp-specialized kernel's set-up (barriers,
-    // descriptor prefetch, role split) costs about 1 us of GPU time that so little work cannot hide
-    // (H200, fp16, CUDA graph: (1, 1, 16, 64) 4.3 vs 4.9 us, (1, 8, 128, 64) 5.1 vs 6.3 us;
-    // (1, 32, 128, 128) 7.7 vs 7.5 us, bench/NOTES-callpath.md).
-    bool const tiny = params.dtype != DType::kFloat32 && params.seqlen_q <= 128 && params.seqlen_k <= 128 &&
-                      static_cast<long long>(params.batch) * params.heads_q <= 8;
-    if (tiny) return Kernel::kSm80;
-    if (sm90ws_covers(params)) return Kernel::kSm90ws;
-  }
+  if (kernel_takes(Kernel::kSm90Decode, backend, device, params)) return Kernel::kSm90Decode;
+  // A problem of a tile or two runs sooner on mma.sync: the warp-specialized kernel's set-up (barriers,
+  // descriptor prefetch, role split) costs about 1 us of GPU time that so little work cannot hide
+  // (H200, fp16, CUDA graph: (1, 1, 16, 64) 4.3 vs 4.9 us, (1, 8, 128, 64) 5.1 vs 6.3 us;
+  // (1, 32, 128, 128) 7.7 vs 7.5 us, bench/NOTES-callpath.md).
+  bool const tiny = params.dtype != DType::kFloat32 && params.seqlen_q <= 128 && params.seqlen_k <= 128 &&
+                    static_cast<long long>(params.batch) * params.heads_q <= 8;
+  if (CUTLASSFA_HAS_SM90WS && tiny) return Kernel::kSm80;
   // fp32 calls the wgmma pre-pass cannot lay out (paged, varlen, zero-padded head dims) run on mma.sync.
-  return sm90_covers(params) ? Kernel::kSm90 : Kernel::kSm80;
+  for (Kernel kernel : {Kernel::kSm90ws, Kernel::kSm90}) {
+    if (kernel_takes(kernel, backend, device, params)) return kernel;
+  }
+  return Kernel::kSm80;
 }
 
 KernelTile kernel_tile(Kernel kernel, const FwdParams& params) {
@@ -167,21 +180,6 @@ int tile_num_splits(int sms, const FwdParams& params, KernelTile tile) {
 }
 
 // ---- A measured choice (cutlassfa/tuning.h) -------------------------------------------------------------
-
-// Whether `kernel` takes `params` (packed and split as it would run) for `backend` on `device`: the decode
-// kernel where it covers the call, mma.sync for every call of a tensor-core backend, the wgmma families
-// on the tensor-core backend of a wgmma device where they cover it (the warp-specialized one in one pass).
-bool kernel_takes(Kernel kernel, Backend backend, const PlanDevice& device, const FwdParams& params) {
-  bool const wgmma = backend == Backend::kTensorCore && device.family == Family::kWgmma &&
-                     wgmma_head_dim(params.head_dim);
-  switch (kernel) {
-    case Kernel::kSm90Decode: return sm90_decode_covers(params, device.capability);
-    case Kernel::kSm80: return CUTLASSFA_HAS_SM80 != 0;
-    case Kernel::kSm90: return wgmma && sm90_covers(params);
-    case Kernel::kSm90ws: return wgmma && CUTLASSFA_HAS_SM90WS && params.num_splits == 1 && sm90ws_covers(params);
-    default: return false;
-  }
-}
 
 // The table's choice for `params`, when it has one that takes the call; splits bounded as the heuristic's
 // (one_pass: a varlen batch, which is not split: the table's kernel alone).
