@@ -176,24 +176,30 @@ def ours(name: str, term: str | None = None) -> Runner:
     def plain(case: Case) -> Callable[..., Any]:
         import cutlassfa
 
-        kind = kind_of(case)
+        kind, options = kind_of(case), dict(call_options(case), backend=name)
         if kind in ("paged", "kvcache"):
             return lambda q, k, v, cache_seqlens, block_table=None, **kw: cutlassfa.forward(
-                q, k, v, causal=case.causal, cache_seqlens=cache_seqlens, block_table=block_table, backend=name, **kw)
+                q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, **options, **kw)
         if kind == "varlen":
-            # The longest lengths as host ints, as a serving stack passes them: without them the grid
-            # covers the totals (varlen_forward's docstring).
-            longest_q, longest_k = max(case.variant.seqlens_q), max(case.variant.seqlens_k)
             return lambda q, k, v, cu_seqlens_q, cu_seqlens_k: cutlassfa.varlen_forward(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=longest_q, max_seqlen_k=longest_k,
-                causal=case.causal, backend=name)
-        if case.window is None:
-            return lambda q, k, v, **kw: cutlassfa.forward(q, k, v, causal=case.causal, backend=name, **kw)
-        return lambda q, k, v, **kw: cutlassfa.forward(q, k, v, causal=case.causal, window=case.window, backend=name,
-                                                      **kw)
+                q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+        return lambda q, k, v, **kw: cutlassfa.forward(q, k, v, **options, **kw)
 
     suffix = {value: key for key, value in TERMS.items()}.get(term, "")
     return Runner(name + suffix, prepare, on_gpu=name != "cpu", term=term)
+
+
+def call_options(case: Case) -> dict[str, Any]:
+    """The keyword arguments our rows call forward / varlen_forward with for `case`, beside the arrays and
+    the index arrays: the mask, and a varlen batch's longest lengths as host ints, as a serving stack passes
+    them (without them the grid covers the totals: varlen_forward's docstring)."""
+    kind = kind_of(case)
+    options: dict[str, Any] = {"causal": case.causal}
+    if kind == "varlen":
+        options.update(max_seqlen_q=max(case.variant.seqlens_q), max_seqlen_k=max(case.variant.seqlens_k))
+    elif kind == "dense" and case.window is not None:
+        options["window"] = case.window
+    return options
 
 
 def _full_lengths(case: Case, like: Any) -> Any:

@@ -86,14 +86,11 @@ def choose(results: Sequence[Measured]) -> list[tuple[tuple[int, ...], Choice, d
 
 
 def plan_options(case: Case, feed: Any) -> dict[str, Any]:
-    """`cutlassfa.plan`'s arguments beside q, k, v for a case fed as the bench feeds `ours` rows."""
-    options: dict[str, Any] = {"causal": case.causal}
-    if case.window is not None:
-        options["window"] = case.window
-    options.update(zip(feed.index, feed.own[3:]))
-    if "cu_seqlens_q" in options:
-        options.update(max_seqlen_q=max(case.variant.seqlens_q), max_seqlen_k=max(case.variant.seqlens_k))
-    return options
+    """`cutlassfa.plan`'s arguments beside q, k, v for a case fed as the bench feeds `ours` rows: the same
+    options, and the index arrays by name."""
+    from .runners import call_options
+
+    return dict(call_options(case), **dict(zip(feed.index, feed.own[3:])))
 
 
 def planned_choices(case: Case, arrays: Sequence[Any], options: dict[str, Any],
