@@ -155,6 +155,20 @@ def test_info_reports_the_table(capsys):
     assert "tuning table:" in capsys.readouterr().out
 
 
+def test_the_shipped_tables_parse_and_are_found_for_their_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no user table in the way
+    monkeypatch.delenv(tuning.ENVIRONMENT, raising=False)
+    shipped = sorted(tuning.shipped_directory().glob("*.json"))
+    assert shipped, "the package ships no tuning table"
+    for path in shipped:
+        table = tuning.Table.from_json(json.loads(path.read_text()))
+        assert path.name == tuning.table_name(table.gpu, table.multiprocessors) and table.entries
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            found, status = tuning.find(table.gpu, table.multiprocessors, table.capability, "9.9.9")
+        assert (found, status.origin, status.entries) == (table, "package", len(table.entries))
+
+
 # --- the sweep's rule -----------------------------------------------------------------------------------
 
 def test_candidates_surround_the_heuristics_split_count():
@@ -184,12 +198,23 @@ def test_choose_takes_the_best_candidate_over_a_class_and_leaves_weak_ones_out()
     assert chosen == {a: ("sm90decode", 4, pytest.approx(1.1111, abs=1e-4))}
 
 
-def test_tune_without_a_gpu_says_so(capsys):
+def test_a_sweep_keeps_the_earlier_entries_of_the_classes_it_did_not_measure():
+    a, b, c = (1,) * 7, (2,) * 7, (3,) * 7
+    earlier = _table(entries=((a, "sm90", 2), (b, "sm90decode", 4)))
+    now = _table(entries=((c, "sm80", 1),))
+    whole = tune.merged(now, earlier, measured={b, c})  # b measured again and no longer wins: dropped
+    assert [(e.tune_class, e.kernel) for e in whole.entries] == [(a, "sm90"), (c, "sm80")]
+    assert tune.merged(now, _table(sms=114, entries=((a, "sm90", 2),)), {c}) == now  # another GPU's: not kept
+    assert tune.merged(now, None, {c}) == now
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_tune_without_a_gpu_says_so(capsys, verify):
     from cutlassfa.cli import main
 
     if cutlassfa.device_info().get("available") and hasattr(cutlassfa._C, "set_tuning"):
         pytest.skip("machine: a GPU is here (the GPU tests run the sweep)")
-    assert main(["tune", "--grid", "quick"]) == 1
+    assert main(["tune", "--grid", "quick"] + (["--verify", "table.json"] if verify else [])) == 1
     assert "needs a GPU" in capsys.readouterr().err
 
 
@@ -307,3 +332,10 @@ def test_gpu_a_short_sweep_writes_a_table(tunable, tmp_path, monkeypatch):
     assert table.multiprocessors == tunable[1][1] and len(data["cases"]) >= 1
     for case in data["cases"]:
         assert case["heuristic"] in case["ms"] and all(ms > 0 for ms in case["ms"].values())
+    verified = tmp_path / "verified.json"
+    assert main(["tune", "--grid", "quick", "--cases", "0:3", "--rounds", "2", "--calls-per-graph", "2",
+                 "--verify", str(out), "--out", str(verified)]) == 0
+    report = json.loads(verified.read_text())
+    assert report["changed"] + report["unchanged"] >= 1 and len(report["cases"]) == report["changed"]
+    for row in report["cases"]:
+        assert row["tuned"] != row["untuned"] and row["tuned_ms"] > 0 and row["untuned_ms"] > 0
