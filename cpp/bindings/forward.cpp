@@ -88,7 +88,7 @@ void compact_strides(const Problem& p, bool lse, int64_t* strides) {
   }
 }
 
-// Allocates an array of `shape` (ndim dims) like q (fp32 when `fp32`, else q's dtype): through the
+// Allocates an array of `shape` (ndim dims) like q (fp32 when `fp32`, else the output's dtype): through the
 // framework's exchange API, numpy, or `alloc`; `strides` receives its strides in elements.
 void allocate_array(Output& o, const Call& c, const int64_t* shape, int ndim, bool fp32, nb::handle alloc,
                     int64_t* strides) {
@@ -106,9 +106,10 @@ void allocate_array(Output& o, const Call& c, const int64_t* shape, int ndim, bo
     dlpack::Tensor prototype{};
     prototype.device = {c.device < 0 ? dlpack::kCPU : dlpack::kCUDA, c.device < 0 ? 0 : c.device};
     prototype.ndim = ndim;
+    DType const out = c.out_dtype;
     prototype.dtype = fp32 ? dlpack::DataType{dlpack::kFloat, 32, 1}
-                           : (p.dtype == DType::kBFloat16 ? dlpack::DataType{dlpack::kBfloat, 16, 1}
-                                                          : dlpack::DataType{dlpack::kFloat, uint8_t(8 * dtype_bytes(p.dtype)), 1});
+                           : (out == DType::kBFloat16 ? dlpack::DataType{dlpack::kBfloat, 16, 1}
+                                                      : dlpack::DataType{dlpack::kFloat, uint8_t(8 * dtype_bytes(out)), 1});
     prototype.shape = const_cast<int64_t*>(shape);
     o.api = c.q.exchange;
     if (o.api->managed_tensor_allocator(&prototype, &o.managed, nullptr, set_allocator_error) != 0 || o.managed == nullptr) {
@@ -123,13 +124,16 @@ void allocate_array(Output& o, const Call& c, const int64_t* shape, int ndim, bo
       compact();
     }
   } else if (c.q.framework == Framework::kNumpy) {
-    nb::object dtype = fp32 ? nb::module_::import_("numpy").attr("float32") : c.q.object.attr("dtype");
+    nb::object dtype = fp32                          ? nb::module_::import_("numpy").attr("float32")
+                       : c.out_dtype == p.dtype      ? c.q.object.attr("dtype")
+                       : c.out_dtype == DType::kBFloat16 ? nb::module_::import_("ml_dtypes").attr("bfloat16")
+                                                     : nb::module_::import_("numpy").attr(c.out_dtype_name.c_str());
     o.result = nb::module_::import_("numpy").attr("empty")(shape_tuple(), dtype);
     ArrayRef const a = describe(o.result, "out");
     o.data = a.data;
     for (int i = 0; i < ndim; ++i) strides[i] = a.strides[i];
   } else {
-    nb::tuple made = nb::cast<nb::tuple>(alloc(shape_tuple(), fp32 ? "float32" : c.q.dtype_name.c_str(), c.device));
+    nb::tuple made = nb::cast<nb::tuple>(alloc(shape_tuple(), fp32 ? "float32" : c.out_dtype_name.c_str(), c.device));
     o.result = nb::borrow(made[0]);
     nb::handle target = made[1];
     if (nb::isinstance<DeviceBuffer>(target)) {
@@ -539,7 +543,7 @@ struct PinnedStaging {
 void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
   const Problem& p = c.problem;
   if ((p.empty() || p.seqlen_k == 0) && !c.k_new) {
-    fill_host(o.data, p.dtype, o.view, 0.f);
+    fill_host(o.data, c.out_dtype, o.view, 0.f);
     if (lse != nullptr) fill_host(lse->data, DType::kFloat32, lse->view, -INFINITY);
     return;
   }

@@ -56,14 +56,16 @@ cutlassfa::bindings::Request request(nb::handle q, nb::handle k, nb::handle v, n
                                      nb::handle scale, nb::handle window, nb::handle softcap, nb::handle cache_seqlens,
                                      nb::handle cache_leftpad, nb::handle block_table, nb::handle k_new,
                                      nb::handle v_new, nb::handle num_splits, nb::handle sinks, nb::handle alibi_slopes,
-                                     nb::handle k_descale, nb::handle v_descale, nb::handle cu_seqlens_q,
+                                     nb::handle k_descale, nb::handle v_descale, nb::handle q_descale,
+                                     nb::handle out_dtype, nb::handle cu_seqlens_q,
                                      nb::handle cu_seqlens_k, nb::handle max_seqlen_q, nb::handle max_seqlen_k) {
   cutlassfa::bindings::Request r;
   r.q = q, r.k = k, r.v = v, r.out = out, r.causal = causal, r.scale = scale_or_default(scale);
   r.window = window, r.softcap = softcap;
   r.cache_seqlens = cache_seqlens, r.cache_leftpad = cache_leftpad, r.block_table = block_table;
   r.k_new = k_new, r.v_new = v_new, r.num_splits = num_splits, r.sinks = sinks;
-  r.alibi_slopes = alibi_slopes, r.k_descale = k_descale, r.v_descale = v_descale;
+  r.alibi_slopes = alibi_slopes, r.k_descale = k_descale, r.v_descale = v_descale, r.q_descale = q_descale;
+  r.out_dtype = out_dtype;
   r.cu_seqlens_q = cu_seqlens_q, r.cu_seqlens_k = cu_seqlens_k;
   r.max_seqlen_q = max_seqlen_q, r.max_seqlen_k = max_seqlen_k;
   return r;
@@ -74,17 +76,18 @@ cutlassfa::bindings::Request request(nb::handle q, nb::handle k, nb::handle v, n
       "cache_leftpad"_a.none() = nb::none(), "block_table"_a.none() = nb::none(), "k_new"_a.none() = nb::none(),   \
       "v_new"_a.none() = nb::none(), "num_splits"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),            \
       "alibi_slopes"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(), "v_descale"_a.none() = nb::none(),  \
+      "q_descale"_a.none() = nb::none(), "out_dtype"_a.none() = nb::none(),                                        \
       "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(),                                  \
       "max_seqlen_q"_a.none() = nb::none(), "max_seqlen_k"_a.none() = nb::none()
 #define CUTLASSFA_OPTION_PARAMS                                                                                   \
   nb::handle window, nb::handle softcap, nb::handle cache_seqlens, nb::handle cache_leftpad, nb::handle block_table, \
       nb::handle k_new, nb::handle v_new, nb::handle num_splits, nb::handle sinks, nb::handle alibi_slopes,         \
-      nb::handle k_descale, nb::handle v_descale, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,                \
-      nb::handle max_seqlen_q, nb::handle max_seqlen_k
+      nb::handle k_descale, nb::handle v_descale, nb::handle q_descale, nb::handle out_dtype,                      \
+      nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle max_seqlen_q, nb::handle max_seqlen_k
 #define CUTLASSFA_REQUEST                                                                                          \
   request(q, k, v, out, causal, scale, window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new,  \
-          num_splits, sinks, alibi_slopes, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,          \
-          max_seqlen_k)
+          num_splits, sinks, alibi_slopes, k_descale, v_descale, q_descale, out_dtype, cu_seqlens_q, cu_seqlens_k,   \
+          max_seqlen_q, max_seqlen_k)
 
 #if CUTLASSFA_HAS_CUDA
 nb::dict device_properties(int device) {
@@ -176,7 +179,9 @@ NB_MODULE(_C, m) {
   m.def("head_dim_refusal", [](Backend b, int head_dim, const std::string& dtype) {
           int const code = cutlassfa::bindings::dtype_of_name(dtype);
           if (code < 0) throw nb::value_error(("unknown dtype " + dtype).c_str());
-          return cutlassfa::head_dim_refusal(b, head_dim, static_cast<cutlassfa::DType>(code));
+          auto const d = static_cast<cutlassfa::DType>(code);
+          std::string const fp8 = cutlassfa::bindings::fp8_attention_refusal(b, d);
+          return fp8.empty() ? cutlassfa::head_dim_refusal(b, head_dim, d) : fp8;
         },
         "backend"_a, "head_dim"_a, "dtype"_a);
   m.attr("LIMIT_PREFIX") = cutlassfa::kLimitPrefix;

@@ -69,6 +69,28 @@ void check_row_contiguous(const ArrayRef& a, const char* name) {
   }
 }
 
+// Call::out_dtype from out_dtype (None or a dtype name) and q's dtype.
+void resolve_out_dtype(Call& c, nb::handle out_dtype) {
+  bool const q_fp8 = c.q.dtype == static_cast<int>(DType::kFloat8E4M3);
+  std::string name = q_fp8 ? "bfloat16" : c.q.dtype_name;
+  if (out_dtype.is_valid() && !out_dtype.is_none()) {
+    if (!nb::isinstance<nb::str>(out_dtype)) {
+      type_error("out_dtype must be a dtype or its name, got " + nb::cast<std::string>(nb::repr(out_dtype)));
+    }
+    std::string const asked = nb::cast<std::string>(out_dtype);
+    if (q_fp8 && asked != "bfloat16" && asked != "float16") {
+      value_error("out_dtype of fp8 attention must be bfloat16 or float16, got " + asked);
+    }
+    if (!q_fp8 && asked != name) {
+      value_error("out_dtype is for fp8 attention (float8_e4m3fn q, k and v); a " + name + " call returns " + name +
+                  ", got out_dtype " + asked);
+    }
+    name = asked;
+  }
+  c.out_dtype_name = name;
+  c.out_dtype = static_cast<DType>(dtype_of_name(name));
+}
+
 // q, k, v described, of `rank` dims (0: 3 or 4; `layout` names the expected shape), one dtype, device
 // and framework, rows contiguous.
 void describe_qkv(Call& c, const Request& r, int rank, const char* layout) {
@@ -82,23 +104,30 @@ void describe_qkv(Call& c, const Request& r, int rank, const char* layout) {
     if (rank == 0 ? (a.ndim != 3 && a.ndim != 4) : a.ndim != rank) {
       value_error(std::string(names[i]) + " must be " + layout + ", got shape " + shape_text(a));
     }
-    bool const cache = i > 0;  // k and v may be an fp8 KV cache
-    if (a.dtype < 0 || (!cache && a.dtype == static_cast<int>(DType::kFloat8E4M3))) {
-      type_error(std::string(names[i]) + " has dtype " + dtype_text(a) + "; expected one of float32, float16, bfloat16" +
-                 (cache ? " (or float8_e4m3fn for a KV cache with float16 / bfloat16 q)" : ""));
+    if (a.dtype < 0) {
+      type_error(std::string(names[i]) + " has dtype " + dtype_text(a) +
+                 "; expected one of float32, float16, bfloat16 (or float8_e4m3fn: fp8 attention, or k and v as a KV "
+                 "cache with float16 / bfloat16 q)");
     }
   }
   if (!(c.q.ndim == c.k.ndim && c.k.ndim == c.v.ndim)) {
     value_error("q, k and v must have the same rank, got shapes " + shape_text(c.q) + ", " + shape_text(c.k) + ", " +
                 shape_text(c.v));
   }
-  // An fp8 cache (params.h kv_fp8): k and v float8_e4m3fn, q fp16 / bf16; else one dtype for all three.
-  bool const fp8 = c.k.dtype == static_cast<int>(DType::kFloat8E4M3) || c.v.dtype == static_cast<int>(DType::kFloat8E4M3);
+  // fp8 attention: q, k and v float8_e4m3fn. An fp8 cache (params.h kv_fp8): k and v float8_e4m3fn, q fp16 /
+  // bf16. Else one dtype for all three.
+  int const e4m3 = static_cast<int>(DType::kFloat8E4M3);
+  bool const fp8 = c.k.dtype == e4m3 || c.v.dtype == e4m3;
+  if (c.q.dtype == e4m3 && !(c.k.dtype == e4m3 && c.v.dtype == e4m3)) {
+    type_error("q is float8_e4m3fn: k and v must be float8_e4m3fn too (fp8 attention), got " + c.k.dtype_name +
+               " and " + c.v.dtype_name);
+  }
   if (fp8 && c.k.dtype != c.v.dtype) {
     type_error("k and v must have the same dtype, got " + c.k.dtype_name + " and " + c.v.dtype_name);
   }
   if (fp8 && c.q.dtype == static_cast<int>(DType::kFloat32)) {
-    type_error("q must be float16 or bfloat16 with a float8_e4m3fn KV cache, got " + c.q.dtype_name);
+    type_error("q must be float16 or bfloat16 with a float8_e4m3fn KV cache (or float8_e4m3fn: fp8 attention), got " +
+               c.q.dtype_name);
   }
   if (!fp8 && !(c.q.dtype == c.k.dtype && c.k.dtype == c.v.dtype)) {
     type_error("q, k and v must have the same dtype, got " + c.q.dtype_name + ", " + c.k.dtype_name + ", " +
@@ -116,6 +145,7 @@ void describe_qkv(Call& c, const Request& r, int rank, const char* layout) {
   c.problem.dtype = static_cast<DType>(c.q.dtype);
   c.problem.kv_fp8 = fp8;
   c.device = c.q.device;
+  resolve_out_dtype(c, r.out_dtype);
 }
 
 void check_heads_and_head_dim(int64_t heads_q, int64_t heads_kv, int64_t head_dim, const char* kv_name) {
@@ -147,7 +177,10 @@ void validate_out(Call& c, nb::handle out, const int64_t* expected, int n) {
   bool same = o.ndim == n;
   for (int i = 0; same && i < n; ++i) same = o.shape[i] == expected[i];
   if (!same) value_error("out must have shape " + tuple_text(expected, n) + ", got " + shape_text(o));
-  if (o.dtype != c.q.dtype) type_error("out must have dtype " + c.q.dtype_name + " like q, got " + o.dtype_name);
+  if (o.dtype != static_cast<int>(c.out_dtype)) {
+    type_error("out must have dtype " + c.out_dtype_name +
+               (c.problem.dtype == DType::kFloat8E4M3 ? " (out_dtype)" : " like q") + ", got " + o.dtype_name);
+  }
   if (o.device != c.device) value_error("out must be on the same device as q");
   if (!o.empty() && (o.strides[o.ndim - 1] != 1 || !o.whole_strides)) {
     value_error("out must be contiguous in its last dim (stride 1), got strides " + strides_text(o));
@@ -711,18 +744,23 @@ Call validate(const Request& r) {
   c.sinks = read_per_head(r.sinks, "sinks", "one per query head", p.heads_q, -1, c.device);
   c.alibi_slopes = read_per_head(r.alibi_slopes, "alibi_slopes", "one per query head (and batch entry)", p.heads_q,
                                  p.batch, c.device);
-  if (p.kv_fp8 && !kv_cache) {
-    type_error(std::string(varlen ? "varlen_forward" : "forward") + " takes float8_e4m3fn k and v as a KV cache " +
-               "only (pass cache_seqlens, or block_table); fp8 attention over dense or packed arrays is not supported");
+  bool const q_fp8 = p.dtype == DType::kFloat8E4M3;
+  if (p.kv_fp8 && !kv_cache && !q_fp8) {
+    type_error(std::string(varlen ? "varlen_forward" : "forward") + " takes float8_e4m3fn k and v with a float16 / " +
+               "bfloat16 q as a KV cache only (pass cache_seqlens, or block_table); fp8 attention over dense or " +
+               "packed arrays takes a float8_e4m3fn q too");
   }
-  c.k_descale = read_per_head(r.k_descale, "k_descale", "one per K/V head (and batch entry)", p.heads_kv, p.batch,
-                              c.device, true);
-  c.v_descale = read_per_head(r.v_descale, "v_descale", "one per K/V head (and batch entry)", p.heads_kv, p.batch,
-                              c.device, true);
-  for (const FloatArray* descale : {&c.k_descale, &c.v_descale}) {
-    const char* name = descale == &c.k_descale ? "k_descale" : "v_descale";
-    if (descale->given && !p.kv_fp8) {
-      value_error(std::string(name) + " scales a float8_e4m3fn KV cache; k and v have dtype " + c.k.dtype_name);
+  // A query head's descale is its K/V head's entry (head h: h / (Hq / Hkv)), as FlashAttention-3's.
+  const char* const per_kv_head = "one per K/V head (and batch entry)";
+  c.q_descale = read_per_head(r.q_descale, "q_descale", per_kv_head, p.heads_kv, p.batch, c.device, true);
+  c.k_descale = read_per_head(r.k_descale, "k_descale", per_kv_head, p.heads_kv, p.batch, c.device, true);
+  c.v_descale = read_per_head(r.v_descale, "v_descale", per_kv_head, p.heads_kv, p.batch, c.device, true);
+  for (const FloatArray* descale : {&c.q_descale, &c.k_descale, &c.v_descale}) {
+    bool const of_q = descale == &c.q_descale;
+    const char* name = of_q ? "q_descale" : descale == &c.k_descale ? "k_descale" : "v_descale";
+    if (descale->given && !(of_q ? q_fp8 : p.kv_fp8)) {
+      value_error(std::string(name) + (of_q ? " scales a float8_e4m3fn q; q has dtype " + c.q.dtype_name
+                                            : " scales float8_e4m3fn k and v; they have dtype " + c.k.dtype_name));
     }
     for (float x : descale->values) {
       if (!std::isfinite(x)) value_error(std::string(name) + " must be finite, got " + std::to_string(x));
@@ -742,6 +780,13 @@ Call validate(const Request& r) {
   return c;
 }
 
+std::string fp8_attention_refusal(Backend backend, DType dtype) {
+  if (dtype != DType::kFloat8E4M3) return "";
+  return std::string(kLimitPrefix) + backend_name(backend) +
+         " has no fp8 attention kernel (float8_e4m3fn q, k and v) in this version; the cpu backend runs it (host "
+         "arrays)";
+}
+
 namespace {
 
 // resolve_backend on a device whose backends' availability `unavailable` gives (empty: available), named
@@ -752,7 +797,7 @@ int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::s
   auto runs = [&](int b) {
     Backend const which = static_cast<Backend>(b);
     return unavailable(which).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
-           (which != Backend::kTensorCore || tensorcore_accepts(c));
+           fp8_attention_refusal(which, p.dtype).empty() && (which != Backend::kTensorCore || tensorcore_accepts(c));
   };
   if (backend == kBackendAuto) {
     // naive last: it takes what the tiled kernels' limits refuse (small_tile's d > 192 on sm_61).
@@ -760,6 +805,10 @@ int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::s
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
     if (cpu_fallback) return kBackendCpu;
+    if (p.dtype == DType::kFloat8E4M3) {
+      value_error("no GPU backend runs fp8 attention (float8_e4m3fn q, k and v) in this version; host arrays run it on "
+                  "the cpu backend");
+    }
     std::string const refusal = head_dim_refusal(Backend::kNaive, p.head_dim, p.dtype);
     if (!refusal.empty() && unavailable(Backend::kNaive).empty()) {
       value_error("no GPU backend runs head dim " + num(p.head_dim) + ": " + refusal + " (compiled head dims: " +
@@ -772,6 +821,8 @@ int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::s
   if (!reason.empty()) {
     throw std::runtime_error(std::string("backend '") + backend_label(backend) + "' is not available: " + reason);
   }
+  std::string const fp8_refusal = fp8_attention_refusal(which, p.dtype);
+  if (!fp8_refusal.empty()) value_error(std::string("backend '") + backend_label(backend) + "': " + fp8_refusal);
   std::string const refusal = head_dim_refusal(which, p.head_dim, p.dtype);
   if (!refusal.empty()) {
     value_error(std::string("backend '") + backend_label(backend) + "' does not run head dim " + num(p.head_dim) +

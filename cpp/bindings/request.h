@@ -36,7 +36,9 @@ struct Request {
   nb::handle max_seqlen_q, max_seqlen_k;    // None or ints
   nb::handle sinks;                         // None, or (Hq,) floats
   nb::handle alibi_slopes;                  // None, or (Hq,) or (B, Hq) floats
-  nb::handle k_descale, v_descale;          // None, or a float, (Hkv,) or (B, Hkv) floats (fp8 caches)
+  nb::handle k_descale, v_descale;          // None, or a float, (Hkv,) or (B, Hkv) floats (fp8 k and v)
+  nb::handle q_descale;                     // the same for an fp8 q (fp8 attention)
+  nb::handle out_dtype;                     // None, or a dtype name ("bfloat16", ...; _api.py names it)
 };
 
 // An int32 index argument: an array on q's device read in place, or host values (numpy, a sequence of
@@ -81,7 +83,10 @@ struct Call {
   std::optional<ArrayRef> out;
   std::optional<ArrayRef> k_new, v_new;
   IndexArray cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table;
-  FloatArray sinks, alibi_slopes, k_descale, v_descale;
+  FloatArray sinks, alibi_slopes, k_descale, v_descale, q_descale;
+  // The output's dtype: q's, or for fp8 attention (float8_e4m3fn q, k and v) out_dtype, bfloat16 by default.
+  DType out_dtype = DType::kFloat32;
+  std::string out_dtype_name;
   int device = -1;  // -1: host arrays
 
   // (B, H, N) strides in elements of one of q, k, v, out (rank 3: head stride 0; varlen: batch stride 0).
@@ -101,6 +106,10 @@ int resolve_backend(const Call& call, int backend);
 // The same for a device of compute capability `capability` that need not be present (cutlassfa.plan): the
 // backend's availability is this build's kernels for that capability; kBackendCpu is refused.
 int resolve_backend_for(const Call& call, int backend, int capability);
+
+// Why `backend` does not run fp8 attention (float8_e4m3fn q, k and v) of `dtype` q; empty when it does or
+// q is not fp8. No GPU kernel takes it in this version: the cpu backend runs it.
+std::string fp8_attention_refusal(Backend backend, DType dtype);
 
 // Head dims some backend of this build has kernels for, as "(32, 64, 128)".
 std::string head_dims_text();

@@ -184,6 +184,8 @@ ffi::Error enqueue(cudaStream_t stream, int32_t device, Attributes const& a, ffi
   DType const kv_dtype = to_dtype(k.element_type(), "k");
   expect(k.element_type() == v.element_type(), "k and v must share a dtype");
   expect(o.element_type() == q.element_type(), "out must have q's dtype");
+  // The trace-time validator sends fp8 attention to a host callback (no GPU kernel takes it yet).
+  expect(p.dtype != DType::kFloat8E4M3, "fp8 attention (float8_e4m3fn q) has no GPU kernel in this version");
   p.kv_fp8 = kv_dtype == DType::kFloat8E4M3;
   expect(kv_dtype == p.dtype || (p.kv_fp8 && p.dtype != DType::kFloat32 && x.kv_cache()),
          "q, k and v must share a dtype (or k and v be an fp8 KV cache)");

@@ -105,7 +105,8 @@ _KNOWN_MODES = {"causal", "window", "softcap", "kv_cache", "paged", "varlen", "n
 
 def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode: Any) -> Support:
     """Says in advance whether `forward(..., backend=backend)` takes arrays of `dtype` and `head_dim` on
-    this machine (CUDA `device` for GPU backends) in the given mode, and if not, why.
+    this machine (CUDA `device` for GPU backends) in the given mode, and if not, why. dtype is q's:
+    float8_e4m3fn asks about fp8 attention (q, k and v of it).
 
     Mode keys: causal (bool), window ((left, right) or None), softcap (float), kv_cache, paged, sinks and
     alibi (bool: forward with cache_seqlens / block_table / sinks / alibi_slopes ...), fp8_cache (bool: a
@@ -115,8 +116,8 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     version does not have."""
     if backend not in BACKENDS:
         return Support(False, f"unknown backend {backend!r}")
-    if dtype not in _arrays.DTYPES:
-        return Support(False, f"dtype {dtype} is not one of {', '.join(_arrays.DTYPES)}")
+    if dtype not in _arrays.DTYPES + ("float8_e4m3fn",):
+        return Support(False, f"dtype {dtype} is not one of {', '.join(_arrays.DTYPES)}, float8_e4m3fn")
     for key, value in mode.items():
         if key not in _KNOWN_MODES:
             return Support(False, f"mode {key!r} is not implemented")
@@ -257,7 +258,23 @@ def _probe_arguments(name: str, backend: Any, causal: Any, options: dict[str, An
     unknown = sorted(options.keys() - set(_OPTION_NAMES) - set(_VARLEN_NAMES))
     if unknown:
         raise TypeError(f"{name}() got an unexpected keyword argument {unknown[0]!r}")
+    if options.get("out_dtype") is not None:
+        options["out_dtype"] = _dtype_name(options["out_dtype"])
     return code, causal
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    """out_dtype as the extension takes it: the name of a dtype of any framework (torch.bfloat16,
+    jnp.float16, numpy's, ml_dtypes') or a name; None stays None (the extension checks the value)."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text.removeprefix("torch.")
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise TypeError(f"out_dtype must be a dtype or its name, got {dtype!r}") from None
 
 
 def select_backend(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
@@ -313,7 +330,7 @@ def plan(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float |
 
 _NO_SOFTCAP = 0.0  # forward's default, recognised by identity: one cheap test for "no option given"
 _OPTION_NAMES = ("window", "softcap", "cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "num_splits",
-                 "sinks", "alibi_slopes", "k_descale", "v_descale")
+                 "sinks", "alibi_slopes", "k_descale", "v_descale", "q_descale", "out_dtype")
 _VARLEN_NAMES = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
@@ -321,7 +338,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
             window: tuple[int, int] | None = None, softcap: float = _NO_SOFTCAP, cache_seqlens: Any = None,
             cache_leftpad: Any = None, block_table: Any = None, k_new: Any = None, v_new: Any = None,
             num_splits: int | None = None, sinks: Any = None, alibi_slopes: Any = None, k_descale: Any = None,
-            v_descale: Any = None, backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
+            v_descale: Any = None, q_descale: Any = None, out_dtype: Any = None, backend: str = "auto",
+            return_lse: bool = False, out: Any = None) -> Any:
     """Attention forward pass: softmax(scale · q kᵀ) v, computed blockwise without materializing the
     N×N score matrix (except by the `naive` backend).
 
@@ -366,6 +384,11 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     per K/V head, Nq x Hq / Hkv, or 128 of at most 16 queries; head dims 64 and 128, power-of-two page
     sizes) reads the fp8 bytes; every other call and backend runs on a dequantized copy of the cache in q's
     dtype (a workspace of B x Hkv x capacity x d x 2 bytes for K and for V, freed after the call).
+    FP8 attention: q, k and v all float8_e4m3fn (any call: dense, cache, or varlen_forward), with q_descale
+    (as k_descale; query head h takes the entry of its K/V head, h // (Hq / Hkv)), k_descale and v_descale:
+    the result is attention(q * q_descale, k * k_descale, v * v_descale) with float32 accumulation, in
+    out_dtype (bfloat16 by default, or float16; a dtype of any framework or its name; `out` must have it).
+    This version computes it on the cpu backend (host arrays); the GPU backends refuse it (`supports`).
     num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
     pass fills the GPU; a call with none of the options above and at most 64 fp16 / bf16 queries chooses
     the same way, other such calls run one pass) or n >= 1 parts of the keys (at most one per 128 keys
@@ -386,9 +409,10 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
         softmax_scale = _scale(softmax_scale)
     plain = (window is None and softcap is _NO_SOFTCAP and cache_seqlens is None and cache_leftpad is None
              and block_table is None and k_new is None and v_new is None and num_splits is None and sinks is None
-             and alibi_slopes is None and k_descale is None and v_descale is None)
+             and alibi_slopes is None and k_descale is None and v_descale is None and q_descale is None
+             and out_dtype is None)
     options = () if plain else (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits,
-                                sinks, alibi_slopes, k_descale, v_descale)
+                                sinks, alibi_slopes, k_descale, v_descale, q_descale, _dtype_name(out_dtype))
 
     module = type(q).__module__
     if module.startswith("torch"):
@@ -422,7 +446,8 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
 def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, max_seqlen_q: int | None = None,
                    max_seqlen_k: int | None = None, causal: bool = False, softmax_scale: float | None = None,
                    window: tuple[int, int] | None = None, softcap: float = 0.0, sinks: Any = None,
-                   alibi_slopes: Any = None, backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
+                   alibi_slopes: Any = None, q_descale: Any = None, k_descale: Any = None, v_descale: Any = None,
+                   out_dtype: Any = None, backend: str = "auto", return_lse: bool = False, out: Any = None) -> Any:
     """Attention over a batch of sequences of different lengths, packed without padding (FlashAttention's
     varlen layout), on the same path as `forward`: CUDA arrays of PyTorch or CuPy in place, host arrays
     (numpy, PyTorch CPU tensors) on the GPU when one is usable, else on the `cpu` backend. JAX arrays
@@ -436,15 +461,16 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
     None, the grid covers the totals (correct, slower). Device values are not checked (that would
     need a synchronization): the kernels clamp each sequence's first row to [0, total] and its length to
     max_seqlen and to the array; rows no sequence covers are not written.
-    causal, window, softcap, sinks, alibi_slopes (B = the sequences), softmax_scale: as `forward`, aligned
-    bottom-right within each sequence.
+    causal, window, softcap, sinks, alibi_slopes (B = the sequences), softmax_scale, and fp8 attention's
+    q_descale, k_descale, v_descale and out_dtype: as `forward`, aligned bottom-right within each sequence.
     Returns out (total_q, Hq, d), or (out, lse) when return_lse, lse float32 (Hq, total_q).
     """
     code = _backend_code(backend)
     causal, return_lse = _flag(causal, "causal"), _flag(return_lse, "return_lse")
     scale = _scale(softmax_scale)
     module = type(q).__module__
-    options = (window, softcap) + (None,) * 6 + (sinks, alibi_slopes, None, None)  # forward's, in order
+    options = (window, softcap) + (None,) * 6 + (sinks, alibi_slopes, k_descale, v_descale, q_descale,
+                                                _dtype_name(out_dtype))  # forward's, in order
     if module.startswith("jax"):
         from .integrations import jax as jax_integration
 
@@ -538,20 +564,24 @@ def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | 
 
     like = q
     q, k, v = (_arrays.host_numpy(x) for x in (q, k, v))
-    if out is None:
-        out = _arrays.empty_host_like(like, q.shape, q.dtype.name)
-    out_np = _arrays.host_numpy(out)
     (window, softcap, cache_seqlens, cache_leftpad, block_table, k_new, v_new, num_splits, sinks, alibi_slopes,
-     k_descale, v_descale) = options or (None, _NO_SOFTCAP) + (None,) * 10
+     k_descale, v_descale, q_descale, out_dtype) = options or (None, _NO_SOFTCAP) + (None,) * 12
+    fp8 = q.dtype.name == "float8_e4m3fn"  # fp8 attention: float32 math on the dequantized inputs
+    if out is None:
+        out = _arrays.empty_host_like(like, q.shape, (out_dtype or "bfloat16") if fp8 else q.dtype.name)
+    out_np = _arrays.host_numpy(out)
+    kv_cache = any(x is not None for x in (cache_seqlens, cache_leftpad, block_table, k_new, v_new))
+    if fp8:
+        q, k, v, k_descale, v_descale = _dequantized_fp8(q, k, v, q_descale, k_descale, v_descale, kv_cache, varlen)
     common = dict(causal=causal, softmax_scale=scale, window=window, softcap=softcap or 0.0,
                   sinks=None if sinks is None else _host_floats(sinks),
                   alibi_slopes=None if alibi_slopes is None else _host_floats(alibi_slopes), return_lse=True,
-                  out=out_np)
+                  out=out_np.astype(np.float32) if fp8 else out_np)  # rows no entry covers keep out's
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
         _, lse = cpu.varlen_forward_cpu(q, k, v, _host_index(cu_q), _host_index(cu_k), max_seqlen_q=max_q,
                                         max_seqlen_k=max_k, **common)
-    elif any(x is not None for x in (cache_seqlens, cache_leftpad, block_table, k_new, v_new)):
+    elif kv_cache:
         _, lse = cpu.kvcache_forward_cpu(q, k, v, cache_seqlens=_host_index(cache_seqlens),
                                          cache_leftpad=_host_index(cache_leftpad),
                                          block_table=_host_index(block_table),
@@ -562,10 +592,37 @@ def _forward_cpu(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | 
                                          num_splits=num_splits, **common)
     else:
         view4 = (lambda a: a[:, None]) if q.ndim == 3 else (lambda a: a)
-        common["out"] = view4(out_np)
+        computed = common["out"]
+        common["out"] = view4(computed)
         _, lse = cpu.forward_cpu(view4(q), view4(k), view4(v), num_splits=num_splits, **common)
+        common["out"] = computed
         lse = lse.reshape(q.shape[:-1])
+    if fp8:
+        out_np[...] = common["out"]  # rounded once, float32 to out_dtype
     return out, (_arrays.host_like(like, lse) if return_lse else None)
+
+
+def _dequantized_fp8(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_descale: Any, k_descale: Any, v_descale: Any,
+                     kv_cache: bool, varlen: tuple | None) -> tuple:
+    """fp8 attention's inputs for the cpu backend: q, k, v times their descales as float32 (a KV cache
+    stays fp8, descaled where it is read, so that appended keys land in it), and the descales left to apply."""
+    from ._options import dequantized, varlen_layout
+
+    floats = [None if x is None else _host_floats(x) for x in (q_descale, k_descale, v_descale)]
+    heads_kv = k.shape[1] if k.ndim == 4 or varlen is not None else 1
+    if varlen is not None:
+        cu_q, cu_k, max_q, max_k = varlen
+        layout = varlen_layout(_host_index(cu_q), _host_index(cu_k), max_seqlen_q=max_q, max_seqlen_k=max_k)
+        rows = [layout.rows(b, q.shape[0], k.shape[0]) for b in range(layout.batch)]
+        q_rows, kv_rows = [r[:2] for r in rows], [r[2:] for r in rows]
+    else:
+        q_rows = kv_rows = None
+    q = dequantized(q, floats[0], "q_descale", heads_kv, dtype=np.float32, entries=q_rows)
+    if kv_cache:
+        return q, k, v, floats[1], floats[2]
+    k, v = (dequantized(x, f, name, heads_kv, dtype=np.float32, entries=kv_rows)
+            for x, f, name in ((k, floats[1], "k_descale"), (v, floats[2], "v_descale")))
+    return q, k, v, None, None
 
 
 def _forward_jax(q: Any, k: Any, v: Any, out: Any, causal: bool, scale: float | None, code: int,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KVCacheArgs", "kvcache_layout", "VarlenArgs", "varlen_layout", "per_head", "softmax_scale"]
+__all__ = ["KVCacheArgs", "kvcache_layout", "VarlenArgs", "varlen_layout", "per_head", "dequantized", "softmax_scale"]
 
 
 def softmax_scale(head_dim: int, given: float | None) -> float:
@@ -37,6 +37,26 @@ def per_head(value: Any, batch: int, heads: int, name: str, *, one_value: bool =
     if array.shape not in shapes:
         raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {array.shape}")
     return np.broadcast_to(array, (batch, heads))
+
+
+def dequantized(x: Any, descale: Any, name: str, heads_kv: int, *, dtype: Any,
+                entries: list[tuple[int, int]] | None = None) -> np.ndarray:
+    """fp8 attention's operand `x` times its descale, as `dtype`: x (B, H, N, d), (B, N, d) (one head), or
+    with `entries` (each entry's rows [start, stop)) a varlen (total, H, d). descale as per_head takes it
+    with `one_value`, per K/V head: head h of H reads entry h // (H / heads_kv) (q's grouped heads, as
+    FlashAttention-3's q_descale; H = heads_kv for k and v). None: 1."""
+    values = np.asarray(x).astype(dtype)
+    if descale is None:
+        return values
+    heads = 1 if values.ndim == 3 and entries is None else values.shape[1]
+    batch = len(entries) if entries is not None else values.shape[0]
+    scales = np.repeat(per_head(descale, batch, heads_kv, name, one_value=True).astype(dtype), heads // heads_kv,
+                       axis=1)  # (batch, heads)
+    if entries is not None:
+        for b, (start, stop) in enumerate(entries):
+            values[start:stop] *= scales[b][None, :, None]
+        return values
+    return values * (scales[:, :, None] if values.ndim == 3 else scales[:, :, None, None])
 
 
 def _ints(value: Any) -> np.ndarray:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import masks
-from ._options import kvcache_layout, per_head, varlen_layout
+from ._options import dequantized, kvcache_layout, per_head, varlen_layout
 from .masks import Window, resolve_window
 
 __all__ = ["attention_reference", "kvcache_reference", "varlen_reference", "rel_l2", "naive_same_precision",
@@ -100,6 +100,9 @@ def attention_reference(
     softcap: float = 0.0,
     sinks: Any = None,
     alibi_slopes: Any = None,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention in float64.
 
@@ -114,13 +117,20 @@ def attention_reference(
             sum_j exp(s_ij) + exp(sinks[h]) (not capped, no value).
         alibi_slopes: None or (Hq,) / (B, Hq): the capped score of query i and key j gains
             -slope * |i + Nk - Nq - j|.
+        q_descale, k_descale, v_descale: None (1), or dequantization scales (fp8 attention): a scalar,
+            (Hkv,) or (B, Hkv); the inputs are q * q_descale (head h: its K/V head's entry), k * k_descale
+            and v * v_descale in float64 (_options.dequantized).
 
     Returns:
         (out, lse): out float64 with q's shape; lse float64 (B, Hq, Nq) or (B, Nq) for 3-D input.
         Rows that see no key give out 0 and lse -inf. NaN in an input propagates to the rows that
         read it.
     """
-    q4, k4, v4, was_3d = _as_4d(np.asarray(q), np.asarray(k), np.asarray(v))
+    hkv = 1 if np.ndim(k) == 3 else np.shape(k)[1]
+    q, k, v = (dequantized(x, descale, name, hkv, dtype=np.float64)
+               for x, descale, name in ((q, q_descale, "q_descale"), (k, k_descale, "k_descale"),
+                                        (v, v_descale, "v_descale")))
+    q4, k4, v4, was_3d = _as_4d(q, k, v)
     out, lse = _dense(q4, k4, v4, _default_scale(q4.shape[3], softmax_scale), resolve_window(causal, window),
                       _softcap(softcap), sinks=_sinks(sinks, q4.shape[1]),
                       alibi=_alibi(alibi_slopes, q4.shape[0], q4.shape[1]))
@@ -224,6 +234,7 @@ def kvcache_reference(
     alibi_slopes: Any = None,
     k_descale: Any = None,
     v_descale: Any = None,
+    q_descale: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of q against a KV cache, in float64. Never modifies k_cache / v_cache.
 
@@ -246,11 +257,13 @@ def kvcache_reference(
         k_descale, v_descale: None (1), or float32 dequantization scales (FlashAttention-3's): a scalar,
             (Hkv,) or (B, Hkv). Entry b's keys and values of head h, cached and new, are
             k * k_descale[b, h] and v * v_descale[b, h] in float64 (e.g. float8_e4m3fn caches).
+        q_descale: the same for q (fp8 attention), head h reading its K/V head's entry.
 
     Returns:
         (out float64 (B, Hq, Nq, d), lse float64 (B, Hq, Nq)).
     """
-    q = np.asarray(q)
+    q = dequantized(q, q_descale, "q_descale", k_cache.shape[1], dtype=np.float64) if q_descale is not None \
+        else np.asarray(q)
     args = kvcache_layout(q, k_cache, v_cache, cache_seqlens=cache_seqlens, cache_leftpad=cache_leftpad,
                           block_table=block_table, k_new=k_new)
     win, cap = resolve_window(causal, window), _softcap(softcap)
@@ -315,13 +328,16 @@ def varlen_reference(
     alibi_slopes: Any = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention of a batch of sequences of different lengths, packed, in float64.
 
     q (total_q, Hq, d), k and v (total_k, Hkv, d); sequence b is rows [cu_seqlens_q[b],
     cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v (prefix sums, int).
     The mask (causal, window) is aligned bottom-right within each sequence; empty sequences are allowed;
-    softcap, sinks and alibi_slopes (one row per sequence) as :func:`attention_reference`. cu_seqlens
+    softcap, sinks, alibi_slopes and the descales (one row per sequence) as :func:`attention_reference`. cu_seqlens
     values are taken as the kernels take device ones: each sequence's first row clamped to [0, total], its
     length to [0, max_seqlen] (the total when None) and to the array (_options.VarlenArgs.rows); rows no
     sequence covers are 0 with lse -inf.
@@ -329,8 +345,12 @@ def varlen_reference(
     Returns:
         (out float64 (total_q, Hq, d), lse float64 (Hq, total_q)).
     """
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     args = varlen_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    hkv = np.shape(k)[1]
+    rows = [args.rows(i, np.shape(q)[0], np.shape(k)[0]) for i in range(args.batch)]
+    q = dequantized(q, q_descale, "q_descale", hkv, dtype=np.float64, entries=[r[:2] for r in rows])
+    k, v = (dequantized(x, descale, name, hkv, dtype=np.float64, entries=[r[2:] for r in rows])
+            for x, descale, name in ((k, k_descale, "k_descale"), (v, v_descale, "v_descale")))
     win, cap = resolve_window(causal, window), _softcap(softcap)
     total_q, hq, d = q.shape
     sink = _sinks(sinks, hq)

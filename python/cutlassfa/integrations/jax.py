@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cutlassfa
-from cutlassfa._api import _flag, _scale
+from cutlassfa._api import _dtype_name, _flag, _scale
 from cutlassfa._arrays import stand_in
 
 __all__ = ["forward", "varlen_forward", "FFI_TARGET", "NO_BACKWARD", "LAYOUTS"]
@@ -46,10 +46,11 @@ _CUDA_CORE_FALLBACK = ("large_tile", "small_tile")  # what `auto` takes when ten
 # forward's array arguments beside q, k, v: operands of the call, in this order (the FFI handler reads
 # them by the names the call lists); integer ones are int32, float ones float32.
 _INDEX_ARRAYS = ("cache_seqlens", "cache_leftpad", "block_table", "cu_seqlens_q", "cu_seqlens_k")
-_FLOAT_ARRAYS = ("sinks", "alibi_slopes", "k_descale", "v_descale")
+_FLOAT_ARRAYS = ("sinks", "alibi_slopes", "k_descale", "v_descale", "q_descale")
 _ARRAYS = ("cache_seqlens", "cache_leftpad", "block_table", "k_new", "v_new", "cu_seqlens_q", "cu_seqlens_k",
            *_FLOAT_ARRAYS)
-_SCALARS = ("window", "softcap", "num_splits")  # static: attributes of the call
+_SCALARS = ("window", "softcap", "num_splits", "out_dtype")  # static: attributes of the call
+_VARLEN_OPTIONS = ("window", "softcap", "sinks", "alibi_slopes", "q_descale", "k_descale", "v_descale", "out_dtype")
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class _Call:
     arrays: tuple[tuple[str, int], ...] = ()  # array operands after q, k, v: (name, ndim), in order
     max_seqlen: tuple[int, int] | None = None  # varlen calls: (max_seqlen_q, max_seqlen_k)
     lse: bool = True  # False: lse is not computed (an empty result stands in for it)
+    out_dtype: str | None = None  # fp8 attention's (None: the default)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -117,7 +119,7 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
         raise TypeError("out is not supported for JAX arrays (they are immutable)")
     return_lse = _flag(return_lse, "return_lse")
     for key in options:
-        if key not in ("window", "softcap", "sinks", "alibi_slopes"):
+        if key not in _VARLEN_OPTIONS:
             raise TypeError(f"varlen_forward() got an unexpected keyword argument {key!r}")
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     longest = []
@@ -169,7 +171,7 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
         if key in _SCALARS:
             if isinstance(value, (jax.Array, np.ndarray)):
                 raise NotImplementedError(f"{key} must be a Python value for JAX arrays (it is static)")
-            scalars[key] = value
+            scalars[key] = _dtype_name(value) if key == "out_dtype" else value
         else:
             arrays[key] = jnp.asarray(value)
     varlen = max_seqlen is not None
@@ -194,7 +196,8 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     operands = tuple(_operand(n, arrays[n]) for n in operand_names)
     statics = dict(window=_window(scalars.get("window")), softcap=float(scalars.get("softcap") or 0.0),
                    num_splits=scalars.get("num_splits"), layout=layout,
-                   arrays=tuple((n, arrays[n].ndim) for n in operand_names), max_seqlen=max_seqlen, lse=lse)
+                   arrays=tuple((n, arrays[n].ndim) for n in operand_names), max_seqlen=max_seqlen, lse=lse,
+                   out_dtype=scalars.get("out_dtype"))
     if name == "cpu":
         return _Call(bool(causal), scale, "cpu", "cpu", None, **statics), operands
     cpu_backend = "cpu" if backend == "auto" else name  # auto on JAX's CPU: compute on the CPU
@@ -281,7 +284,7 @@ def _attention_impl(call: _Call, q: jax.Array, k: jax.Array, v: jax.Array, *arra
         sinks = dict(zip(call.names, arrays)).get("sinks")
         if sinks is not None and call.lse:  # a row that sees no key: lse = its head's sink
             lse = jnp.broadcast_to(sinks.astype(jnp.float32)[..., None], lse.shape)
-        return jnp.zeros(q.shape, q.dtype), lse
+        return jnp.zeros(q.shape, _out_dtype(call, q)), lse
     on_cpu = functools.partial(_on_host, call, call.cpu_backend)
     on_cuda = functools.partial(_on_device, call) if call.ffi_backend is not None else \
         functools.partial(_on_host, call, call.cuda_backend)
@@ -301,8 +304,14 @@ def _lse_shape(call: _Call, q: Any) -> tuple[int, ...]:
     return q.shape[:-1]
 
 
+def _out_dtype(call: _Call, q: jax.Array) -> Any:
+    """q's dtype, or fp8 attention's out_dtype (bfloat16 by default)."""
+    return q.dtype if q.dtype != jnp.float8_e4m3fn else jnp.dtype(call.out_dtype or "bfloat16")
+
+
 def _result_types(call: _Call, q: jax.Array, k: jax.Array) -> tuple:
-    types = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(_lse_shape(call, q), jnp.float32))
+    types = (jax.ShapeDtypeStruct(q.shape, _out_dtype(call, q)),
+             jax.ShapeDtypeStruct(_lse_shape(call, q), jnp.float32))
     return types + (jax.ShapeDtypeStruct(k.shape, k.dtype),) * 2 if call.appends else types
 
 
@@ -343,6 +352,8 @@ def _host_forward(call: _Call, backend: str, q: np.ndarray, k: np.ndarray, v: np
         keywords["softcap"] = call.softcap
     if call.num_splits is not None:
         keywords["num_splits"] = call.num_splits
+    if call.out_dtype is not None:
+        keywords["out_dtype"] = call.out_dtype
     named = dict(zip(call.names, (np.asarray(a) for a in arrays)))
     if call.max_seqlen is not None:
         cu_q, cu_k = named.pop("cu_seqlens_q"), named.pop("cu_seqlens_k")

@@ -36,12 +36,13 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
 # declare) are not operators yet: they run eagerly only.
 _MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None,
                                    "block_table": None, "num_splits": None, "sinks": None, "alibi_slopes": None,
-                                   "k_descale": None, "v_descale": None}
+                                   "k_descale": None, "v_descale": None, "q_descale": None, "out_dtype": None}
 _FORWARD_SCHEMA = (
     "forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, str backend='auto', "
     "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None, "
     "Tensor? block_table=None, int? num_splits=None, Tensor? sinks=None, Tensor? alibi_slopes=None, "
-    "Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor out, Tensor lse)"
+    "Tensor? k_descale=None, Tensor? v_descale=None, Tensor? q_descale=None, ScalarType? out_dtype=None) "
+    "-> (Tensor out, Tensor lse)"
 )
 # The backward of `forward`: an operator that raises when it runs, so that tracing a training graph
 # (torch.compile traces the backward ahead of time) still works and only running the backward fails.
@@ -108,9 +109,11 @@ def op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
     if unknown:
         raise NotImplementedError(f"cutlassfa.forward: {unknown[0]!r} is not supported through "
                                   "torch.ops.cutlassfa.forward (torch.compile, autograd) yet")
-    for name in ("k_descale", "v_descale"):  # one float per tensor: a 0-d tensor in the schema
+    for name in ("k_descale", "v_descale", "q_descale"):  # one float per tensor: a 0-d tensor in the schema
         if isinstance(modes.get(name), (int, float)):
             modes[name] = torch.tensor(float(modes[name]), dtype=torch.float32, device=q.device)
+    if isinstance(modes.get("out_dtype"), str):  # the schema's ScalarType
+        modes["out_dtype"] = getattr(torch, modes["out_dtype"])
     result, lse = torch.ops.cutlassfa.forward.default(q, k, v, causal, softmax_scale, backend,
                                                       **{**_MODE_DEFAULTS, **modes})
     if out is not None:
@@ -123,7 +126,7 @@ def _copy_into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
     if out.shape != result.shape:
         raise ValueError(f"out must have shape {tuple(result.shape)}, got {tuple(out.shape)}")
     if out.dtype != result.dtype:
-        raise TypeError(f"out must have dtype {result.dtype} like q, got {out.dtype}")
+        raise TypeError(f"out must have dtype {result.dtype} (the result's), got {out.dtype}")
     if out.device != result.device:
         raise ValueError("out must be on the same device as q")
     return out.copy_(result)
@@ -170,11 +173,12 @@ def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                   num_splits: int | None = None, sinks: torch.Tensor | None = None,
                   alibi_slopes: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-                  v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  v_descale: torch.Tensor | None = None, q_descale: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     given = {"window": None if window is None else tuple(window), "softcap": softcap,
              "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad, "block_table": block_table,
              "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes, "k_descale": k_descale,
-             "v_descale": v_descale}
+             "v_descale": v_descale, "q_descale": q_descale, "out_dtype": out_dtype}
     modes = {name: value for name, value in given.items() if not _is_default(name, value)}
     _state.inside_op = True
     try:
@@ -195,17 +199,21 @@ def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                   num_splits: int | None = None, sinks: torch.Tensor | None = None,
                   alibi_slopes: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-                  v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes and dtypes of the results (out like q, compact; lse float32 q.shape[:-1]). The extension's
-    validator judges the call on stand-ins of the fake tensors' shapes and dtypes (index values read as
-    zeros), so that a traced call fails where it is written, with the eager call's messages."""
+                  v_descale: torch.Tensor | None = None, q_descale: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes and dtypes of the results (out like q, compact, of the output's dtype; lse float32
+    q.shape[:-1]). The extension's validator judges the call on stand-ins of the fake tensors' shapes and
+    dtypes (index values read as zeros), so that a traced call fails where it is written, with the eager
+    call's messages."""
     given = {"window": window, "softcap": softcap, "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad,
              "block_table": block_table, "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes,
-             "k_descale": k_descale, "v_descale": v_descale}
+             "k_descale": k_descale, "v_descale": v_descale, "q_descale": q_descale}
     options = {name: stand_in(value) for name, value in given.items() if not _is_default(name, value)}
     cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
-                             backend=backend, **options)
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+                             backend=backend, out_dtype=out_dtype, **options)
+    # the output's dtype: q's, or fp8 attention's out_dtype (bfloat16 by default)
+    dtype = q.dtype if q.dtype != torch.float8_e4m3fn else (out_dtype or torch.bfloat16)
+    return q.new_empty(q.shape, dtype=dtype), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _no_backward_impl(grad_out: torch.Tensor, kv_shape: list[int]) -> tuple[torch.Tensor, ...]:
