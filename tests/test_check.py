@@ -234,10 +234,12 @@ def test_unchecked_bfloat16_without_ml_dtypes_is_stated_and_fails(monkeypatch, c
     code = check.main(["--quick", "--backends", "cpu", "--seed", "3", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 1 and "PASSED" not in out
-    # bfloat16 cases, and the float16 ones with an fp8 cache (float8_e4m3fn arrays come from ml_dtypes too)
+    # bfloat16 cases, and the float16 ones with fp8 arrays (an fp8 cache, fp8 attention: float8_e4m3fn arrays
+    # come from ml_dtypes too)
     cases = check.build_cases(quick=True)
     bf16 = sum(c.dtype == "bfloat16" for c in cases)
-    fp8 = sum(c.dtype == "float16" and c.variant is not None and c.variant.fp8_cache for c in cases)
+    fp8 = sum(c.dtype == "float16" and c.variant is not None and (c.variant.fp8_cache or c.variant.fp8)
+              for c in cases)
     assert f"{bf16} advertised cases not checked: bfloat16" in out
     assert f"{fp8} advertised cases not checked: float8" in out
     assert f"checked per backend: cpu {len(cases) - bf16 - fp8}" in out

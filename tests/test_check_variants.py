@@ -53,10 +53,11 @@ def test_matrix_holds_every_variant_mode_the_cpu_backend_advertises(quick):
     assert {(c.dtype, c.variant.name) for c in cases if c.variant} == {
         (dt, spec.variant.name) for dt in check.DTYPES for spec in variants.SPECS if variants.takes(spec, dt)}
     assert check.coverage_gaps("cpu", CPU.advertises, cases, check.DTYPES) == []
-    # each variant mode names something and is a mode `supports` takes
+    # each variant mode names something (fp8 attention: q's dtype does) and is a mode `supports` takes
     for spec in variants.SPECS:
-        dtype = "float16" if spec.variant.fp8_cache else "float32"
-        assert spec.variant.mode and cutlassfa.supports("cpu", dtype, 64, causal=spec.causal, **spec.variant.mode)
+        dtype = "float16" if spec.variant.fp8_cache else "float8_e4m3fn" if spec.variant.fp8 else "float32"
+        assert spec.variant.mode or spec.variant.fp8
+        assert cutlassfa.supports("cpu", dtype, 64, causal=spec.causal, **spec.variant.mode)
 
 
 def test_matrix_holds_the_windows_softcaps_caches_and_batches_asked_for():
@@ -104,10 +105,11 @@ def test_padded_head_dims_neighbour_every_compiled_width_of_every_family():
 def test_quick_matrix_stays_small():
     quick, full = check.build_cases(quick=True), check.build_cases(quick=False)
     added = [c for c in quick if c.variant is not None or c.d not in cutlassfa.HEAD_DIMS]
-    # each (dtype, variant) once (fp8 caches: half-precision dtypes only), each (dtype, padded head dim) once;
-    # the budget grew with the sink, ALiBi and fp8-cache variants (the CPU's quick run: 240 cases in 3-33 s)
-    fp8_specs = sum(spec.variant.fp8_cache for spec in variants.SPECS)
-    assert len(added) == len(check.DTYPES) * (len(variants.SPECS) + len(variants.padded_head_dims())) - fp8_specs <= 96
+    # each (dtype, variant) once (fp8 caches and fp8 attention: half-precision dtypes only), each (dtype, padded
+    # head dim) once; the budget grew with the sink, ALiBi, fp8-cache and fp8-attention variants (the CPU's quick
+    # run: 248 cases in 3-33 s)
+    fp8_specs = sum(spec.variant.fp8_cache or spec.variant.fp8 for spec in variants.SPECS)
+    assert len(added) == len(check.DTYPES) * (len(variants.SPECS) + len(variants.padded_head_dims())) - fp8_specs <= 102
     assert len(quick) <= 250 and len(full) > 3 * len(quick)
     assert max(Counter((c.dtype, c.variant.name) for c in quick if c.variant).values()) == 1
 

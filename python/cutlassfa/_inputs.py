@@ -42,7 +42,8 @@ class Variant:
     through k_new / v_new and cache_leftpad when given. kind "varlen": varlen_forward over sequences of
     seqlens_q / seqlens_k (B of them). sinks: one attention-sink logit per query head; alibi: ALiBi slopes
     per (entry, query head) (any kind). fp8_cache (kvcache): k, v, k_new and v_new float8_e4m3fn with
-    descales per (entry, K/V head)."""
+    descales per (entry, K/V head). fp8 (any kind): fp8 attention, q as well (q_descale per (entry, K/V
+    head) too), the result in the case's dtype (out_dtype)."""
 
     name: str
     kind: str = "dense"
@@ -58,6 +59,7 @@ class Variant:
     sinks: bool = False
     alibi: bool = False
     fp8_cache: bool = False
+    fp8: bool = False
 
     @property
     def mode(self) -> dict[str, Any]:
@@ -105,6 +107,11 @@ class Case:
     def mode(self) -> dict[str, Any]:
         """The keyword arguments of `cutlassfa.supports` that describe this case's masking."""
         return {"causal": self.causal, **(self.variant.mode if self.variant else {})}
+
+    @property
+    def q_dtype(self) -> str:
+        """q's dtype: the case's, or float8_e4m3fn for fp8 attention (the case's dtype is then the output's)."""
+        return "float8_e4m3fn" if self.variant is not None and self.variant.fp8 else self.dtype
 
     @property
     def variant_name(self) -> str:

@@ -51,7 +51,7 @@ def public_backend(name: str, framework: str) -> Backend:
                                  return_lse=True, **variant)
 
     def advertises(case: Case) -> Advertised:
-        return supports(name, case.dtype, case.d, **case.mode)
+        return supports(name, case.q_dtype, case.d, **case.mode)
 
     return Backend(name, fn, framework, advertises)
 

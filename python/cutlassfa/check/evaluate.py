@@ -108,7 +108,7 @@ def evaluate(backend: Backend, case: Case, inputs: CaseInputs) -> Result:
     fw = backend.framework
     try:
         kv_dtype = inputs.kv_dtype or case.dtype
-        q = to_framework(inputs.q, case.dtype, fw)
+        q = to_framework(inputs.q, case.q_dtype, fw)
         k, v = (to_framework(x, kv_dtype, fw) for x in (inputs.k, inputs.v))
         # Descales in float32, as users pass them; k_new / v_new in the cache's dtype; the rest in the case's.
         extra = {name: to_framework(x, "float32" if name.endswith("descale") else

@@ -91,17 +91,45 @@ def _draw_e4m3(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> 
     return (rng.standard_normal(shape) * 4).astype(numpy_dtype("float8_e4m3fn")).astype(np.float32)
 
 
+def _fp8_descales(rng: np.random.Generator, batch: int, heads_kv: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Descales per (entry, K/V head), multiples of 1/32: an e4m3 value (3 mantissa bits) times one is exact
+    in float16 and bfloat16, so the half-precision yardstick computes on exactly the dequantized inputs."""
+    return {name: rng.integers(2, 12, (batch, heads_kv)).astype(np.float32) / 32 for name in names}
+
+
+def _fp8_attention(case: Case) -> dict[str, Any]:
+    """forward's options of an fp8-attention case: the output in the case's dtype."""
+    return {"out_dtype": case.dtype} if case.variant.fp8 else {}
+
+
 def _dense(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     from cutlassfa import reference
 
-    q, k, v = case_values(case, rng)
+    if case.variant.fp8:
+        q, k, v = (_draw_e4m3(rng, shape, case.dtype) for shape in case.shapes())
+        descales = _fp8_descales(rng, case.B, case.Hk, ("q_descale", "k_descale", "v_descale"))
+    else:
+        q, k, v = case_values(case, rng)
+        descales = {}
     masking = _mask_options(case, rng)
-    ref_out, ref_lse = reference.attention_reference(q, k, v, causal=case.causal, **masking)
-    naive = None if half is None else reference.naive_same_precision(q, k, v, half, causal=case.causal, **masking)
+    ref_out, ref_lse = reference.attention_reference(q, k, v, causal=case.causal, **masking, **descales)
+    naive = None
+    if half is not None:  # the yardstick on the dequantized inputs
+        dq, dk, dv = (_dequantized(x, descales.get(name)) for x, name in
+                      ((q, "q_descale"), (k, "k_descale"), (v, "v_descale")))
+        naive = reference.naive_same_precision(dq, dk, dv, half, causal=case.causal, **masking)
     options, arrays = _forward_options(masking)
     if case.variant.num_splits is not None:
         options["num_splits"] = case.variant.num_splits
-    return VariantInputs(q, k, v, ref_out, ref_lse, naive, arrays=arrays, options=options)
+    return VariantInputs(q, k, v, ref_out, ref_lse, naive, arrays={**arrays, **descales},
+                         options={**options, **_fp8_attention(case)}, kv_dtype="float8_e4m3fn" if descales else None)
+
+
+def _dequantized(x: np.ndarray, descale: np.ndarray | None) -> np.ndarray:
+    """x (B, H, N, d) times a (B, Hkv) descale, head h reading entry h // (H / Hkv); None: x."""
+    if descale is None:
+        return x
+    return x * np.repeat(descale, x.shape[1] // descale.shape[1], axis=1)[:, :, None, None]
 
 
 def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
@@ -111,8 +139,8 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     b, hk, d = case.B, case.Hk, case.d
     seqlens = np.array(var.cache_seqlens, np.int32)
     leftpad = np.array(var.cache_leftpad or (0,) * b, np.int32)
-    q = _draw(rng, (b, case.H, case.Nq, d), dt)
-    draw_kv = _draw_e4m3 if var.fp8_cache else _draw
+    q = (_draw_e4m3 if var.fp8 else _draw)(rng, (b, case.H, case.Nq, d), dt)
+    draw_kv = _draw_e4m3 if var.fp8_cache or var.fp8 else _draw
     # Each entry's keys and values: the cache part, then the n_new appended ones.
     keys = [draw_kv(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
     values = [draw_kv(rng, (hk, int(n) + var.n_new, d), dt) for n in seqlens]
@@ -138,17 +166,17 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         arrays = {"k_new": np.stack([x[:, n:] for x, n in zip(keys, seqlens)]),
                   "v_new": np.stack([x[:, n:] for x, n in zip(values, seqlens)])}
     masking = _mask_options(case, rng)
-    # fp8: descales per (entry, K/V head), multiples of 1/32.
-    descales = {name: rng.integers(2, 12, (b, hk)).astype(np.float32) / 32 for name in ("k_descale", "v_descale")} \
-        if var.fp8_cache else {}
+    names = ("q_descale",) * var.fp8 + ("k_descale", "v_descale") * (var.fp8_cache or var.fp8)
+    descales = _fp8_descales(rng, b, hk, names)
     ref_out, ref_lse = reference.kvcache_reference(q, k_cache, v_cache, causal=case.causal, **index, **arrays,
                                                    **masking, **descales)
     naive = None
     if half is not None:  # the yardstick on each entry's dequantized keys
-        if descales:
+        if "k_descale" in descales:
             keys = [x * descales["k_descale"][i][:, None, None] for i, x in enumerate(keys)]
             values = [x * descales["v_descale"][i][:, None, None] for i, x in enumerate(values)]
-        naive = np.concatenate([reference.naive_same_precision(q[i:i + 1], keys[i][None, :, lp:],
+        dq = _dequantized(q, descales.get("q_descale"))
+        naive = np.concatenate([reference.naive_same_precision(dq[i:i + 1], keys[i][None, :, lp:],
                                                                values[i][None, :, lp:], half, causal=case.causal,
                                                                **_entry(masking, i))
                                 for i, lp in enumerate(leftpad)])
@@ -156,7 +184,7 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     if var.num_splits is not None:
         options["num_splits"] = var.num_splits
     return VariantInputs(q, k_cache, v_cache, ref_out, ref_lse, naive, {**arrays, **sink_array, **descales}, index,
-                         options, kv_dtype="float8_e4m3fn" if var.fp8_cache else None)
+                         {**options, **_fp8_attention(case)}, kv_dtype="float8_e4m3fn" if descales else None)
 
 
 def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
@@ -165,22 +193,27 @@ def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     var, dt = case.variant, case.dtype
     cu_q = np.concatenate([[0], np.cumsum(var.seqlens_q)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(var.seqlens_k)]).astype(np.int32)
-    q = _draw(rng, (int(cu_q[-1]), case.H, case.d), dt)
-    k, v = (_draw(rng, (int(cu_k[-1]), case.Hk, case.d), dt) for _ in range(2))
+    draw = _draw_e4m3 if var.fp8 else _draw
+    q = draw(rng, (int(cu_q[-1]), case.H, case.d), dt)
+    k, v = (draw(rng, (int(cu_k[-1]), case.Hk, case.d), dt) for _ in range(2))
+    descales = _fp8_descales(rng, len(var.seqlens_q), case.Hk, ("q_descale", "k_descale", "v_descale") * var.fp8)
     masking = _mask_options(case, rng)
-    ref_out, ref_lse = reference.varlen_reference(q, k, v, cu_q, cu_k, causal=case.causal, **masking)
+    ref_out, ref_lse = reference.varlen_reference(q, k, v, cu_q, cu_k, causal=case.causal, **masking, **descales)
     naive = None
-    if half is not None:
+    if half is not None:  # on each sequence's dequantized rows
         naive = np.zeros(q.shape, np.float64)
         heads_first = lambda x: x.transpose(1, 0, 2)[None]  # noqa: E731 - (n, H, d) -> (1, H, n, d)
         for i, (q0, q1, k0, k1) in enumerate(zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])):
-            o = reference.naive_same_precision(heads_first(q[q0:q1]), heads_first(k[k0:k1]), heads_first(v[k0:k1]),
-                                               half, causal=case.causal, **_entry(masking, i))
+            entry = {name: x[i:i + 1] for name, x in descales.items()}
+            sq, sk, sv = (_dequantized(heads_first(x), entry.get(name)) for x, name in
+                          ((q[q0:q1], "q_descale"), (k[k0:k1], "k_descale"), (v[k0:k1], "v_descale")))
+            o = reference.naive_same_precision(sq, sk, sv, half, causal=case.causal, **_entry(masking, i))
             naive[q0:q1] = o[0].transpose(1, 0, 2)
     options, arrays = _forward_options(masking)
-    options.update(max_seqlen_q=max(var.seqlens_q), max_seqlen_k=max(var.seqlens_k))
-    return VariantInputs(q, k, v, ref_out, ref_lse, naive, arrays, {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k},
-                         options)
+    options.update(max_seqlen_q=max(var.seqlens_q), max_seqlen_k=max(var.seqlens_k), **_fp8_attention(case))
+    return VariantInputs(q, k, v, ref_out, ref_lse, naive, {**arrays, **descales},
+                         {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}, options,
+                         kv_dtype="float8_e4m3fn" if descales else None)
 
 
 def index_to_framework(x: np.ndarray, framework: str) -> Any:

@@ -1,5 +1,5 @@
 """The gate's variant cases: sliding windows, softcap, attention sinks, ALiBi, zero-padded head dims, KV
-caches and varlen.
+caches, varlen and fp8 attention.
 
 Each SPEC is one variant mode (what `cutlassfa.supports` is asked with) and its causal flag, with a few
 shapes. The full matrix takes every spec for each dtype x head dim of `variant_head_dims()`, its
@@ -83,13 +83,24 @@ _VARLEN = (
     Spec(Variant("varlen-alibi", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K, alibi=True), True,
          ((4, 2), (4, 1))),
 )
-SPECS = _DENSE + _KVCACHE + _VARLEN
+# fp8 attention (q, k and v float8_e4m3fn, descales per (entry, K/V head), the output in the case's
+# dtype): dense causal and not with GQA, over an fp8 cache with appended keys, and a varlen batch.
+_FP8 = (
+    Spec(Variant("fp8", fp8=True), False, ((4, 2, 257, 257), (4, 4, 77, 128))),
+    Spec(Variant("fp8-causal", fp8=True), True, ((4, 1, 257, 257), (4, 4, 128, 77))),
+    Spec(Variant("fp8-kvcache-new", "kvcache", cache_seqlens=(77, 0, 200), n_new=2, fp8=True), True,
+         ((4, 2, 2), (4, 4, 2))),
+    Spec(Variant("fp8-varlen", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K, fp8=True), True,
+         ((4, 2), (4, 4))),
+)
+SPECS = _DENSE + _KVCACHE + _VARLEN + _FP8
 
 # Head dims of the quick variant cases, in turn: compiled widths and padded ones, each taken by every
 # backend on every dtype (small_tile runs up to 192, the tensor-core backends fp32 up to 128), so that
 # the one quick case of a (dtype, variant) is advertised wherever the variant is.
 QUICK_HEAD_DIMS = (64, 128, 40, 96, 32, 80, 112)
-# fp8 caches run on the GPU at the decode kernel's head dims only: their quick cases take those.
+# fp8 caches run on the GPU at the decode kernel's head dims only, fp8 attention at the fp8 kernel's: their
+# quick cases take those.
 FP8_QUICK_HEAD_DIMS = (128, 64)
 # Preferred padded head dims (padded_head_dims adds one wherever a compiled width is left without a
 # padded neighbour): 8 and 40 pad to 32 / 64, 80 to 96 or 128, 112 to 128, 136 to 192 or 256, 200 to 256.
@@ -154,8 +165,9 @@ def case_of(spec: Spec, dtype: str, d: int, shape: tuple[int, ...]) -> Case:
 
 
 def takes(spec: Spec, dtype: str) -> bool:
-    """Whether the spec's variant takes q of `dtype` (an fp8 cache: half precision only)."""
-    return not (spec.variant.fp8_cache and dtype == "float32")
+    """Whether the spec's variant takes `dtype` (an fp8 cache: half-precision q; fp8 attention: a
+    half-precision output)."""
+    return not ((spec.variant.fp8_cache or spec.variant.fp8) and dtype == "float32")
 
 
 def variant_cases(quick: bool, dtypes: Sequence[str]) -> list[Case]:
@@ -164,7 +176,7 @@ def variant_cases(quick: bool, dtypes: Sequence[str]) -> list[Case]:
     for index, (dtype, spec) in enumerate(itertools.product(dtypes, SPECS)):
         if not takes(spec, dtype):
             continue
-        quick_dims = FP8_QUICK_HEAD_DIMS if spec.variant.fp8_cache else QUICK_HEAD_DIMS
+        quick_dims = FP8_QUICK_HEAD_DIMS if spec.variant.fp8_cache or spec.variant.fp8 else QUICK_HEAD_DIMS
         dims = (quick_dims[index % len(quick_dims)],) if quick else variant_head_dims()
         for j, d in enumerate(dims):
             cases.append(case_of(spec, dtype, d, spec.shapes[(index + j) % len(spec.shapes)]))
