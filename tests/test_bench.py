@@ -1228,6 +1228,25 @@ def test_fp8_cache_rows_are_checked_against_the_dequantized_cache(tmp_path):
     assert bench.split_term("tensorcore_fp8") == ("tensorcore", "fp8_cache")
 
 
+def test_fp8_attention_rows_are_checked_against_the_dequantized_inputs(tmp_path):
+    """A `<backend>_fp8attn` row runs fp8 attention on e4m3 copies of q, K and V (dense, a KV cache, a varlen
+    batch), its output in the case's dtype, and is held to the reference of the dequantized values."""
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "2,4:2,4,130,64", "--shape", "1,4,3,96,32", "--causal", "both", "--backends",
+                 "cpu,cpu_fp8attn", "--repeats", "3", "--warmup", "1", "--no-progress", "--json", str(path)])
+    assert code == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["backend"] for r in rows} == {"cpu", "cpu_fp8attn"} and len(rows) == 8
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-3 for r in rows), rows
+    case = bench.select_cases(_args(["--shape", "2,4:2,4,130,64"]))[0]
+    q, k, v = (np.random.default_rng(i).standard_normal(shape).astype(np.float16)
+               for i, shape in enumerate([(2, 4, 4, 64), (2, 2, 130, 64), (2, 2, 130, 64)]))
+    rounded = bench.runners.fp8_roundtrip
+    both = bench.reference_sample(case, q, k, v, kv_values=rounded, q_values=rounded)
+    assert 1e-3 < rel_l2(both, bench.reference_sample(case, q, k, v, kv_values=rounded)) < 5e-2  # q's rounding shows
+    assert bench.split_term("tensorcore_fp8attn") == ("tensorcore", "fp8_attention")
+
+
 def test_speculative_grid_is_the_multi_token_decode_grid():
     grid = bench.speculative_grid()
     assert bench.select_cases(_args(["--speculative"])) == grid

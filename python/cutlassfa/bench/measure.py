@@ -20,13 +20,17 @@ from .frames import Frame
 from .grid import twin_of
 from .rules import (DEFAULT_MAX_CALL_S, DEFAULT_REPEATS, DEFAULT_WARMUP, GEMM_SIZE, PEAKS, accuracy_bound, peak_of,
                     rotation_copies, skip_reason, tflops)
-from .runners import ANCHORS, DENSE, FP8_CACHE, READ, Runner, fp8_roundtrip, term_values
+from .runners import ANCHORS, DENSE, FP8_ATTENTION, FP8_CACHE, READ, Runner, fp8_roundtrip, term_values
 from .samples import output_sample, reference_sample
 from .timing import ContenderFailed, Timer, median
 
 # Row statuses: "ok"; "inaccurate" (timed, but its output is outside the accuracy bound: the run
 # fails); "skipped", "unsupported", "error" (not timed; the note says why).
 STATUSES = ("ok", "inaccurate", "skipped", "unsupported", "error")
+
+# The fp8 rows' references: the inputs they quantize, as the quantized values dequantize.
+_QUANTIZED = {FP8_CACHE: {"kv_values": fp8_roundtrip},
+              FP8_ATTENTION: {"kv_values": fp8_roundtrip, "q_values": fp8_roundtrip}}
 
 
 @dataclass
@@ -127,7 +131,7 @@ def bench_case(case: Case, runners: Sequence[Runner], frame: Frame, settings: Se
             sample = host or base
             ref = reference_sample(case, *sample.own[:3], sample.index)
             for term in {r.term for r in todo if r.term is not None}:
-                values = {"kv_values": fp8_roundtrip} if term == FP8_CACHE else {term: term_values(case, term)}
+                values = _QUANTIZED.get(term) or {term: term_values(case, term)}
                 term_refs[term] = reference_sample(case, *sample.own[:3], sample.index, **values)
     except Exception as error:  # noqa: BLE001 - inputs that do not fit are reported per row
         status, note = ("skipped", "out of memory for the inputs") if _is_oom(error) else \

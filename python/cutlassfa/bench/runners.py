@@ -5,8 +5,9 @@ block mask (`flex`); FlashAttention-4 (`fa4`, flash_attn.cute, when installed). 
 plain read of K and V, the same-run bandwidth ceiling of decode. Rows named `<row>_sinks` (tensorcore_sinks,
 fa4_sinks, ...) make the same call with attention sinks, `<row>_alibi` with ALiBi slopes (`term_values`, one
 per query head, on the device), `<row>_fp8` (ours) against an fp8 (e4m3) copy of K and V as a KV cache
-(`fp8_roundtrip`: the values times FP8_SCALE, descale 1 / FP8_SCALE per K/V head), so that a term's cost is
-timed interleaved with the plain call and the peers'.
+(`fp8_roundtrip`: the values times FP8_SCALE, descale 1 / FP8_SCALE per K/V head), `<row>_fp8attn` (ours)
+fp8 attention on e4m3 copies of q, K and V the same way, the output in the case's dtype, so that a term's
+cost is timed interleaved with the plain call and the peers'.
 
 Ours and read are fed the case's own arrays (feeds.py): a paged case's page pools with cache_seqlens and
 block_table, a varlen batch's packed arrays with cu_seqlens_q and cu_seqlens_k. The anchors are fed the
@@ -36,9 +37,12 @@ SDPA_BACKENDS = {
 }
 FLEX = "flex"  # torch.nn.attention.flex_attention, compiled, with a block mask of the case's mask
 FA4 = "fa4"  # FlashAttention-4's flash_attn.cute.flash_attn_func ((B, N, H, d) views of the dense arrays)
-SINKS, ALIBI, FP8 = "_sinks", "_alibi", "_fp8"  # rows with attention sinks (ours, fa4) / ALiBi / an fp8 cache (ours)
+# rows with attention sinks (ours, fa4) / ALiBi / an fp8 cache (ours) / fp8 attention (ours)
+SINKS, ALIBI, FP8, FP8_ATTN = "_sinks", "_alibi", "_fp8", "_fp8attn"
 FP8_CACHE = "fp8_cache"  # the fp8 rows' term: not an argument of forward, K and V as an e4m3 cache
-TERMS = {SINKS: "sinks", ALIBI: "alibi_slopes", FP8: FP8_CACHE}  # row suffix -> forward's argument (or FP8_CACHE)
+FP8_ATTENTION = "fp8_attention"  # the fp8attn rows' term: q, K and V e4m3
+# row suffix -> forward's argument (or FP8_CACHE, FP8_ATTENTION)
+TERMS = {SINKS: "sinks", ALIBI: "alibi_slopes", FP8: FP8_CACHE, FP8_ATTN: FP8_ATTENTION}
 # The fp8 rows' cache: K and V times FP8_SCALE rounded to e4m3, k_descale = v_descale = 1 / FP8_SCALE (a power
 # of two: the dequantized values are the e4m3 ones scaled exactly). The bench's values, ~N(0, 1), stay far
 # inside e4m3's range (448) and mostly above its subnormals (2^-6).
@@ -104,17 +108,24 @@ def fp8_roundtrip(x: np.ndarray) -> np.ndarray:
     return _host_e4m3(x).astype(np.float64) / FP8_SCALE
 
 
-def _fp8_cache(k: Any, v: Any) -> tuple[Any, Any, Any]:
-    """k and v as the fp8 rows' e4m3 caches, and their (Hkv,) descale, on k's device and framework."""
-    heads = k.shape[-3] if k.ndim == 4 else 1
-    if type(k).__module__.startswith("torch"):
+def _e4m3_copies(*arrays: Any, heads_kv: int) -> tuple[Any, ...]:
+    """The arrays as the fp8 rows hold them (times FP8_SCALE, rounded to e4m3), and their (heads_kv,)
+    descale, on the first one's device and framework."""
+    first = arrays[0]
+    if type(first).__module__.startswith("torch"):
         import torch
 
-        descale = torch.full((heads,), 1.0 / FP8_SCALE, dtype=torch.float32, device=k.device)
-        return (*((x.float() * FP8_SCALE).to(torch.float8_e4m3fn) for x in (k, v)), descale)
-    if isinstance(k, np.ndarray):
-        return _host_e4m3(k), _host_e4m3(v), np.full(heads, 1.0 / FP8_SCALE, np.float32)
+        descale = torch.full((heads_kv,), 1.0 / FP8_SCALE, dtype=torch.float32, device=first.device)
+        return (*((x.float() * FP8_SCALE).to(torch.float8_e4m3fn) for x in arrays), descale)
+    if isinstance(first, np.ndarray):
+        return (*(_host_e4m3(x) for x in arrays), np.full(heads_kv, 1.0 / FP8_SCALE, np.float32))
     raise Unsupported("the fp8 rows take PyTorch tensors or numpy arrays")
+
+
+def _heads_kv(case: Case, k: Any) -> int:
+    """The K/V heads of `case`'s k as it is fed: (B, Hkv, N, d), a page pool (pages, Hkv, page_size, d), a
+    packed varlen batch (total, Hkv, d); a 3-D (B, N, d) is one head."""
+    return k.shape[1] if k.ndim == 4 or kind_of(case) == "varlen" else 1
 
 
 def _device_values(case: Case, term: str, like: Any) -> Any:
@@ -139,6 +150,8 @@ def ours(name: str, term: str | None = None) -> Runner:
             return call
         if term == FP8_CACHE:
             return with_fp8_cache(case, call)
+        if term == FP8_ATTENTION:
+            return with_fp8_attention(case, call)
         if kind_of(case) != "dense":
             raise Unsupported("the score-term rows run dense cases (prefill and decode grids)")
         held: list[Any] = []
@@ -162,7 +175,7 @@ def ours(name: str, term: str | None = None) -> Runner:
 
         def fp8(q: Any, k: Any, v: Any, *index: Any) -> Any:
             if id(k) not in held:
-                k8, v8, descale = _fp8_cache(k, v)
+                k8, v8, descale = _e4m3_copies(k, v, heads_kv=_heads_kv(case, k))
                 lengths = index or (_full_lengths(case, q),)
                 held[id(k)] = (k8, v8, descale, lengths)
             k8, v8, descale, lengths = held[id(k)]
@@ -170,6 +183,20 @@ def ours(name: str, term: str | None = None) -> Runner:
                 return cutlassfa.forward(q, k8, v8, causal=case.causal, cache_seqlens=lengths[0], k_descale=descale,
                                          v_descale=descale, backend=name)
             return call(q, k8, v8, *lengths, k_descale=descale, v_descale=descale)
+
+        return fp8
+
+    def with_fp8_attention(case: Case, call: Callable[..., Any]) -> Callable[..., Any]:
+        """The call on e4m3 copies of q, K and V (made once per input copy, outside the timing), descales
+        1 / FP8_SCALE, the output in the case's dtype."""
+        held: dict[int, tuple[Any, ...]] = {}
+
+        def fp8(q: Any, k: Any, v: Any, *index: Any) -> Any:
+            if id(q) not in held:
+                held[id(q)] = _e4m3_copies(q, k, v, heads_kv=_heads_kv(case, k))
+            q8, k8, v8, descale = held[id(q)]
+            return call(q8, k8, v8, *index, q_descale=descale, k_descale=descale, v_descale=descale,
+                        out_dtype=case.dtype)
 
         return fp8
 
@@ -181,8 +208,8 @@ def ours(name: str, term: str | None = None) -> Runner:
             return lambda q, k, v, cache_seqlens, block_table=None, **kw: cutlassfa.forward(
                 q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, **options, **kw)
         if kind == "varlen":
-            return lambda q, k, v, cu_seqlens_q, cu_seqlens_k: cutlassfa.varlen_forward(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+            return lambda q, k, v, cu_seqlens_q, cu_seqlens_k, **kw: cutlassfa.varlen_forward(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, **options, **kw)
         return lambda q, k, v, **kw: cutlassfa.forward(q, k, v, **options, **kw)
 
     suffix = {value: key for key, value in TERMS.items()}.get(term, "")

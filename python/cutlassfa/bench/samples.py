@@ -43,14 +43,16 @@ def _ref_rows(nq: int, nk: int) -> int:
 
 def reference_sample(case: Case, q: Any, k: Any, v: Any, index: dict[str, np.ndarray] | None = None,
                      sinks: np.ndarray | None = None, alibi_slopes: np.ndarray | None = None,
-                     kv_values: Any = None) -> np.ndarray:
+                     kv_values: Any = None, q_values: Any = None) -> np.ndarray:
     """float64 reference of the sampled slices, concatenated. q, k, v: the case's own arrays (page pools
     for a paged case, packed arrays for a varlen batch); `index`: the host values of its index arrays;
-    `sinks`, `alibi_slopes`: (H,) values of the score-term rows of a dense case, or None; `kv_values`: what
-    the K and V slices become first (the fp8 rows' runners.fp8_roundtrip), or None."""
+    `sinks`, `alibi_slopes`: (H,) values of the score-term rows of a dense case, or None; `kv_values`,
+    `q_values`: what the K and V slices, the q slices become first (the fp8 rows' runners.fp8_roundtrip),
+    or None."""
     from cutlassfa import reference
 
     kv64 = to_numpy64 if kv_values is None else (lambda x: kv_values(to_numpy64(x)))  # K and V slices
+    q64 = to_numpy64 if q_values is None else (lambda x: q_values(to_numpy64(x)))  # the q slices
     kind, group = kind_of(case), case.H // case.Hk
     parts = []
     for b, h in _slices(case):
@@ -58,11 +60,11 @@ def reference_sample(case: Case, q: Any, k: Any, v: Any, index: dict[str, np.nda
         rows, hk = _ref_rows(nq, nk), h // group
         if kind == "varlen":
             q0, k0 = int(index["cu_seqlens_q"][b]), int(index["cu_seqlens_k"][b])
-            qs = to_numpy64(q[q0 + nq - rows:q0 + nq, h:h + 1])
+            qs = q64(q[q0 + nq - rows:q0 + nq, h:h + 1])
             ks, vs = (kv64(x[k0:k0 + nk, hk:hk + 1]) for x in (k, v))
             out, _ = reference.varlen_reference(qs, ks, vs, [0, rows], [0, nk], causal=case.causal)
         elif kind in ("paged", "kvcache"):
-            qs = to_numpy64(q[b, h, nq - rows:])[None, None]
+            qs = q64(q[b, h, nq - rows:])[None, None]
             if kind == "paged":
                 page_size = case.variant.page_size
                 pages = index["block_table"][b, :-(-nk // page_size)]
@@ -74,7 +76,7 @@ def reference_sample(case: Case, q: Any, k: Any, v: Any, index: dict[str, np.nda
             out, _ = reference.kvcache_reference(qs, ks, vs, cache_seqlens=np.array([nk], np.int32),
                                                  block_table=table, causal=case.causal)
         else:
-            qs = to_numpy64(q[b, h, nq - rows:])[None, None]
+            qs = q64(q[b, h, nq - rows:])[None, None]
             ks, vs = (kv64(x[b, hk])[None, None] for x in (k, v))
             out, _ = reference.attention_reference(qs, ks, vs, causal=case.causal, window=case.window,
                                                    sinks=None if sinks is None else sinks[h:h + 1],
