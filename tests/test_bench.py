@@ -1247,6 +1247,17 @@ def test_fp8_attention_rows_are_checked_against_the_dequantized_inputs(tmp_path)
     assert bench.split_term("tensorcore_fp8attn") == ("tensorcore", "fp8_attention")
 
 
+def test_cudnn_fp8_anchor_is_asked_for_by_name_and_bounded_for_its_fp8_output():
+    from cutlassfa.bench import rules, runners
+
+    assert runners.CUDNN_FP8 in bench.ALL_BACKENDS and runners.CUDNN_FP8 not in bench.select_backends(None)
+    assert bench.split_term(runners.CUDNN_FP8) == (runners.CUDNN_FP8, None)  # not one of our term rows
+    _, unavailable = bench.make_runners([runners.CUDNN_FP8], bench.Frame())  # the numpy frame: no GPU arrays
+    assert unavailable == {runners.CUDNN_FP8: "needs PyTorch with CUDA"}
+    # e4m3 out: 3 mantissa bits, ~3.6 % rms; the 2 % of the other anchors would fail every call of it
+    assert rules.accuracy_bound(runners.CUDNN_FP8, "bfloat16") == 0.08 > rules.accuracy_bound("sdpa_cudnn", "bfloat16")
+
+
 def test_speculative_grid_is_the_multi_token_decode_grid():
     grid = bench.speculative_grid()
     assert bench.select_cases(_args(["--speculative"])) == grid

@@ -9,7 +9,7 @@ import math
 from .._inputs import Case
 from ..check.bounds import GATE_REL_L2, rel_l2_limit
 from .flops import case_flops, case_scores
-from .runners import ANCHORS, READ, split_term
+from .runners import ANCHORS, CUDNN_FP8, READ, split_term
 
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 5
@@ -64,10 +64,17 @@ def tflops(case: Case, ms: float) -> float:
     return case_flops(case) / (ms * 1e-3) / 1e12
 
 
+# cudnn_e4m3's bound: its output is e4m3 (3 mantissa bits: a relative rounding error uniform within
+# +-2^-4, 3.6 % rms), twice that; a wrong mask or scale is still far outside it.
+FP8_OUT_REL_L2 = 0.08
+
+
 def accuracy_bound(backend: str, dtype: str) -> float:
     """The rel-L2 a row's output must stay within: the gate's bound for our backends (and any other
     name), the 2 % gate for the anchors (SDPA, flex: not ours to bound tighter, but a wrong call of one,
-    such as a top-left causal mask, is far outside it)."""
+    such as a top-left causal mask, is far outside it), FP8_OUT_REL_L2 for an anchor with fp8 output."""
+    if backend == CUDNN_FP8:
+        return FP8_OUT_REL_L2
     return GATE_REL_L2 if backend in ANCHORS else rel_l2_limit(split_term(backend)[0], dtype)
 
 

@@ -1,7 +1,8 @@
 """Runners: one per row name. Ours go through the public `cutlassfa.forward`; the anchors are
 `torch.nn.functional.scaled_dot_product_attention` restricted to one SDPA backend at a time, and for
 sliding windows (which no SDPA backend skips: a dense mask computes all N^2 pairs) FlexAttention with a
-block mask (`flex`); FlashAttention-4 (`fa4`, flash_attn.cute, when installed). `read` is no attention: a
+block mask (`flex`); FlashAttention-4 (`fa4`, flash_attn.cute, when installed); cuDNN's fp8 graph
+(`cudnn_e4m3`, the cudnn frontend, when installed; asked for by name). `read` is no attention: a
 plain read of K and V, the same-run bandwidth ceiling of decode. Rows named `<row>_sinks` (tensorcore_sinks,
 fa4_sinks, ...) make the same call with attention sinks, `<row>_alibi` with ALiBi slopes (`term_values`, one
 per query head, on the device), `<row>_fp8` (ours) against an fp8 (e4m3) copy of K and V as a KV cache
@@ -47,7 +48,10 @@ TERMS = {SINKS: "sinks", ALIBI: "alibi_slopes", FP8: FP8_CACHE, FP8_ATTN: FP8_AT
 # of two: the dequantized values are the e4m3 ones scaled exactly). The bench's values, ~N(0, 1), stay far
 # inside e4m3's range (448) and mostly above its subnormals (2^-6).
 FP8_SCALE = 32.0
-ANCHORS = tuple(SDPA_BACKENDS) + (FLEX, FA4, FA4 + SINKS)
+# cuDNN's fp8 attention (its frontend's sdpa_fp8 graph, the `cudnn` package): e4m3 copies of q, K and V as
+# the fp8attn rows take them; e4m3 out on Hopper, which bounds its accuracy (rules.FP8_OUT_REL_L2).
+CUDNN_FP8 = "cudnn_e4m3"
+ANCHORS = tuple(SDPA_BACKENDS) + (FLEX, FA4, FA4 + SINKS, CUDNN_FP8)
 READ = "read"  # no attention: K and V streamed once by torch sums, the bandwidth ceiling of a decode row
 ALL_BACKENDS = OUR_BACKENDS + ANCHORS + (READ,) + tuple(name + suffix for suffix in TERMS for name in OUR_BACKENDS)
 
@@ -265,6 +269,73 @@ def fa4(sinks: bool = False) -> Runner:
     return Runner(FA4 + SINKS if sinks else FA4, prepare, on_gpu=True, feed=DENSE, term="sinks" if sinks else None)
 
 
+def cudnn_fp8() -> Runner:
+    """cuDNN's fp8 attention graph (`cudnn.pygraph().sdpa_fp8`) on e4m3 copies of the dense q, K and V (times
+    FP8_SCALE, descales 1 / FP8_SCALE per tensor: cuDNN takes one scale a tensor), P quantized with scale 448
+    (its largest value, 1, to e4m3's largest), the output e4m3 unscaled (Hopper's graph writes fp8 out). Dense
+    batches; causal only with Nq = Nk (its mask is top-left aligned); the copies and the graph are made once,
+    outside the timing. Raises ImportError when the `cudnn` package is not installed."""
+    import cudnn
+    import torch
+
+    e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    handle = cudnn.create_handle()
+
+    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
+        if kind_of(case) != "dense" or case.window is not None:
+            raise Unsupported("cudnn_e4m3 here takes dense batches without a window")
+        if case.causal and case.Nq != case.Nk:
+            raise Unsupported("cuDNN's causal mask is top-left aligned: Nq must equal Nk")
+        held: dict[int, tuple[Any, ...]] = {}
+        graph_of: list[Any] = []
+
+        def build(q8: Any, k8: Any, v8: Any, out: Any, scalars: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32,
+                                  handle=handle)
+            tensors = {name: graph.tensor(name=name, dim=list(x.shape), stride=list(x.stride()), data_type=e4m3)
+                       for name, x in (("q", q8), ("k", k8), ("v", v8))}
+            tensors.update({name: graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32)
+                            for name in scalars})
+            o, _, amax_s, amax_o = graph.sdpa_fp8(
+                q=tensors["q"], k=tensors["k"], v=tensors["v"], descale_q=tensors["descale_q"],
+                descale_k=tensors["descale_k"], descale_v=tensors["descale_v"], descale_s=tensors["descale_s"],
+                scale_s=tensors["scale_s"], scale_o=tensors["scale_o"], is_inference=True,
+                attn_scale=1.0 / case.d ** 0.5, use_causal_mask=case.causal)
+            o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(e4m3)
+            for amax in (amax_s, amax_o):
+                amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans()
+            return graph, {**tensors, "o": o, "amax_s": amax_s, "amax_o": amax_o}
+
+        def call(q: Any, k: Any, v: Any) -> Any:
+            if id(q) not in held:  # e4m3 copies, the scales, the output and the graph's workspace
+                q8, k8, v8 = ((x.float() * FP8_SCALE).to(torch.float8_e4m3fn) for x in (q, k, v))
+                one = dict(dtype=torch.float32, device=q.device)
+                scalars = {name: torch.full((1, 1, 1, 1), value, **one) for name, value in
+                           (("descale_q", 1 / FP8_SCALE), ("descale_k", 1 / FP8_SCALE), ("descale_v", 1 / FP8_SCALE),
+                            ("descale_s", 1 / 448), ("scale_s", 448.0), ("scale_o", 1.0))}
+                out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+                if not graph_of:
+                    graph_of.extend(build(q8, k8, v8, out, scalars))
+                graph, tensors = graph_of
+                buffers = {"q": q8, "k": k8, "v": v8, "o": out, **scalars,
+                           "amax_s": torch.empty((1, 1, 1, 1), **one), "amax_o": torch.empty((1, 1, 1, 1), **one)}
+                workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q.device)
+                held[id(q)] = ({tensors[name]: x for name, x in buffers.items()}, workspace, out)
+            pack, workspace, out = held[id(q)]
+            cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
+            graph_of[0].execute(pack, workspace, handle=handle)
+            return out
+
+        return call
+
+    return Runner(CUDNN_FP8, prepare, on_gpu=True, feed=DENSE, term=FP8_ATTENTION)
+
+
 def sdpa(name: str) -> Runner:
     import torch
     import torch.nn.functional as F
@@ -401,6 +472,14 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
                 runners.append(fa4(sinks=name.endswith(SINKS)))
             except ImportError as error:
                 unavailable[name] = f"FlashAttention-4 is not installed ({error})"
+        elif name == CUDNN_FP8:
+            if frame.name != "torch":
+                unavailable[name] = "needs PyTorch with CUDA"
+                continue
+            try:
+                runners.append(cudnn_fp8())
+            except ImportError as error:
+                unavailable[name] = f"cuDNN's frontend is not installed ({error})"
         elif name in SDPA_BACKENDS:
             if frame.name != "torch":
                 unavailable[name] = "needs PyTorch with CUDA"
@@ -424,12 +503,14 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
 
 def select_backends(requested: Sequence[str] | None, *, flex: bool = False, decode: bool = False) -> list[str]:
     """Row names of a run: the requested ones ('sdpa' meaning the four sdpa_* rows), or all of them but the
-    sink rows; flex (a torch.compile per shape) only when asked for, or for the runs whose anchor it is
-    (`flex`: windows, which SDPA cannot express, and speculative decoding); read only when asked for, or
-    for a decode run, paged ones included (a bandwidth ceiling means nothing to compute-bound prefill)."""
+    sink rows and the fp8 anchor (cudnn_e4m3: fp8 against the case's dtype is asked for by name); flex (a
+    torch.compile per shape) only when asked for, or for the runs whose anchor it is (`flex`: windows, which
+    SDPA cannot express, and speculative decoding); read only when asked for, or for a decode run, paged
+    ones included (a bandwidth ceiling means nothing to compute-bound prefill)."""
     if not requested:
         return [name for name in ALL_BACKENDS
-                if (name != FLEX or flex) and (name != READ or decode) and split_term(name)[1] is None]
+                if (name != FLEX or flex) and (name != READ or decode) and name != CUDNN_FP8
+                and split_term(name)[1] is None]
     names: list[str] = []
     for name in requested:
         names += list(SDPA_BACKENDS) if name == "sdpa" else [name]
