@@ -444,6 +444,18 @@ def as_words(x: Any) -> Any:
     return flat.view(word)
 
 
+# The rows that take PyTorch CUDA tensors, each with its runner's maker and what the row says when the
+# maker cannot import its package (or this PyTorch lacks the SDPA backend).
+_TORCH_ANCHORS: dict[str, tuple[Callable[[], Runner], str]] = {
+    FLEX: (lambda: flex(), "{}"),
+    READ: (lambda: read(), "{}"),
+    FA4: (lambda: fa4(), "FlashAttention-4 is not installed ({})"),
+    FA4 + SINKS: (lambda: fa4(sinks=True), "FlashAttention-4 is not installed ({})"),
+    CUDNN_FP8: (lambda: cudnn_fp8(), "cuDNN's frontend is not installed ({})"),
+    **{name: ((lambda name=name: sdpa(name)), "{}") for name in SDPA_BACKENDS},
+}
+
+
 def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict[str, str]]:
     """Runners for the requested names that can run here, and {name: why not} for the others."""
     import cutlassfa
@@ -451,43 +463,15 @@ def make_runners(names: Sequence[str], frame: Frame) -> tuple[list[Runner], dict
     statuses = cutlassfa.backends()
     runners, unavailable = [], {}
     for name in names:
-        if name == FLEX:
+        if name in _TORCH_ANCHORS:
+            make, missing = _TORCH_ANCHORS[name]
             if frame.name != "torch":
                 unavailable[name] = "needs PyTorch with CUDA"
                 continue
             try:
-                runners.append(flex())
-            except ImportError as error:
-                unavailable[name] = str(error)
-        elif name == READ:
-            if frame.name != "torch":
-                unavailable[name] = "needs PyTorch with CUDA"
-                continue
-            runners.append(read())
-        elif name in (FA4, FA4 + SINKS):
-            if frame.name != "torch":
-                unavailable[name] = "needs PyTorch with CUDA"
-                continue
-            try:
-                runners.append(fa4(sinks=name.endswith(SINKS)))
-            except ImportError as error:
-                unavailable[name] = f"FlashAttention-4 is not installed ({error})"
-        elif name == CUDNN_FP8:
-            if frame.name != "torch":
-                unavailable[name] = "needs PyTorch with CUDA"
-                continue
-            try:
-                runners.append(cudnn_fp8())
-            except ImportError as error:
-                unavailable[name] = f"cuDNN's frontend is not installed ({error})"
-        elif name in SDPA_BACKENDS:
-            if frame.name != "torch":
-                unavailable[name] = "needs PyTorch with CUDA"
-                continue
-            try:
-                runners.append(sdpa(name))
+                runners.append(make())
             except (ImportError, Unsupported) as error:
-                unavailable[name] = str(error)
+                unavailable[name] = missing.format(error)
         elif split_term(name)[0] in statuses:
             backend, term = split_term(name)
             if not statuses[backend].available:

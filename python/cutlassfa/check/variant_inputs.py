@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._inputs import Case, case_values, numpy_dtype, round_to
+from .._options import dequantized
 
 HALF = ("float16", "bfloat16")
 
@@ -115,7 +116,7 @@ def _dense(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     ref_out, ref_lse = reference.attention_reference(q, k, v, causal=case.causal, **masking, **descales)
     naive = None
     if half is not None:  # the yardstick on the dequantized inputs
-        dq, dk, dv = (_dequantized(x, descales.get(name)) for x, name in
+        dq, dk, dv = (dequantized(x, descales.get(name), name, case.Hk, dtype=np.float64) for x, name in
                       ((q, "q_descale"), (k, "k_descale"), (v, "v_descale")))
         naive = reference.naive_same_precision(dq, dk, dv, half, causal=case.causal, **masking)
     options, arrays = _forward_options(masking)
@@ -123,13 +124,6 @@ def _dense(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         options["num_splits"] = case.variant.num_splits
     return VariantInputs(q, k, v, ref_out, ref_lse, naive, arrays={**arrays, **descales},
                          options={**options, **_fp8_attention(case)}, kv_dtype="float8_e4m3fn" if descales else None)
-
-
-def _dequantized(x: np.ndarray, descale: np.ndarray | None) -> np.ndarray:
-    """x (B, H, N, d) times a (B, Hkv) descale, head h reading entry h // (H / Hkv); None: x."""
-    if descale is None:
-        return x
-    return x * np.repeat(descale, x.shape[1] // descale.shape[1], axis=1)[:, :, None, None]
 
 
 def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
@@ -175,7 +169,7 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         if "k_descale" in descales:
             keys = [x * descales["k_descale"][i][:, None, None] for i, x in enumerate(keys)]
             values = [x * descales["v_descale"][i][:, None, None] for i, x in enumerate(values)]
-        dq = _dequantized(q, descales.get("q_descale"))
+        dq = dequantized(q, descales.get("q_descale"), "q_descale", hk, dtype=np.float64)
         naive = np.concatenate([reference.naive_same_precision(dq[i:i + 1], keys[i][None, :, lp:],
                                                                values[i][None, :, lp:], half, causal=case.causal,
                                                                **_entry(masking, i))
@@ -205,7 +199,7 @@ def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         heads_first = lambda x: x.transpose(1, 0, 2)[None]  # noqa: E731 - (n, H, d) -> (1, H, n, d)
         for i, (q0, q1, k0, k1) in enumerate(zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])):
             entry = {name: x[i:i + 1] for name, x in descales.items()}
-            sq, sk, sv = (_dequantized(heads_first(x), entry.get(name)) for x, name in
+            sq, sk, sv = (dequantized(heads_first(x), entry.get(name), name, case.Hk, dtype=np.float64) for x, name in
                           ((q[q0:q1], "q_descale"), (k[k0:k1], "k_descale"), (v[k0:k1], "v_descale")))
             o = reference.naive_same_precision(sq, sk, sv, half, causal=case.causal, **_entry(masking, i))
             naive[q0:q1] = o[0].transpose(1, 0, 2)
