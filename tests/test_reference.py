@@ -289,6 +289,21 @@ def test_naive_same_precision_error_is_of_its_dtype(rng, resolve_dtype, dtype):
     assert eps / 20 < err < 4 * eps
 
 
+def test_naive_same_precision_rounds_p_to_e4m3(rng):
+    """fp8 attention's yardstick: P = exp(S - max) in e4m3 (3 mantissa bits, 2^-4 relative) before P V, the
+    row's sum after: an error of the order of e4m3's rounding, far above float32's; exact where a row sees
+    one key (P = 1)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+    q, k, v = (rng.standard_normal((2, 2, 65, 64)).astype(np.float32) for _ in range(3))
+    ref, _ = attention_reference(q, k, v, causal=True)
+    err = rel_l2(naive_same_precision(q, k, v, np.float32, causal=True, p_dtype=e4m3), ref)
+    assert 2.0**-4 / 20 < err < 2.0**-4, err
+    assert rel_l2(naive_same_precision(q, k, v, np.float32, causal=True), ref) < 2e-6
+    one = naive_same_precision(q[:, :, :1], k[:, :, :1], v[:, :, :1], np.float32, p_dtype=e4m3)
+    np.testing.assert_allclose(one, np.broadcast_to(v[:, :, :1], one.shape), rtol=1e-6)
+
+
 @pytest.mark.parametrize("window,softcap", [((4, 0), 0.0), ((-1, -1), 5.0), ((2, 3), 1.0)])
 def test_naive_same_precision_window_and_softcap(rng, window, softcap):
     q, k, v = (rng.standard_normal((1, 2, 40, 32)).astype(np.float32) for _ in range(3))

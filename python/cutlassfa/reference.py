@@ -407,6 +407,7 @@ def naive_same_precision(
     softcap: float = 0.0,
     sinks: Any = None,
     alibi_slopes: Any = None,
+    p_dtype: Any = None,
 ) -> np.ndarray:
     """Naive attention whose intermediates are rounded to `dtype`, returned as float64.
 
@@ -416,6 +417,10 @@ def naive_same_precision(
     denominator) is evaluated in float32 and rounded, and O = PV accumulates in float32 and is rounded. The error of
     this against :func:`attention_reference` is what a same-precision implementation "costs";
     FlashAttention asserts its own error stays within 2x of it.
+
+    `p_dtype` (fp8 attention's yardstick: float8_e4m3fn): P V's operand is P = exp(S - max) rounded to
+    p_dtype, as the fp8 kernels feed their second GEMM (FlashAttention-3, cuDNN), and the row's sum
+    divides the product afterwards, in float32.
     """
     rnd = _rounder(dtype)
     q4, k4, v4, was_3d = _as_4d(np.asarray(q), np.asarray(k), np.asarray(v))
@@ -448,6 +453,10 @@ def naive_same_precision(
         with np.errstate(invalid="ignore"):
             e = np.exp(s - m)
             total = e.sum(axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m))
-            p = rnd(e / np.where(counted, total, 1.0))
-        out = rnd(np.matmul(p, vr)).astype(np.float64).reshape(b, hq, nq, d)
+            if p_dtype is None:
+                p = rnd(e / np.where(counted, total, 1.0))
+                o = np.matmul(p, vr)
+            else:
+                o = np.matmul(_rounder(p_dtype)(e), vr) / np.where(counted, total, 1.0)
+        out = rnd(o).astype(np.float64).reshape(b, hq, nq, d)
     return out[:, 0] if was_3d else out

@@ -98,6 +98,12 @@ def _fp8_descales(rng: np.random.Generator, batch: int, heads_kv: int, names: tu
     return {name: rng.integers(2, 12, (batch, heads_kv)).astype(np.float32) / 32 for name in names}
 
 
+def _p_rounding(case: Case) -> dict[str, Any]:
+    """The yardstick's P V operand: e4m3 for fp8 attention (what an fp8 kernel's second GEMM takes; rounding
+    P there is that algorithm's own error, 2^-4 relative an element), else the case's dtype."""
+    return {"p_dtype": numpy_dtype("float8_e4m3fn")} if case.variant.fp8 else {}
+
+
 def _fp8_attention(case: Case) -> dict[str, Any]:
     """forward's options of an fp8-attention case: the output in the case's dtype."""
     return {"out_dtype": case.dtype} if case.variant.fp8 else {}
@@ -118,7 +124,7 @@ def _dense(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
     if half is not None:  # the yardstick on the dequantized inputs
         dq, dk, dv = (dequantized(x, descales.get(name), name, case.Hk, dtype=np.float64) for x, name in
                       ((q, "q_descale"), (k, "k_descale"), (v, "v_descale")))
-        naive = reference.naive_same_precision(dq, dk, dv, half, causal=case.causal, **masking)
+        naive = reference.naive_same_precision(dq, dk, dv, half, causal=case.causal, **masking, **_p_rounding(case))
     options, arrays = _forward_options(masking)
     if case.variant.num_splits is not None:
         options["num_splits"] = case.variant.num_splits
@@ -172,7 +178,7 @@ def _kvcache(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
         dq = dequantized(q, descales.get("q_descale"), "q_descale", hk, dtype=np.float64)
         naive = np.concatenate([reference.naive_same_precision(dq[i:i + 1], keys[i][None, :, lp:],
                                                                values[i][None, :, lp:], half, causal=case.causal,
-                                                               **_entry(masking, i))
+                                                               **_entry(masking, i), **_p_rounding(case))
                                 for i, lp in enumerate(leftpad)])
     options, sink_array = _forward_options(masking)
     if var.num_splits is not None:
@@ -201,7 +207,8 @@ def _varlen(case: Case, rng: np.random.Generator, half: Any) -> VariantInputs:
             entry = {name: x[i:i + 1] for name, x in descales.items()}
             sq, sk, sv = (dequantized(heads_first(x), entry.get(name), name, case.Hk, dtype=np.float64) for x, name in
                           ((q[q0:q1], "q_descale"), (k[k0:k1], "k_descale"), (v[k0:k1], "v_descale")))
-            o = reference.naive_same_precision(sq, sk, sv, half, causal=case.causal, **_entry(masking, i))
+            o = reference.naive_same_precision(sq, sk, sv, half, causal=case.causal, **_entry(masking, i),
+                                               **_p_rounding(case))
             naive[q0:q1] = o[0].transpose(1, 0, 2)
     options, arrays = _forward_options(masking)
     options.update(max_seqlen_q=max(var.seqlens_q), max_seqlen_k=max(var.seqlens_k), **_fp8_attention(case))
