@@ -167,25 +167,12 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 # The operator
 # --------------------------------------------------------------------------------------------------
 
-def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                  softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
-                  softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
-                  cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                  num_splits: int | None = None, sinks: torch.Tensor | None = None,
-                  alibi_slopes: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-                  v_descale: torch.Tensor | None = None, q_descale: torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    given = {"window": None if window is None else tuple(window), "softcap": softcap,
-             "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad, "block_table": block_table,
-             "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes, "k_descale": k_descale,
-             "v_descale": v_descale, "q_descale": q_descale, "out_dtype": out_dtype}
-    modes = {name: value for name, value in given.items() if not _is_default(name, value)}
-    _state.inside_op = True
-    try:
-        return eager_forward(q.detach(), k.detach(), v.detach(), causal=causal, softmax_scale=softmax_scale,
-                             backend=backend, return_lse=True, **modes)
-    finally:
-        _state.inside_op = False
+# The operator's kernels take the schema's arguments positionally, the modes in _MODE_DEFAULTS' order
+# (the schema's): one list of names for the real call and the fake one.
+def _given_modes(modes: tuple[Any, ...]) -> dict[str, Any]:
+    """The modes the call asks for (defaults dropped), by name."""
+    given = dict(zip(_MODE_DEFAULTS, modes))
+    return {name: value for name, value in given.items() if not _is_default(name, value)}
 
 
 def _is_default(name: str, value: Any) -> bool:
@@ -193,22 +180,30 @@ def _is_default(name: str, value: Any) -> bool:
     return value is None if default is None else value == default
 
 
+def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  softmax_scale: float | None = None, backend: str = "auto",
+                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    given = _given_modes(modes)
+    if "window" in given:
+        given["window"] = tuple(given["window"])
+    _state.inside_op = True
+    try:
+        return eager_forward(q.detach(), k.detach(), v.detach(), causal=causal, softmax_scale=softmax_scale,
+                             backend=backend, return_lse=True, **given)
+    finally:
+        _state.inside_op = False
+
+
 def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                  softmax_scale: float | None = None, backend: str = "auto", window: list[int] | None = None,
-                  softcap: float = 0.0, cache_seqlens: torch.Tensor | None = None,
-                  cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                  num_splits: int | None = None, sinks: torch.Tensor | None = None,
-                  alibi_slopes: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-                  v_descale: torch.Tensor | None = None, q_descale: torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  softmax_scale: float | None = None, backend: str = "auto",
+                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes and dtypes of the results (out like q, compact, of the output's dtype; lse float32
     q.shape[:-1]). The extension's validator judges the call on stand-ins of the fake tensors' shapes and
     dtypes (index values read as zeros), so that a traced call fails where it is written, with the eager
     call's messages."""
-    given = {"window": window, "softcap": softcap, "cache_seqlens": cache_seqlens, "cache_leftpad": cache_leftpad,
-             "block_table": block_table, "num_splits": num_splits, "sinks": sinks, "alibi_slopes": alibi_slopes,
-             "k_descale": k_descale, "v_descale": v_descale, "q_descale": q_descale}
-    options = {name: stand_in(value) for name, value in given.items() if not _is_default(name, value)}
+    given = _given_modes(modes)
+    out_dtype = given.pop("out_dtype", None)
+    options = {name: stand_in(value) for name, value in given.items()}
     cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
                              backend=backend, out_dtype=out_dtype, **options)
     # the output's dtype: q's, or fp8 attention's out_dtype (bfloat16 by default)
