@@ -158,6 +158,7 @@ NB_MODULE(_C, m) {
   head_dims["sm80"] = int_tuple({CUTLASSFA_SM80_HEAD_DIMS});
   head_dims["sm90"] = int_tuple({CUTLASSFA_SM90_HEAD_DIMS});
   head_dims["sm90decode"] = int_tuple({CUTLASSFA_SM90_DECODE_HEAD_DIMS});
+  head_dims["sm90ws_fp8"] = int_tuple({CUTLASSFA_SM90WS_FP8_HEAD_DIMS});  // fp8 attention
   m.attr("head_dims") = head_dims;
   m.attr("BACKEND_AUTO") = cutlassfa::bindings::kBackendAuto;
   m.attr("BACKEND_CPU") = cutlassfa::bindings::kBackendCpu;

@@ -89,6 +89,7 @@ void resolve_out_dtype(Call& c, nb::handle out_dtype) {
   }
   c.out_dtype_name = name;
   c.out_dtype = static_cast<DType>(dtype_of_name(name));
+  if (q_fp8) c.problem.out_dtype = c.out_dtype;
 }
 
 // q, k, v described, of `rank` dims (0: 3 or 4; `layout` names the expected shape), one dtype, device

@@ -36,6 +36,18 @@ static_assert(static_cast<uint32_t>(NamedBarriers::kCount) + cutlass::arch::Name
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "the named barriers fit beside CUTLASS's reserved ones");
 
+// The bytes of the V tiles as (d, kBlockN, stage), the B operand of P V: (kBlockN, d, stage) tiles re-viewed,
+// or V^T tiles (kTransposed) as they are. A class, so that only the case in use is formed.
+template <bool kTransposed, class SmemLayoutV, int kHeadDim, int kBlockN, int kStages>
+struct VtLayout {
+  using type = SmemLayoutV;
+};
+template <class SmemLayoutV, int kHeadDim, int kBlockN, int kStages>
+struct VtLayout<false, SmemLayoutV, kHeadDim, kBlockN, kStages> {
+  using type = decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                                               Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+};
+
 // Input_: the caller's dtype, cutlass::half_t, cutlass::bfloat16_t, or float: fp32 K and V arrive split
 // into fp16 by the pre-pass (cutlassfa/split_fp32.h): K as rows of 2 d columns [hi | lo] (kHeadDimQK),
 // V as fp16 hi; fp32 Q is loaded as it is and split into the same [hi | lo] rows in shared memory at
@@ -122,10 +134,7 @@ struct Traits {
       kFp8, decltype(tile_to_shape(SmemLayoutAtom<kBlockN>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{})),
       decltype(tile_to_shape(SmemLayoutAtom<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}))>;
   // The same bytes as (d, kBlockN, stage): the B operand of P V.
-  using SmemLayoutVt = cute::conditional_t<
-      kFp8, SmemLayoutV,
-      decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                                      Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})))>;
+  using SmemLayoutVt = typename VtLayout<kFp8, SmemLayoutV, kHeadDim, kBlockN, kStages>::type;
   // The O tile is staged in shared memory of its own where it fits beside Q and the rings (d <= 128), so
   // that the next tile's Q can load during the epilogue; else over the Q tile (each consumer warpgroup
   // overwrites its own 64 rows once its last S = Q K^T has completed), and the next Q waits for it.
