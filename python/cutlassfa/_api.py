@@ -143,7 +143,7 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
-    refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype)
+    refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype, device)
     return Support(not refusal, refusal)
 
 
