@@ -799,8 +799,9 @@ std::string fp8_attention_refusal(Backend backend, DType dtype, int head_dim, in
            "this build does not have; the cpu backend runs it on host arrays";
   }
   if (capability != 90) {
-    return "tensorcore runs fp8 attention (float8_e4m3fn q, k and v) on sm_90 only in this version, not sm_" +
-           num(capability) + "; the cpu backend runs it on host arrays";
+    return "tensorcore runs fp8 attention (float8_e4m3fn q, k and v) on sm_90 only in this version, not " +
+           (capability > 0 ? "sm_" + num(capability) : std::string("without a CUDA device")) +
+           "; the cpu backend runs it on host arrays";
   }
   if (std::find(listed.begin(), listed.end(), head_dim) == listed.end()) {
     return "tensorcore runs fp8 attention (float8_e4m3fn q, k and v) at head dims " + dims + " in this build, not " +

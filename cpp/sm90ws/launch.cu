@@ -71,6 +71,13 @@ bool fp8_covers(const FwdParams& p) {
          head_dim_listed<CUTLASSFA_SM90WS_FP8_HEAD_DIMS>(p.head_dim);
 }
 
+// tile_switch at exactly the listed head dims, with the list first so that an empty one (a self-test
+// build of one instantiation) is well-formed.
+template <int... kHeadDims, class F>
+KernelTile exact_tile(int head_dim, F&& f) {
+  return tile_switch<false, kHeadDims...>(head_dim, f);
+}
+
 }  // namespace
 
 bool sm90ws_covers(const FwdParams& p) {
@@ -107,17 +114,17 @@ KernelTile sm90ws_tile(const FwdParams& params) {
     return KernelTile{decltype(head_dim)::value, Tile::kBlockM, Tile::kBlockN};
   };
   if (params.dtype == DType::kFloat32) {
-    return tile_switch<false, CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+    return exact_tile<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
       return tile(head_dim, sm90ws::TileConfigFp32<decltype(head_dim)::value>{});
     });
   }
   if (params.dtype == DType::kFloat8E4M3) {
-    return tile_switch<false, CUTLASSFA_SM90WS_FP8_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+    return exact_tile<CUTLASSFA_SM90WS_FP8_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
       return tile(head_dim, sm90ws::TileConfigFp8<decltype(head_dim)::value>{});
     });
   }
   // The varlen instantiation (Traits::kVarlen) has the dense one's tile.
-  return tile_switch<false, CUTLASSFA_SM90WS_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+  return exact_tile<CUTLASSFA_SM90WS_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
     return tile(head_dim, sm90ws::TileConfig<decltype(head_dim)::value>{});
   });
 }
