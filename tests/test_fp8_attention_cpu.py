@@ -172,14 +172,40 @@ def test_supports_says_fp8_attention_runs_on_the_cpu_backend():
     assert not refused.ok and "float8_e4m3fn" in refused.reason
 
 
-def test_the_gpu_backends_refuse_fp8_attention_in_a_plan(rng):
+def test_the_refusals_name_the_backend_the_device_and_the_head_dims():
+    # No GPU needed: the extension's refusal (what `supports` and the validator say) for a device of no
+    # capability, and for each backend.
+    refusal = cutlassfa._C.head_dim_refusal
+    for backend in ("tensorcore_sm80", "large_tile", "small_tile", "naive"):
+        reason = refusal(getattr(cutlassfa._C.Backend, backend), 128, "float8_e4m3fn")
+        assert "no fp8 attention kernel" in reason and "tensorcore backend runs it on sm_90" in reason
+    reason = refusal(cutlassfa._C.Backend.tensorcore, 128, "float8_e4m3fn")
+    if not cutlassfa._C.head_dims["sm90ws_fp8"]:
+        assert "this build does not have" in reason
+    elif cutlassfa.device_info().get("compute_capability") != (9, 0):
+        assert "sm_90 only" in reason
+    assert "fp8" not in refusal(cutlassfa._C.Backend.tensorcore, 128, "bfloat16")
+
+
+def test_a_plan_for_sm90_takes_the_fp8_kernel_and_others_refuse(rng):
     if not hasattr(cutlassfa._C, "plan"):
         pytest.skip("build: planning for a GPU needs the CUDA build of the extension")
-    q, k = fp8(rng, (1, HQ, 64, 128)), fp8(rng, (1, HKV, 64, 128))
+    dims = cutlassfa._C.head_dims["sm90ws_fp8"]
+    if not dims:
+        pytest.skip("build: no fp8 head dims (an sm_90a build lists them)")
+    d = dims[0]
+    q, k = fp8(rng, (1, HQ, 64, d)), fp8(rng, (1, HKV, 64, d))
+    plan = cutlassfa.plan(q, k, k, causal=True, backend="tensorcore", device=(90, 132))
+    assert plan["kernel"] == "sm90ws" and plan["num_splits"] == 1 and not plan["fp8_dequantized"]
+    with pytest.raises(ValueError, match="sm_90 only"):
+        cutlassfa.plan(q, k, k, backend="tensorcore", device=(89, 128))
     with pytest.raises(ValueError, match="no fp8 attention kernel"):
-        cutlassfa.plan(q, k, k, backend="tensorcore", device=(90, 132))
-    assert "no fp8 attention kernel" in cutlassfa._C.head_dim_refusal(cutlassfa._C.Backend.tensorcore, 128,
-                                                                      "float8_e4m3fn")
+        cutlassfa.plan(q, k, k, backend="tensorcore_sm80", device=(90, 132))
+    with pytest.raises(ValueError, match="softcap"):
+        cutlassfa.plan(q, k, k, backend="tensorcore", device=(90, 132), softcap=5.0)
+    q96 = fp8(rng, (1, HQ, 64, 96))
+    with pytest.raises(ValueError, match="head dims"):
+        cutlassfa.plan(q96, q96[:, :HKV], q96[:, :HKV], backend="tensorcore", device=(90, 132))
 
 
 # --- frameworks -----------------------------------------------------------------------------------------

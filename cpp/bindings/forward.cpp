@@ -269,7 +269,7 @@ void allocate_output(Output& o, const Call& c, bool lse, nb::handle alloc) {
 // the workspace pool, and fp16 / bf16 device floats converted to float32 in another each; all released in
 // stream order after the launches that read them.
 struct IndexUpload {
-  static constexpr int kMaxFloats = 4;
+  static constexpr int kMaxFloats = 5;
   void* buffer = nullptr;
   void* converted[kMaxFloats] = {};
   size_t failed_bytes = 0;
@@ -349,7 +349,7 @@ struct IndexUpload {
 // The call's index arrays and float arrays, in the order call_tensors reads their device pointers.
 struct CallArrays {
   const IndexArray* indices[5];  // cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table
-  const FloatArray* floats[4];   // sinks, alibi_slopes, k_descale, v_descale
+  const FloatArray* floats[5];   // sinks, alibi_slopes, k_descale, v_descale, q_descale
   bool any_given() const {
     for (const IndexArray* a : indices) {
       if (a->given) return true;
@@ -362,12 +362,12 @@ struct CallArrays {
 };
 CallArrays call_arrays(const Call& c) {
   return {{&c.cu_seqlens_q, &c.cu_seqlens_k, &c.cache_seqlens, &c.cache_leftpad, &c.block_table},
-          {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale}};
+          {&c.sinks, &c.alibi_slopes, &c.k_descale, &c.v_descale, &c.q_descale}};
 }
 
 // The call's tensors as its kernels see them: q, k, v (c's), o and lse (the outputs), the index arrays at
 // `pointers` (cu_seqlens_q, cu_seqlens_k, cache_seqlens, cache_leftpad, block_table) and the float ones
-// at `float_pointers` (sinks, alibi_slopes, k_descale, v_descale).
+// at `float_pointers` (sinks, alibi_slopes, k_descale, v_descale, q_descale).
 CallTensors call_tensors(const Call& c, const Output& o, const Output* lse, const int* const* pointers,
                          const float* const* float_pointers) {
   const Problem& p = c.problem;
@@ -378,6 +378,8 @@ CallTensors call_tensors(const Call& c, const Output& o, const Output* lse, cons
   t.k_descale = float_pointers[2], t.v_descale = float_pointers[3];
   t.k_descale_strides = {c.k_descale.row_stride, c.k_descale.head_stride, 0};
   t.v_descale_strides = {c.v_descale.row_stride, c.v_descale.head_stride, 0};
+  t.q_descale = float_pointers[4];
+  t.q_descale_strides = {c.q_descale.row_stride, c.q_descale.head_stride, 0};
   t.cu_seqlens_q = pointers[0], t.cu_seqlens_k = pointers[1], t.seqlens_k = pointers[2];
   t.leftpad_k = pointers[3], t.block_table = pointers[4];
   t.block_table_stride = c.block_table.row_stride;
@@ -400,11 +402,11 @@ cudaError_t launch_call(const Call& c, Backend backend, int device, const Output
                         cudaStream_t stream, IndexUpload& uploads, const char** what) {
   const Problem& p = c.problem;
   const int* pointers[5] = {};
-  const float* float_pointers[4] = {};
+  const float* float_pointers[5] = {};
   CallArrays const arrays = call_arrays(c);
   if (arrays.any_given()) {
     *what = "cutlassfa index upload";
-    cudaError_t const err = uploads.upload(arrays.indices, 5, pointers, arrays.floats, 4, float_pointers, stream);
+    cudaError_t const err = uploads.upload(arrays.indices, 5, pointers, arrays.floats, 5, float_pointers, stream);
     if (err != cudaSuccess) return err;
   }
   FwdParams const params = make_params(p, call_tensors(c, o, lse, pointers, float_pointers));
@@ -562,7 +564,7 @@ void run_host(const Call& c, Backend backend, Output& o, Output* lse) {
     copies.push_back(host_copy(c.v_new->data, padded_view(*c.v_new), kv_bytes, &total, true, false));
   }
   size_t const inputs_end = total;
-  copies.push_back(host_copy(o.data, o.view, bytes, &total, false, true));
+  copies.push_back(host_copy(o.data, o.view, dtype_bytes(c.out_dtype), &total, false, true));
   if (lse != nullptr) copies.push_back(host_copy(lse->data, lse->view, 4, &total, false, true));
 
   thread_local PinnedStaging staging;

@@ -158,6 +158,7 @@ NB_MODULE(_C, m) {
   head_dims["sm80"] = int_tuple({CUTLASSFA_SM80_HEAD_DIMS});
   head_dims["sm90"] = int_tuple({CUTLASSFA_SM90_HEAD_DIMS});
   head_dims["sm90decode"] = int_tuple({CUTLASSFA_SM90_DECODE_HEAD_DIMS});
+  head_dims["sm90ws_fp8"] = int_tuple({CUTLASSFA_SM90WS_FP8_HEAD_DIMS});  // fp8 attention
   m.attr("head_dims") = head_dims;
   m.attr("BACKEND_AUTO") = cutlassfa::bindings::kBackendAuto;
   m.attr("BACKEND_CPU") = cutlassfa::bindings::kBackendCpu;
@@ -176,14 +177,16 @@ NB_MODULE(_C, m) {
   });
   m.def("backend_unavailable_reason", [](Backend b, int device) { return cutlassfa::backend_unavailable_reason(b, device); },
         "backend"_a, "device"_a);
-  m.def("head_dim_refusal", [](Backend b, int head_dim, const std::string& dtype) {
+  m.def("head_dim_refusal", [](Backend b, int head_dim, const std::string& dtype, int device) {
           int const code = cutlassfa::bindings::dtype_of_name(dtype);
           if (code < 0) throw nb::value_error(("unknown dtype " + dtype).c_str());
           auto const d = static_cast<cutlassfa::DType>(code);
-          std::string const fp8 = cutlassfa::bindings::fp8_attention_refusal(b, d);
-          return fp8.empty() ? cutlassfa::head_dim_refusal(b, head_dim, d) : fp8;
+          if (d == cutlassfa::DType::kFloat8E4M3) {  // fp8 attention: its own kernel and head dims
+            return cutlassfa::bindings::fp8_attention_refusal(b, d, head_dim, cutlassfa::device_capability(device));
+          }
+          return cutlassfa::head_dim_refusal(b, head_dim, d);
         },
-        "backend"_a, "head_dim"_a, "dtype"_a);
+        "backend"_a, "head_dim"_a, "dtype"_a, "device"_a = 0);
   m.attr("LIMIT_PREFIX") = cutlassfa::kLimitPrefix;
   m.def("set_check_device_values", &cutlassfa::bindings::set_check_device_values, "on"_a,
         "The debug switch of bindings/request.h: device index values read back and checked (one synchronization).");

@@ -89,6 +89,7 @@ void resolve_out_dtype(Call& c, nb::handle out_dtype) {
   }
   c.out_dtype_name = name;
   c.out_dtype = static_cast<DType>(dtype_of_name(name));
+  if (q_fp8) c.problem.out_dtype = c.out_dtype;
 }
 
 // q, k, v described, of `rank` dims (0: 3 or 4; `layout` names the expected shape), one dtype, device
@@ -678,6 +679,7 @@ bool tensorcore_accepts(const Call& c) {
   if (!(p.scale > 0.f)) return false;
   if (c.device < 0) return true;
   int const bytes = dtype_bytes(p.dtype);
+  int const out_bytes = dtype_bytes(c.out_dtype);
   auto aligned = [&](const ArrayRef& a, int extent, int heads, int seqlen, int item_bytes) {
     TensorStrides const s = c.strides(a);
     return tensor_aligned16(a.data, s.batch, s.head, s.row, extent, heads, seqlen, item_bytes);
@@ -685,11 +687,13 @@ bool tensorcore_accepts(const Call& c) {
   int const kv_extent = p.kv_extent_or_batch();
   int const kv_rows = p.kv_rows_or_seqlen();
   // An fp8 cache is read in place only by the decode kernel, which covers aligned ones alone
-  // (sm90_decode_covers); the other kernels read its dequantized copy, compact in q's dtype.
-  bool const kv_aligned = p.kv_fp8 || (aligned(c.k, kv_extent, p.heads_kv, kv_rows, bytes) &&
-                                       aligned(c.v, kv_extent, p.heads_kv, kv_rows, bytes));
+  // (sm90_decode_covers); the other kernels read its dequantized copy, compact in q's dtype. fp8 attention
+  // reads k and v in place (q's dtype: bytes).
+  bool const cache_copy = p.kv_fp8 && p.dtype != DType::kFloat8E4M3;
+  bool const kv_aligned = cache_copy || (aligned(c.k, kv_extent, p.heads_kv, kv_rows, bytes) &&
+                                         aligned(c.v, kv_extent, p.heads_kv, kv_rows, bytes));
   return aligned(c.q, p.batch, p.heads_q, p.seqlen_q, bytes) && kv_aligned &&
-         (!c.out || aligned(*c.out, p.batch, p.heads_q, p.seqlen_q, bytes));
+         (!c.out || aligned(*c.out, p.batch, p.heads_q, p.seqlen_q, out_bytes));
 }
 
 }  // namespace
@@ -780,24 +784,63 @@ Call validate(const Request& r) {
   return c;
 }
 
-std::string fp8_attention_refusal(Backend backend, DType dtype) {
+std::string fp8_attention_refusal(Backend backend, DType dtype, int head_dim, int capability) {
   if (dtype != DType::kFloat8E4M3) return "";
-  return std::string(kLimitPrefix) + backend_name(backend) +
-         " has no fp8 attention kernel (float8_e4m3fn q, k and v) in this version; the cpu backend runs it (host "
-         "arrays)";
+  static std::vector<int64_t> const listed{CUTLASSFA_SM90WS_FP8_HEAD_DIMS};
+  std::string const dims = listed.empty() ? std::string("none") : tuple_text(listed.data(), static_cast<int>(listed.size()));
+  std::string const where = "the tensorcore backend runs it on sm_90 (head dims " + dims +
+                            " in this build), the cpu backend on host arrays";
+  if (backend != Backend::kTensorCore) {
+    return std::string(kLimitPrefix) + backend_name(backend) +
+           " has no fp8 attention kernel (float8_e4m3fn q, k and v); " + where;
+  }
+  if (listed.empty()) {
+    return "tensorcore runs fp8 attention (float8_e4m3fn q, k and v) with the warp-specialized sm_90a kernel, which "
+           "this build does not have; the cpu backend runs it on host arrays";
+  }
+  if (capability != 90) {
+    return "tensorcore runs fp8 attention (float8_e4m3fn q, k and v) on sm_90 only in this version, not " +
+           (capability > 0 ? "sm_" + num(capability) : std::string("without a CUDA device")) +
+           "; the cpu backend runs it on host arrays";
+  }
+  if (std::find(listed.begin(), listed.end(), head_dim) == listed.end()) {
+    return "tensorcore runs fp8 attention (float8_e4m3fn q, k and v) at head dims " + dims + " in this build, not " +
+           num(head_dim) + "; the cpu backend runs it on host arrays";
+  }
+  return "";
+}
+
+std::string fp8_attention_options_refusal(const Call& c) {
+  const Problem& p = c.problem;
+  if (p.dtype != DType::kFloat8E4M3) return "";
+  const char* option = p.varlen                     ? "a varlen batch"
+                       : p.kv_cache                 ? "a KV cache"
+                       : p.softcap > 0.f            ? "softcap"
+                       : c.alibi_slopes.given       ? "alibi_slopes"
+                       : c.sinks.given              ? "sinks"
+                       : p.num_splits > 1           ? "num_splits > 1"
+                                                    : nullptr;
+  if (option == nullptr) return "";
+  return std::string("fp8 attention (float8_e4m3fn q, k and v) on the GPU takes dense arrays, causal or windowed, "
+                     "without a KV cache, varlen, softcap, ALiBi, sinks or split keys in this version; got ") +
+         option + " (the cpu backend runs it on host arrays)";
 }
 
 namespace {
 
 // resolve_backend on a device whose backends' availability `unavailable` gives (empty: available), named
 // `where` in errors; `cpu_fallback`: host arrays may resolve to cpu.
+// `capability`: the device's compute capability (fp8 attention runs on sm_90 only).
 template <class Unavailable>
-int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::string& where, bool cpu_fallback) {
+int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::string& where, bool cpu_fallback,
+               int capability) {
   const Problem& p = c.problem;
+  bool const fp8 = p.dtype == DType::kFloat8E4M3;
   auto runs = [&](int b) {
     Backend const which = static_cast<Backend>(b);
-    return unavailable(which).empty() && head_dim_runs(which, p.head_dim, p.dtype) &&
-           fp8_attention_refusal(which, p.dtype).empty() && (which != Backend::kTensorCore || tensorcore_accepts(c));
+    return unavailable(which).empty() && (fp8 || head_dim_runs(which, p.head_dim, p.dtype)) &&
+           fp8_attention_refusal(which, p.dtype, p.head_dim, capability).empty() &&
+           fp8_attention_options_refusal(c).empty() && (which != Backend::kTensorCore || tensorcore_accepts(c));
   };
   if (backend == kBackendAuto) {
     // naive last: it takes what the tiled kernels' limits refuse (small_tile's d > 192 on sm_61).
@@ -805,9 +848,12 @@ int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::s
       if (runs(static_cast<int>(b))) return static_cast<int>(b);
     }
     if (cpu_fallback) return kBackendCpu;
-    if (p.dtype == DType::kFloat8E4M3) {
-      value_error("no GPU backend runs fp8 attention (float8_e4m3fn q, k and v) in this version; host arrays run it on "
-                  "the cpu backend");
+    if (fp8) {
+      std::string const options = fp8_attention_options_refusal(c);
+      std::string const refusal = fp8_attention_refusal(Backend::kTensorCore, p.dtype, p.head_dim, capability);
+      if (unavailable(Backend::kTensorCore).empty() && (!options.empty() || !refusal.empty())) {
+        value_error("no GPU backend runs this fp8 attention call: " + (options.empty() ? refusal : options));
+      }
     }
     std::string const refusal = head_dim_refusal(Backend::kNaive, p.head_dim, p.dtype);
     if (!refusal.empty() && unavailable(Backend::kNaive).empty()) {
@@ -821,9 +867,10 @@ int resolve_on(const Call& c, int backend, Unavailable unavailable, const std::s
   if (!reason.empty()) {
     throw std::runtime_error(std::string("backend '") + backend_label(backend) + "' is not available: " + reason);
   }
-  std::string const fp8_refusal = fp8_attention_refusal(which, p.dtype);
+  std::string fp8_refusal = fp8_attention_refusal(which, p.dtype, p.head_dim, capability);
+  if (fp8_refusal.empty()) fp8_refusal = fp8_attention_options_refusal(c);
   if (!fp8_refusal.empty()) value_error(std::string("backend '") + backend_label(backend) + "': " + fp8_refusal);
-  std::string const refusal = head_dim_refusal(which, p.head_dim, p.dtype);
+  std::string const refusal = fp8 ? std::string() : head_dim_refusal(which, p.head_dim, p.dtype);
   if (!refusal.empty()) {
     value_error(std::string("backend '") + backend_label(backend) + "' does not run head dim " + num(p.head_dim) +
                 " with " + c.q.dtype_name + ": " + refusal);
@@ -846,13 +893,13 @@ int resolve_backend(const Call& c, int backend) {
     return kBackendCpu;
   }
   return resolve_on(c, backend, [device](Backend b) { return backend_unavailable_reason(b, device); },
-                    "cuda:" + num(device), c.device < 0);
+                    "cuda:" + num(device), c.device < 0, device_capability(device));
 }
 
 int resolve_backend_for(const Call& c, int backend, int capability) {
   if (backend == kBackendCpu) value_error("a plan for a GPU names a GPU backend, not 'cpu'");
   return resolve_on(c, backend, [capability](Backend b) { return backend_unavailable_for(b, capability); },
-                    "sm_" + num(capability), false);
+                    "sm_" + num(capability), false, capability);
 }
 
 }  // namespace cutlassfa::bindings

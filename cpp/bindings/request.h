@@ -107,9 +107,14 @@ int resolve_backend(const Call& call, int backend);
 // backend's availability is this build's kernels for that capability; kBackendCpu is refused.
 int resolve_backend_for(const Call& call, int backend, int capability);
 
-// Why `backend` does not run fp8 attention (float8_e4m3fn q, k and v) of `dtype` q; empty when it does or
-// q is not fp8. No GPU kernel takes it in this version: the cpu backend runs it.
-std::string fp8_attention_refusal(Backend backend, DType dtype);
+// Why `backend` does not run fp8 attention (float8_e4m3fn q, k and v) of `dtype` q at `head_dim` on a device of
+// compute capability `capability` (major * 10 + minor); empty when it does or q is not fp8. The tensorcore
+// backend runs it on sm_90 at the head dims of CUTLASSFA_SM90WS_FP8_HEAD_DIMS (cutlassfa/config.h); the cpu
+// backend runs every fp8 call.
+std::string fp8_attention_refusal(Backend backend, DType dtype, int head_dim, int capability);
+// Why the GPU does not run this fp8 attention call's options (varlen, KV cache, softcap, ALiBi, sinks, split
+// keys); empty when it does or the call is not fp8 attention.
+std::string fp8_attention_options_refusal(const Call& call);
 
 // Head dims some backend of this build has kernels for, as "(32, 64, 128)".
 std::string head_dims_text();

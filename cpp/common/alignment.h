@@ -21,7 +21,7 @@ inline bool tensor_aligned16(const void* ptr, long long batch_stride, long long 
 // q, k, v and o of params all satisfy the tensor-core contract, and the heads are consistent.
 inline bool tensorcore_aligned(const FwdParams& p) {
   int const in_bytes = dtype_bytes(p.dtype);
-  int const out_bytes = in_bytes;
+  int const out_bytes = p.dtype == DType::kFloat8E4M3 ? dtype_bytes(p.out_dtype) : in_bytes;  // fp8 attention
   int const kv_bytes = p.kv_fp8 ? dtype_bytes(DType::kFloat8E4M3) : in_bytes;
   // A paged cache: the batch strides step over num_pages pages of page_size rows.
   int const kv_batches = p.block_table != nullptr ? p.num_pages : p.batch;

@@ -18,17 +18,17 @@ using namespace cute;
 // End of the K/V loop, for every online softmax (this one and sm90ws/softmax.h's two-phase one):
 // out (nrow, head_dim) /= l_i, one reciprocal per row, and lse = m_i * scale + ln(l_i) in natural-log
 // units. A row that saw no key (l_i = 0) gets O = 0 and lse = -inf. row_sum holds this thread's
-// columns only; the quad reduces it here.
+// columns only; the quad reduces it here. out_scale multiplies O in the same product (fp8's v_descale).
 template <class TensorO, class RowTensor>
 __forceinline__ __device__ RowTensor normalize_rows(TensorO& out, RowTensor const& row_max, RowTensor const& row_sum,
-                                                    float scale) {
+                                                    float scale, float out_scale = 1.f) {
   constexpr int kNRows = decltype(size(row_max))::value;
   RowTensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
   CUTE_UNROLL
   for (int mi = 0; mi < kNRows; ++mi) {
     float const sum = quad_allreduce(row_sum(mi), SumOp{});
     bool const empty = sum == 0.f;
-    float const inv_sum = empty ? 0.f : 1.f / sum;
+    float const inv_sum = empty ? 0.f : out_scale / sum;
     lse(mi) = empty ? -INFINITY : row_max(mi) * scale + logf(sum);
     CUTE_UNROLL
     for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= inv_sum; }

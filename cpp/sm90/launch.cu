@@ -18,6 +18,7 @@
 namespace cutlassfa {
 
 bool sm90_covers(const FwdParams& p) {
+  if (p.dtype == DType::kFloat8E4M3) { return false; }  // fp8 attention: the warp-specialized kernel's
   if (p.dtype != DType::kFloat32) { return p.head_dim <= std::max({CUTLASSFA_SM90_HEAD_DIMS}); }
   // The fp32 pre-pass lays out dense (batch, heads, seqlen) tensors of a compiled head dim; paged
   // caches, varlen batches and zero-padded head dims run on the mma.sync family, which splits fp32

@@ -13,6 +13,7 @@
 
 #include "common/mask.h"
 #include "common/tensor_utils.h"
+#include "sm90ws/fp8_descale.h"
 #include "sm90ws/kernel_traits.h"
 #include "sm90ws/softmax.h"
 #include "sm90ws/utils.h"
@@ -52,9 +53,9 @@ using MmaTurnsOf = MmaTurns<Traits::kPingPong, Traits::kNConsumerWarpGroups>;
 
 // Runs the K/V tiles [n_block_min, n_block_max) (non-empty) for this thread's rows, Q having landed;
 // acc_o ends unnormalized, softmax holds m and l. read_k / read_v run on across the CTA's tiles.
-// thread_idx: 0 .. kNConsumerThreads - 1 among the consumers.
+// thread_idx: 0 .. kNConsumerThreads - 1 among the consumers. scales: the tile's (sm90ws/fp8_descale.h).
 template <class Traits, class MaskT, class TensorO, class Softmax>
-__forceinline__ __device__ void consume(FwdParams const& params, typename Traits::SharedStorage& storage,
+__forceinline__ __device__ void consume(TileScales const& scales, typename Traits::SharedStorage& storage,
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
                                         typename Traits::PipelineState& read_k,
                                         typename Traits::PipelineState& read_v, int q_buffer, MaskT const& mask,
@@ -82,8 +83,23 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_as_sm80(acc_o.layout())));  // (nrow, d)
 
   // P: the softmax output in Element, laid out as the A operand of P V; the same registers every step.
+  // fp8: 32 keys a k step, in the key order of sm90ws/fp8_key_order.h.
   Tensor acc_s_shape = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-  Tensor tOrP = make_tensor<Element>(acc_as_a_operand(acc_s_shape.layout()));  // (MMA, MMA_M, kBlockN / 16)
+  auto const p_layout = [&] {
+    if constexpr (Traits::kFp8) {
+      return fp8_p_layout(acc_s_shape.layout());  // (MMA, MMA_M, kBlockN / 32)
+    } else {
+      return acc_as_a_operand(acc_s_shape.layout());  // (MMA, MMA_M, kBlockN / 16)
+    }
+  }();
+  Tensor tOrP = make_tensor<Element>(p_layout);
+  auto to_p = [&](auto const& acc_s) {
+    if constexpr (Traits::kFp8) {
+      convert_p_fp8(acc_s, tOrP);
+    } else {
+      convert_into(acc_s, tOrP);
+    }
+  };
 
   int const n_block_unmasked_begin = mask.n_block_unmasked_begin(m_block);
   MmaTurnsOf<Traits> const turns{thread_idx / 128};
@@ -102,7 +118,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
   // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O.
   auto softmax_step = [&](auto& acc_s) {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
-    return softmax.update(scores, params.softmax_scale_log2);
+    return softmax.update(scores, scales.scale_log2);
   };
 
   // ---- First (highest) K/V tile: S alone, always masked (the ragged end or the diagonal lies here) ----
@@ -118,7 +134,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
     mask.apply(acc_s80, tScS80, m_block, n_block_max - 1, n_block_unmasked_begin);
     softmax_step(acc_s);  // alpha is 0: O starts at zero
-    convert_into(acc_s, tOrP);
+    to_p(acc_s);
   }
   clear(acc_o);
 
@@ -151,7 +167,7 @@ __forceinline__ __device__ void consume(FwdParams const& params, typename Traits
     warpgroup_fence_operand(tOrP);
     pipeline_v.consumer_release(read_v);
     ++read_v;
-    convert_into(acc_s, tOrP);
+    to_p(acc_s);
     alpha_pending = alpha;
   };
   for_each_kv_tile(n_block_min, n_block_max - 1, n_block_unmasked_begin, mask.n_block_unmasked_end(m_block), kv_step);

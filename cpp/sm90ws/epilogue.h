@@ -12,6 +12,7 @@
 #include "common/epilogue.h"
 #include "common/tensor_utils.h"
 #include "common/tile.h"
+#include "sm90ws/fp8_descale.h"
 #include "sm90ws/kernel_traits.h"
 #include "sm90ws/utils.h"
 
@@ -21,11 +22,13 @@ using namespace cute;
 
 // acc_o: this thread's unnormalized O (or anything when the tile saw no key: kEmpty writes O = 0 and
 // lse = -inf). thread_idx: 0 .. kNConsumerThreads - 1 among the consumers. head_sink: the tile's sink
-// (common/epilogue.h prefetch_sink, read when the tile started).
+// (common/epilogue.h prefetch_sink, read when the tile started); scales: the tile's lse scale and O's
+// factor (sm90ws/fp8_descale.h).
 template <class Traits, class TensorO, class Softmax>
 __forceinline__ __device__ void store_output(FwdParams const& params, typename Traits::SharedStorage& storage,
                                              TileCoord const& tile, SeqInfo const& seq, int thread_idx,
-                                             float head_sink, TensorO& acc_o, Softmax& softmax) {
+                                             float head_sink, TileScales const& scales, TensorO& acc_o,
+                                             Softmax& softmax) {
   using ElementO = typename Traits::ElementO;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -35,7 +38,7 @@ __forceinline__ __device__ void store_output(FwdParams const& params, typename T
   typename Traits::TiledMmaPV tiled_mma_pv;
   auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
   Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_as_sm80(acc_o.layout())));  // (nrow, d)
-  Tensor lse = softmax.finalize(acc_o_rc, params.softmax_scale);                                // (nrow)
+  Tensor lse = softmax.finalize(acc_o_rc, scales.scale, scales.o_scale);                        // (nrow)
   Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (kBlockM, d) -> (row, col)
   Tensor taccOcO = thr_mma_pv.partition_C(cO);                             // (MMA, MMA_M, MMA_N) -> (row, col)
   Tensor taccOcO_rc = make_tensor(taccOcO.data(), acc_layout_rowcol(acc_as_sm80(taccOcO.layout())));

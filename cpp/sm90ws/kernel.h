@@ -18,6 +18,7 @@
 #include "cutlassfa/params.h"
 #include "sm90ws/consumer.h"
 #include "sm90ws/epilogue.h"
+#include "sm90ws/fp8_descale.h"
 #include "sm90ws/kernel_traits.h"
 #include "sm90ws/producer.h"
 #include "sm90ws/scheduler.h"
@@ -147,6 +148,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       if (index >= scheduler.num_tiles) { break; }
       TileWork<Traits> const work(fwd, scheduler, index);
       float const head_sink = prefetch_sink(fwd, work.tile.head);  // used by the epilogue
+      TileScales const scales = tile_scales<Traits::kFp8>(fwd, work.tile.batch, work.tile.head_kv);
       // A warpgroup whose rows all lie past the queries' end (the last tile of a sequence) only passes
       // the tiles on, with three consumer warpgroups (H200, 192-row tiles, N = 512 .. 4096: causal
       // 1.02-1.09x faster, non-causal 0.98-1.00x). With two, the 128-row tiles keep the kernel without
@@ -175,13 +177,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
       if (work.has_keys()) {
         // Releases Q (barrier_q_empty) before its last P V when O has shared memory of its own.
-        consume<Traits>(fwd, storage, pipeline_k, pipeline_v, read_k, read_v, slot.buffer, work.mask,
+        consume<Traits>(scales, storage, pipeline_k, pipeline_v, read_k, read_v, slot.buffer, work.mask,
                         work.tile.m_block, work.n_block_min, work.n_block_max, thread_idx, acc_o, softmax);
       } else {
         clear(acc_o);  // finalize: O = 0, lse = -inf
         if constexpr (Traits::kReleaseQAfterLastS) { storage.barrier_q_empty[slot.buffer].arrive(); }
       }
-      store_output<Traits>(fwd, storage, work.tile, work.seq, thread_idx, head_sink, acc_o, softmax);
+      store_output<Traits>(fwd, storage, work.tile, work.seq, thread_idx, head_sink, scales, acc_o, softmax);
       if constexpr (Traits::kReleaseQAfterEpilogue) { storage.barrier_q_empty[slot.buffer].arrive(); }  // O was staged over Q
     }
   }

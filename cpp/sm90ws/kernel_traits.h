@@ -16,6 +16,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "cutlassfa/params.h"
+#include "sm90ws/fp8_key_order.h"
 #include "sm90ws/scheduler.h"
 #include "sm90ws/tile_config.h"  // the tile shapes (read by the planner too)
 #include "sm90ws/tma_extents.h"
@@ -35,22 +36,43 @@ static_assert(static_cast<uint32_t>(NamedBarriers::kCount) + cutlass::arch::Name
                   cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
               "the named barriers fit beside CUTLASS's reserved ones");
 
+// The bytes of the V tiles as (d, kBlockN, stage), the B operand of P V: (kBlockN, d, stage) tiles re-viewed,
+// or V^T tiles (kTransposed) as they are. A class, so that only the case in use is formed.
+template <bool kTransposed, class SmemLayoutV, int kHeadDim, int kBlockN, int kStages>
+struct VtLayout {
+  using type = SmemLayoutV;
+};
+template <class SmemLayoutV, int kHeadDim, int kBlockN, int kStages>
+struct VtLayout<false, SmemLayoutV, kHeadDim, kBlockN, kStages> {
+  using type = decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                                               Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+};
+
 // Input_: the caller's dtype, cutlass::half_t, cutlass::bfloat16_t, or float: fp32 K and V arrive split
 // into fp16 by the pre-pass (cutlassfa/split_fp32.h): K as rows of 2 d columns [hi | lo] (kHeadDimQK),
 // V as fp16 hi; fp32 Q is loaded as it is and split into the same [hi | lo] rows in shared memory at
 // the start of each tile (sm90ws/split_q.h); S = Q K^T is the three products of the halves
 // (warpgroup_gemm_split), and O is written in fp32.
+// cutlass::float_e4m3_t (fp8 attention): both GEMMs are e4m3 wgmma; V arrives as V^T rows of keys in the
+// key order of sm90ws/fp8_key_order.h (the pre-pass, sm90ws/fp8_v_transpose.h), the descales fold into the
+// softmax scale and the epilogue (sm90ws/fp8_descale.h), and O is written in Output_ (bf16 or fp16).
 // kVarlen_: q / k / v / o are packed (total, heads, d) arrays of a varlen batch (cu_seqlens): a separate
 // instantiation, so that the dense kernel carries none of the per-entry offsets (sm90ws/tma_extents.h).
-template <int kHeadDim_, class Input_, bool kVarlen_ = false>
+template <int kHeadDim_, class Input_, bool kVarlen_ = false, class Output_ = Input_>
 struct Traits {
   static constexpr bool kSplitQK = std::is_same_v<Input_, float>;
+  static constexpr bool kFp8 = std::is_same_v<Input_, cutlass::float_e4m3_t>;
   using Element = cute::conditional_t<kSplitQK, cutlass::half_t, Input_>;  // what the MMAs read
-  using ElementO = Input_;
+  using ElementO = Output_;
+  static_assert(kFp8 ? std::is_same_v<Output_, cutlass::bfloat16_t> || std::is_same_v<Output_, cutlass::half_t>
+                     : std::is_same_v<Output_, Input_>,
+                "O in the inputs' dtype, or bf16 / fp16 for fp8 inputs");
   static constexpr int kHeadDim = kHeadDim_;                              // columns of V and O
   static constexpr int kHeadDimQK = kSplitQK ? 2 * kHeadDim : kHeadDim;  // columns of Q and K
   static constexpr bool kVarlen = kVarlen_;
-  using Tile = cute::conditional_t<kSplitQK, TileConfigFp32<kHeadDim>, TileConfig<kHeadDim>>;
+  static_assert(!(kFp8 && kVarlen), "fp8: dense tensors only");
+  using Tile = cute::conditional_t<kSplitQK, TileConfigFp32<kHeadDim>,
+                                   cute::conditional_t<kFp8, TileConfigFp8<kHeadDim>, TileConfig<kHeadDim>>>;
   static constexpr int kBlockM = Tile::kBlockM;
   static constexpr int kBlockN = Tile::kBlockN;
   static constexpr int kStages = Tile::kStages;
@@ -64,6 +86,7 @@ struct Traits {
   static_assert(kBlockM == 128 || kBlockM == 192, "two or three consumer warpgroups of 64 rows");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "P V takes K slices of 16 keys; one wgmma spans the keys");
   static_assert(kHeadDim % 32 == 0, "a 64- or 128-byte swizzle atom spans the columns");
+  static_assert(!kFp8 || kBlockN % kFp8KeyGroup == 0, "fp8: whole groups of the P V key order");
   // Ping-pong: the consumer warpgroups take turns issuing their GEMMs, in a ring (sm90ws/consumer.h,
   // MmaTurns). false lets each issue whenever its operands are ready.
   static constexpr bool kPingPong = Tile::kPingPong;
@@ -78,18 +101,24 @@ struct Traits {
   // knows 80 or 112 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cpp/CMakeLists.txt); without it an
   // 80-key tile ran as five 64x16x16 wgmmas a k step, at two thirds of the speed.
   static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "S = Q K^T is one wgmma wide");
-  // V is stored as rows of head_dim (the N index of P V is contiguous): an MN-major B operand.
+  // V is stored as rows of head_dim (the N index of P V is contiguous): an MN-major B operand. e4m3 wgmma
+  // takes K-major operands only: fp8 V arrives transposed, rows of keys (the K index).
+  static constexpr GMMA::Major kMajorV = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
+                           GMMA::Major::K, kMajorV>(),
       AtomLayout{}));
 
   // ---- Shared layouts: one layout per tile, written by TMA and read by wgmma ------------------------
-  // 8 rows x 64 columns with the 16-byte chunk XORed by the row (128-byte swizzle), K-major; rows of
-  // 32 (mod 64) columns (d = 96) take the 64-byte swizzle.
+  // 8 rows of 128 bytes with the 16-byte chunk XORed by the row (128-byte swizzle), K-major; rows of 64
+  // (mod 128) bytes (d = 96 halves, d = 64 e4m3) take the 64-byte swizzle, rows of 32 (mod 64) bytes the
+  // 32-byte one (80- and 112-key V^T rows, were they fp8).
+  template <class T, int kCols>
+  using SmemLayoutAtomOf = cute::conditional_t<
+      kCols * sizeof_bits_v<T> % 1024 == 0, GMMA::Layout_K_SW128_Atom<T>,
+      cute::conditional_t<kCols * sizeof_bits_v<T> % 512 == 0, GMMA::Layout_K_SW64_Atom<T>, GMMA::Layout_K_SW32_Atom<T>>>;
   template <int kCols>
-  using SmemLayoutAtom = cute::conditional_t<kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
-                                             GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutAtom = SmemLayoutAtomOf<Element, kCols>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));
   // Q as TMA loads it: the Q tile itself, or for fp32 the caller's values (kBlockM, d) in a staging
   // buffer of their own (128-byte swizzled rows of floats), split into the Q tile by the consumers.
@@ -100,18 +129,18 @@ struct Traits {
       SmemLayoutQ>;
   using SmemLayoutK =
       decltype(tile_to_shape(SmemLayoutAtom<kHeadDimQK>{}, Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));
-  using SmemLayoutV =  // (kBlockN, d, stage), as TMA writes it
-      decltype(tile_to_shape(SmemLayoutAtom<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // (kBlockN, d, stage) as TMA writes it; fp8: V^T tiles (d, kBlockN, stage), rows of keys.
+  using SmemLayoutV = cute::conditional_t<
+      kFp8, decltype(tile_to_shape(SmemLayoutAtom<kBlockN>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{})),
+      decltype(tile_to_shape(SmemLayoutAtom<kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}))>;
   // The same bytes as (d, kBlockN, stage): the B operand of P V.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                 Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+  using SmemLayoutVt = typename VtLayout<kFp8, SmemLayoutV, kHeadDim, kBlockN, kStages>::type;
   // The O tile is staged in shared memory of its own where it fits beside Q and the rings (d <= 128), so
   // that the next tile's Q can load during the epilogue; else over the Q tile (each consumer warpgroup
   // overwrites its own 64 rows once its last S = Q K^T has completed), and the next Q waits for it.
   // fp32 O (kSplitQK) has a layout of its own (rows of d floats); beside the fp32 Q staging buffer it
   // never fits apart, and goes over Q' (2d halves a row: the same bytes, static_assert below).
-  using SmemLayoutAtomO = cute::conditional_t<kSplitQK, GMMA::Layout_K_SW128_Atom<float>, SmemLayoutAtom<kHeadDim>>;
+  using SmemLayoutAtomO = SmemLayoutAtomOf<ElementO, kHeadDim>;
   using SmemLayoutO = decltype(tile_to_shape(SmemLayoutAtomO{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));  // Q's, for halves
   static constexpr int kSmemBytesQ = cosize_v<SmemLayoutQ> * sizeof(Element);
   static constexpr int kSmemBytesKV = (cosize_v<SmemLayoutK> + cosize_v<SmemLayoutV>) * sizeof(Element);
@@ -122,6 +151,7 @@ struct Traits {
   // rows, the same bytes.
   static_assert(kSeparateO || !kSplitQK || (kSmemBytesO == kSmemBytesQ && kHeadDim % 32 == 0),
                 "fp32 O staged over the Q tile covers each warpgroup's own rows");
+  static_assert(kSeparateO || !kFp8, "fp8: O (2 bytes an element) has no room over Q (1 byte)");
   // Q buffers: with two, the producer loads the next tile's Q while the consumers still run this one
   // (it lands before they need it), so a short sequence's tiles do not wait for Q at every start.
   // Needs O apart from Q and room for a third Q tile (d <= 128); else one, reloaded after the tile.
@@ -162,8 +192,9 @@ struct Traits {
                                       Shape<Int<kBlockM>, Int<kHeadDimQLoad>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                       Shape<Int<kBlockN>, Int<kHeadDimQK>>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
-                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // fp8: the V^T workspace seen as (dim, key, head, batch).
+  using TileShapeV = cute::conditional_t<kFp8, Shape<Int<kHeadDim>, Int<kBlockN>>, Shape<Int<kBlockN>, Int<kHeadDim>>>;
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}), TileShapeV{}, _1{}));
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDimQLoad * sizeof(ElementQLoad);
   static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDimQK * sizeof(Element);  // out-of-range rows count too
   static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDim * sizeof(Element);

@@ -1,5 +1,5 @@
 // Host side of one instantiation: the TMA descriptors of q, k and v over their (row, dim, head, batch)
-// views, the tile scheduler (sm90ws/scheduler.h) and the persistent launch, one CTA per SM at most.
+// views (fp8: V^T's), the tile scheduler (sm90ws/scheduler.h) and the persistent launch, one CTA per SM at most.
 // Included only by the instantiation files generated from cpp/sm90ws/instantiate.cu.in.
 #pragma once
 
@@ -31,9 +31,18 @@ auto rdhb_tensor(void const* base, long long batch_stride, long long head_stride
                      make_stride(used(row_stride, rows), _1{}, used(head_stride, heads), used(batch_stride, batch)));
 }
 
-template <int kHeadDim, class Input, bool kVarlen>
+// fp8: the V^T workspace (sm90ws/fp8_v_transpose.h: params.v and its strides) as (dim, key, head, batch).
+template <class Element, int kHeadDim>
+auto vt_tensor(FwdParams const& params) {
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(params.v)),
+                     make_shape(kHeadDim, fp8_vt_keys(params.seqlen_k), params.heads_kv, params.batch),
+                     make_stride(static_cast<int64_t>(params.v_row_stride), _1{},
+                                 static_cast<int64_t>(params.v_head_stride), static_cast<int64_t>(params.v_batch_stride)));
+}
+
+template <int kHeadDim, class Input, bool kVarlen, class Output>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using T = Traits<kHeadDim, Input, kVarlen>;
+  using T = Traits<kHeadDim, Input, kVarlen, Output>;
   using Element = typename T::Element;
   constexpr int kHeadDimQK = T::kHeadDimQK;
   constexpr int kHeadDimQLoad = T::kHeadDimQLoad;
@@ -47,6 +56,14 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   long long const num_tiles = static_cast<long long>(num_m_blocks) * params.heads_q * params.batch;
   if (num_tiles > INT_MAX - sms) { return cudaErrorInvalidConfiguration; }  // tile indices run to num_tiles + grid
   int const grid = static_cast<int>(std::min<long long>(num_tiles, sms));
+  auto v_tensor = [&] {
+    if constexpr (T::kFp8) {
+      return vt_tensor<Element, kHeadDim>(params);
+    } else {
+      return rdhb_tensor<Element, kHeadDim>(params.v, params.v_batch_stride, params.v_head_stride, params.v_row_stride,
+                                            extents.rows_k, params.heads_kv, extents.batch);
+    }
+  };
   KernelParams<T> kp{params,
                      make_tma_copy(SM90_TMA_LOAD{},
                                    rdhb_tensor<typename T::ElementQLoad, kHeadDimQLoad>(
@@ -57,10 +74,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
                                    rdhb_tensor<Element, kHeadDimQK>(params.k, params.k_batch_stride, params.k_head_stride,
                                                   params.k_row_stride, extents.rows_k, params.heads_kv, extents.batch),
                                    take<0, 2>(typename T::SmemLayoutK{}), Shape<Int<T::kBlockN>, Int<kHeadDimQK>>{}, _1{}),
-                     make_tma_copy(SM90_TMA_LOAD{},
-                                   rdhb_tensor<Element, kHeadDim>(params.v, params.v_batch_stride, params.v_head_stride,
-                                                  params.v_row_stride, extents.rows_k, params.heads_kv, extents.batch),
-                                   take<0, 2>(typename T::SmemLayoutV{}), Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{}),
+                     make_tma_copy(SM90_TMA_LOAD{}, v_tensor(), take<0, 2>(typename T::SmemLayoutV{}),
+                                   typename T::TileShapeV{}, _1{}),
                      TileScheduler{static_cast<int>(num_tiles), num_m_blocks, 1, nullptr}};
   auto* const kernel = &flash_fwd_ws_kernel<T>;
   err = opt_in_shared_memory(kernel, T::kSmemSize);

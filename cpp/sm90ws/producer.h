@@ -33,7 +33,7 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   constexpr int kHeadDimQLoad = Traits::kHeadDimQLoad;
   Tensor sQ = make_tensor(make_smem_ptr(storage.q_load(q_buffer)), typename Traits::SmemLayoutQLoad{});  // (kBlockM, dQ)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});  // (kBlockN, dQK, stage)
-  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, d, stage); fp8 (d, kBlockN, stage)
 
   // Coordinate tensors of the descriptors' (row, dim, head, batch) views (sm90ws/tma_extents.h), sliced
   // at this tile's heads and entry, from the entry's first row: a varlen batch is one packed entry.
@@ -43,13 +43,22 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   auto const k_rows = make_coord(Traits::kVarlen ? seq.k_row_offset : 0, _0{});
   Tensor mQ = params.tma_q.get_tma_tensor(make_shape(extents.rows_q, kHeadDimQLoad, p.heads_q, extents.batch))(_, _, tile.head, batch);
   Tensor mK = params.tma_k.get_tma_tensor(make_shape(extents.rows_k, kHeadDimQK, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
-  Tensor mV = params.tma_v.get_tma_tensor(make_shape(extents.rows_k, kHeadDim, p.heads_kv, extents.batch))(_, _, tile.head_kv, batch);
   Tensor gQ = local_tile(domain_offset(q_rows, mQ), Shape<Int<kBlockM>, Int<kHeadDimQLoad>>{},
                          make_coord(tile.m_block, _0{}));  // (kBlockM, dQ)
   Tensor gK = local_tile(domain_offset(k_rows, mK), Shape<Int<kBlockN>, Int<kHeadDimQK>>{},
                          make_coord(_, _0{}));  // (kBlockN, dQK, n_blocks)
-  Tensor gV = local_tile(domain_offset(k_rows, mV), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                         make_coord(_, _0{}));  // (kBlockN, d, n_blocks)
+  // V tiles: (kBlockN, d, n_blocks); fp8: of the V^T workspace (d, keys), (d, kBlockN, n_blocks).
+  Tensor gV = [&] {
+    if constexpr (Traits::kFp8) {
+      Tensor mVt = params.tma_v.get_tma_tensor(make_shape(kHeadDim, fp8_vt_keys(p.seqlen_k), p.heads_kv, p.batch))(
+          _, _, tile.head_kv, tile.batch);
+      return local_tile(mVt, Shape<Int<kHeadDim>, Int<kBlockN>>{}, make_coord(_0{}, _));
+    } else {
+      Tensor mV = params.tma_v.get_tma_tensor(make_shape(extents.rows_k, kHeadDim, p.heads_kv, extents.batch))(
+          _, _, tile.head_kv, batch);
+      return local_tile(domain_offset(k_rows, mV), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    }
+  }();
 
   auto tma_q = params.tma_q.get_slice(_0{});
   auto tma_k = params.tma_k.get_slice(_0{});
@@ -58,7 +67,7 @@ __forceinline__ __device__ void produce(KernelParams<Traits> const& params, type
   Tensor tQsQ = tma_q.partition_D(sQ);  // (TMA, TMA_M, TMA_K)
   Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_K, n_blocks)
   Tensor tKsK = tma_k.partition_D(sK);  // (TMA, TMA_N, TMA_K, stage)
-  Tensor tVgV = tma_v.partition_S(gV);  // (TMA, TMA_N, TMA_K, n_blocks)
+  Tensor tVgV = tma_v.partition_S(gV);  // (TMA, TMA_N, TMA_K, n_blocks)  (TMA_K, TMA_N for fp8)
   Tensor tVsV = tma_v.partition_D(sV);  // (TMA, TMA_N, TMA_K, stage)
 
   // Q is read by this CTA only: evict it first; K and V are re-read by the other Q tiles of the head.

@@ -80,10 +80,10 @@ struct TwoPhaseSoftmax {
     }
   }
 
-  // O /= l_i, returns lse (common/online_softmax.h, normalize_rows); out: the (nrow, d) view of O.
+  // O *= out_scale / l_i, returns lse (common/online_softmax.h, normalize_rows); out: the (nrow, d) view of O.
   template <class TensorO>
-  __forceinline__ __device__ RowTensor finalize(TensorO& out, float scale) {
-    return normalize_rows(out, row_max, row_sum, scale);
+  __forceinline__ __device__ RowTensor finalize(TensorO& out, float scale, float out_scale) {
+    return normalize_rows(out, row_max, row_sum, scale, out_scale);
   }
 };
 

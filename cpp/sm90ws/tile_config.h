@@ -1,4 +1,4 @@
-// The tile shapes of the warp-specialized Hopper kernel per head dim (fp16 / bf16, and fp32 inputs), free
+// The tile shapes of the warp-specialized Hopper kernel per head dim (fp16 / bf16, fp32 and fp8 inputs), free
 // of CuTe: kernel_traits.h builds its traits from them, and launch.cu tells the planner the tile of a
 // call (sm90ws_tile, cutlassfa/launch.h).
 #pragma once
@@ -19,7 +19,7 @@ namespace cutlassfa::sm90ws {
 //  - d = 192 / 256: two consumer warpgroups, 112 / 80 keys (FA3's), the most that two stages of K and V beside
 //    the Q tile fit in 227 KB (216 KB / 224 KB). S + P + O = 56 + 28 + 96 and 40 + 20 + 128 of 240.
 //    The GEMMs are long beside the softmax: no turns.
-// Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> (or _F32_D<d>) as
+// Measurement builds may override a row by defining CUTLASSFA_SM90WS_TILE_D<d> (or _F32_D<d>, _FP8_D<d>) as
 // kBlockM, kBlockN, kStages, ping-pong (kBlockM 128 or 192, kBlockN a multiple of 16) in the generated
 // sm90ws/tile_overrides.h: cpp/sm90ws/selftest.sh TILES="96=128,128,2,1", or the package build's
 // -DCUTLASSFA_SM90WS_TILES="D96=128,128,2,1" (cpp/CMakeLists.txt).
@@ -54,6 +54,21 @@ struct TileShape {
 #ifndef CUTLASSFA_SM90WS_TILE_F32_D128
 #define CUTLASSFA_SM90WS_TILE_F32_D128 128, 64, 2, true
 #endif
+// fp8 attention (e4m3 q, k, v; sm90ws/fp8_key_order.h): kBlockN a multiple of the 32-key groups of the
+// P V key order, and of 128 so that V^T's rows of keys take the 128-byte swizzle. The K/V bytes halve, so
+// the d = 64 / 128 tiles fit with room to spare and d = 256 fits 128 keys (Q 32 + K/V 128 + O 64 KB, O
+// apart): S + P + O = 64 + 16 + 32, 64 + 16 + 64 and 64 + 16 + 128 registers. FlashAttention-3's fp8 tiles
+// (hopper/tile_size.h) are 192 x 160, 128 x 224 and 128 x 128, with turns at d >= 128 only; its wider d = 64
+// and 128 tiles are left to measure.
+#ifndef CUTLASSFA_SM90WS_TILE_FP8_D64
+#define CUTLASSFA_SM90WS_TILE_FP8_D64 192, 128, 2, false
+#endif
+#ifndef CUTLASSFA_SM90WS_TILE_FP8_D128
+#define CUTLASSFA_SM90WS_TILE_FP8_D128 128, 128, 2, true
+#endif
+#ifndef CUTLASSFA_SM90WS_TILE_FP8_D256
+#define CUTLASSFA_SM90WS_TILE_FP8_D256 128, 128, 2, true
+#endif
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<64> : TileShape<CUTLASSFA_SM90WS_TILE_D64> {};
 template <> struct TileConfig<96> : TileShape<CUTLASSFA_SM90WS_TILE_D96> {};
@@ -63,5 +78,9 @@ template <> struct TileConfig<256> : TileShape<CUTLASSFA_SM90WS_TILE_D256> {};
 template <int kHeadDim> struct TileConfigFp32;
 template <> struct TileConfigFp32<64> : TileShape<CUTLASSFA_SM90WS_TILE_F32_D64> {};
 template <> struct TileConfigFp32<128> : TileShape<CUTLASSFA_SM90WS_TILE_F32_D128> {};
+template <int kHeadDim> struct TileConfigFp8;
+template <> struct TileConfigFp8<64> : TileShape<CUTLASSFA_SM90WS_TILE_FP8_D64> {};
+template <> struct TileConfigFp8<128> : TileShape<CUTLASSFA_SM90WS_TILE_FP8_D128> {};
+template <> struct TileConfigFp8<256> : TileShape<CUTLASSFA_SM90WS_TILE_FP8_D256> {};
 
 }  // namespace cutlassfa::sm90ws

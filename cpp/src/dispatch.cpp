@@ -213,6 +213,14 @@ Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& param
     case Backend::kTensorCore:
     case Backend::kTensorCoreSm80: break;
   }
+  // fp8 attention: the warp-specialized kernel's fp8 instantiation, one pass (the validator has refused
+  // what it does not cover: bindings/request.cpp, fp8_attention_refusal; were one to come, its launcher
+  // refuses it, an internal error).
+  if (params.dtype == DType::kFloat8E4M3) {
+    plan.kernel = Kernel::kSm90ws;
+    plan.tile = sm90ws_tile(params);
+    return plan;
+  }
   // A measured choice, unless the caller asked for a split count (a varlen batch, which runs one pass
   // whatever was asked, may still take the table's kernel).
   bool const varlen = params.cu_seqlens_q != nullptr;

@@ -15,7 +15,8 @@ CallPlan plan_call(Backend backend, const PlanDevice& device, const Problem& p, 
   // num_splits=None: a call with an option chooses as kChooseSplits, a plain one as kDefaultSplits.
   int const requested = p.num_splits > 0 ? p.num_splits : p.variant ? kChooseSplits : kDefaultSplits;
   Plan const plan = make_plan(backend, device, params, requested);
-  if (!params.kv_fp8 || plan.kernel == Kernel::kSm90Decode) return {plan, false};
+  // fp8 attention (q fp8 too) reads its fp8 k and v as they are.
+  if (!params.kv_fp8 || params.dtype == DType::kFloat8E4M3 || plan.kernel == Kernel::kSm90Decode) return {plan, false};
   return {make_plan(backend, device, dequantized_params(params, copy), requested), true};
 }
 
@@ -29,7 +30,7 @@ cudaError_t enqueue_call(Backend backend, int device, const Problem& p, const Fw
   }
   failure->step = "cutlassfa kernel launch";
   if (call_is_fill(p)) {  // no row sees a key: O = 0, lse = -inf (or the row's sink)
-    cudaError_t const err = fill_device(params.o, p.dtype, o_view, 0.f, stream);
+    cudaError_t const err = fill_device(params.o, params.out_dtype, o_view, 0.f, stream);
     if (err != cudaSuccess || lse_view == nullptr) return err;
     return fill_device(params.lse, DType::kFloat32, *lse_view, -INFINITY, stream, params.sinks);
   }

@@ -76,10 +76,13 @@ FwdParams make_params(const Problem& p, const CallTensors& t) {
     params.num_pages = p.num_pages;
   }
   params.dtype = p.dtype;
+  params.out_dtype = p.dtype == DType::kFloat8E4M3 ? p.out_dtype : p.dtype;
   params.kv_fp8 = p.kv_fp8;
   params.k_descale = t.k_descale, params.v_descale = t.v_descale;
   params.k_descale_batch_stride = t.k_descale_strides.batch, params.k_descale_head_stride = t.k_descale_strides.head;
   params.v_descale_batch_stride = t.v_descale_strides.batch, params.v_descale_head_stride = t.v_descale_strides.head;
+  params.q_descale = t.q_descale;
+  params.q_descale_batch_stride = t.q_descale_strides.batch, params.q_descale_head_stride = t.q_descale_strides.head;
   return params;
 }
 

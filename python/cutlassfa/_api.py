@@ -143,7 +143,7 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     reason = _unavailable_reason(backend, device)
     if reason:
         return Support(False, reason)
-    refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype)
+    refusal = _C.head_dim_refusal(getattr(_C.Backend, backend), int(head_dim), dtype, device)
     return Support(not refusal, refusal)
 
 
@@ -388,7 +388,9 @@ def forward(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: floa
     (as k_descale; query head h takes the entry of its K/V head, h // (Hq / Hkv)), k_descale and v_descale:
     the result is attention(q * q_descale, k * k_descale, v * v_descale) with float32 accumulation, in
     out_dtype (bfloat16 by default, or float16; a dtype of any framework or its name; `out` must have it).
-    This version computes it on the cpu backend (host arrays); the GPU backends refuse it (`supports`).
+    The tensorcore backend runs it on sm_90 (dense arrays, causal or any window, GQA; the head dims of
+    `_C.head_dims["sm90ws_fp8"]`; P is rounded to e4m3 for P V, ~2-3 % relative L2 on random inputs); the
+    cpu backend runs every form; other backends, GPUs, head dims and options are refused (`supports`).
     num_splits: None (the backend chooses from the batch, heads, keys and multiprocessors, so that one
     pass fills the GPU; a call with none of the options above and at most 64 fp16 / bf16 queries chooses
     the same way, other such calls run one pass) or n >= 1 parts of the keys (at most one per 128 keys

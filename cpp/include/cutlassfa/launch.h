@@ -66,7 +66,8 @@ cudaError_t launch_sm90(const FwdParams& params, cudaStream_t stream);
 // The warp-specialized Hopper kernel (sm_90a only), cpp/sm90ws/launch.cu: TMA producer warpgroup, two
 // or three consumer warpgroups. Covers one-pass calls without score terms (softcap, ALiBi) or a KV
 // cache: dense fp16 / bf16 tensors at CUTLASSFA_SM90WS_HEAD_DIMS, varlen batches at
-// CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS, dense fp32 at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, any window; cpp/sm90ws/launch.h says exactly what.
+// CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS, dense fp32 at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, dense fp8 attention at
+// CUTLASSFA_SM90WS_FP8_HEAD_DIMS, any window; cpp/sm90ws/launch.h says exactly what.
 bool sm90ws_covers(const FwdParams& params);
 KernelTile sm90ws_tile(const FwdParams& params);
 cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream);

@@ -12,7 +12,8 @@
 
 namespace cutlassfa {
 
-// kFloat8E4M3 (float8_e4m3fn) is a KV-cache dtype only (FwdParams::kv_fp8): q and o stay fp16 / bf16.
+// kFloat8E4M3 (float8_e4m3fn): a KV cache's dtype with an fp16 / bf16 q (FwdParams::kv_fp8), or q, k and v of
+// fp8 attention (dtype kFloat8E4M3, o in out_dtype).
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat8E4M3 = 3 };
 
 // Bytes of one element of `dtype`.
@@ -30,7 +31,7 @@ struct FwdParams {
   const void* q;  // (batch, heads_q,  seqlen_q, head_dim)
   const void* k;  // (batch, heads_kv, seqlen_k, head_dim)
   const void* v;  // (batch, heads_kv, seqlen_k, head_dim)
-  void* o;        // (batch, heads_q,  seqlen_q, head_dim), same dtype as q
+  void* o;        // (batch, heads_q,  seqlen_q, head_dim), of out_dtype
   float* lse;     // (batch, heads_q,  seqlen_q) or nullptr when not asked for
 
   long long q_batch_stride, q_head_stride, q_row_stride;
@@ -118,7 +119,9 @@ struct FwdParams {
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
 
-  DType dtype;  // of q and o (and of k and v unless kv_fp8)
+  DType dtype;  // of q (and of k and v unless kv_fp8)
+  // Of o: dtype, except for fp8 attention (dtype kFloat8E4M3): bfloat16 or float16.
+  DType out_dtype = DType::kFloat32;
 
   // FP8 KV caches: k and v (and the appended keys) are float8 e4m3, q and o fp16 / bf16 (`dtype`). Key j of
   // entry b and K/V head h is k[...] * k_descale[b * k_descale_batch_stride + h * k_descale_head_stride] (float32
@@ -129,6 +132,11 @@ struct FwdParams {
   const float* v_descale = nullptr;
   long long k_descale_batch_stride = 0, k_descale_head_stride = 0;
   long long v_descale_batch_stride = 0, v_descale_head_stride = 0;
+  // FP8 attention (dtype kFloat8E4M3: q, k and v e4m3, kv_fp8 set too): query head h of entry b is
+  // q[...] * q_descale[b * q_descale_batch_stride + (h / heads_ratio) * q_descale_head_stride], indexed by its
+  // K/V head as FlashAttention-3's; k_descale and v_descale as above. nullptr: 1.
+  const float* q_descale = nullptr;
+  long long q_descale_batch_stride = 0, q_descale_head_stride = 0;
 
   // Terms of a score beyond scale * q.k (softcap, ALiBi): the general kernels' steps apply them (sm80, sm90);
   // the warp-specialized kernel takes no such call, the decode kernel ALiBi only (their *_covers, launch.h).

@@ -44,7 +44,8 @@ struct Problem {
   bool kv_cache = false;
   bool paged = false;
   int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
-  DType dtype = DType::kFloat32;  // of q and out
+  DType dtype = DType::kFloat32;  // of q, and of out but for fp8 attention
+  DType out_dtype = DType::kBFloat16;  // of out for fp8 attention (dtype kFloat8E4M3): bfloat16 or float16
   bool kv_fp8 = false;            // k and v (and k_new, v_new) are float8 e4m3 caches (params.h)
   int kv_extent = -1;  // dim 0 of k and v as the kernels index it (pages of a paged cache); -1: batch
   int kv_rows = -1;    // rows of one k / v entry (keys per page of a paged cache); -1: seqlen_k
@@ -89,10 +90,11 @@ struct CallTensors {
   const float* sinks = nullptr;         // (heads_q,) float32
   const float* alibi_slopes = nullptr;  // (heads_q,) or rows of alibi_batch_stride per entry, float32
   long long alibi_batch_stride = 0;
-  // FP8 caches' descales (params.h): float32, strides (batch, head) in elements.
+  // FP8 caches' and fp8 attention's descales (params.h): float32, strides (batch, head) in elements.
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
-  TensorStrides k_descale_strides, v_descale_strides;
+  const float* q_descale = nullptr;
+  TensorStrides k_descale_strides, v_descale_strides, q_descale_strides;
 };
 
 // Problem::variant's rule: whether a call asks for more than a plain dense one (a window or softcap
