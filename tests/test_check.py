@@ -47,15 +47,18 @@ def test_bounds_table_is_pinned():
     half = {"float16": Bound(1e-3, 1e-4), "bfloat16": Bound(8e-3, 1e-4)}
     cuda_core = {"float32": Bound(1e-5, 5e-5), **half}
     assert check.BOUNDS == {
-        "tensorcore": {"float32": Bound(1e-3, 5e-5), **half},
+        "tensorcore": {"float32": Bound(1e-3, 5e-5), **half, "float8_e4m3fn": Bound(4e-2, 1e-2)},
         "tensorcore_sm80": {"float32": Bound(1e-3, 5e-5), **half},
         "large_tile": cuda_core,
         "small_tile": cuda_core,
         "naive": cuda_core,
-        "cpu": cuda_core,
-        "*": {"float32": Bound(1e-4, 1e-4), "float16": Bound(3e-3, 1e-2), "bfloat16": Bound(1.5e-2, 5e-2)},
+        "cpu": {**cuda_core, "float8_e4m3fn": Bound(8e-3, 1e-4)},
+        "*": {"float32": Bound(1e-4, 1e-4), "float16": Bound(3e-3, 1e-2), "bfloat16": Bound(1.5e-2, 5e-2),
+              "float8_e4m3fn": Bound(4e-2, 5e-2)},
     }
     assert check.GATE_REL_L2 == 0.02 and check.HW4_MAX_ABS == 5e-3
+    # fp8 attention's own gate: the exact fp8 algorithm (P in e4m3) exceeds 2 % on the gate's fp8 inputs.
+    assert check.FP8 == "float8_e4m3fn" and check.FP8_GATE_REL_L2 == 0.04
     assert check.FA_RULE_FACTOR == 2.0 and check.FA_RULE_FLOOR == {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
@@ -66,6 +69,9 @@ def test_bounds_table_is_complete_and_within_the_gate():
             assert 0 < bound.rel_l2 <= check.GATE_REL_L2
             assert bound.lse > 0
     assert check.bound_for("someone_elses", "float16") == check.BOUNDS["*"]["float16"]
+    assert check.bound_for("tensorcore_sm80", check.FP8) == check.BOUNDS["*"][check.FP8]
+    assert check.rel_l2_limit("tensorcore", check.FP8) == check.FP8_GATE_REL_L2
+    assert check.rel_l2_limit("cpu", check.FP8) == 8e-3
 
 
 @pytest.mark.parametrize("quick", [True, False])

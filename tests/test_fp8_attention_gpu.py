@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="optional package ml_dtypes (float8_e4m3fn)")
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 O_BOUND = 0.04   # P in e4m3 (the model's 2.0-2.8 %), then O's own rounding
-LSE_BOUND = 2e-3  # lse from the fp32 scores and sums
+LSE_BOUND = 1e-2  # lse from S, which Hopper's fp8 MMA accumulates with ~14 bits (H100: up to 5e-3 here)
 FORMS = [None, "float", "head", "entry_head"]
 
 

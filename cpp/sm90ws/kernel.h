@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       typename Traits::TiledMmaPV tiled_mma_pv;
       Tensor acc_o =
           partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{});  // (MMA, MMA_M, MMA_N)
-      TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value> softmax;
+      TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value, !Traits::kFp8> softmax;
       if (work.has_keys()) {
         // Releases Q (barrier_q_empty) before its last P V when O has shared memory of its own.
         consume<Traits>(scales, storage, pipeline_k, pipeline_v, read_k, read_v, slot.buffer, work.mask,

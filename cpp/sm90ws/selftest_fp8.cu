@@ -172,7 +172,9 @@ bool check_case(const Case& c) {
     return out;
   };
   std::vector<double> const q8 = widen(b.hq), k8 = widen(b.hk), v8 = widen(b.hv);
-  cutlassfa::OutputErrors errors{2e-3};
+  // lse comes from S, which Hopper's fp8 MMA accumulates with ~14 bits (not fp32's 24): up to 5e-3 off on
+  // the largest scores here (descale none), 1e-4 on the scaled ones (H100, first run).
+  cutlassfa::OutputErrors errors{1e-2};
   double model_err2 = 0, model_ref2 = 0;
   std::vector<double> s(c.seqlen_k), o(d), o_model(d);
   for (int bi = 0; bi < c.batch; ++bi) {

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 from .._inputs import Case
-from ..check.bounds import GATE_REL_L2, rel_l2_limit
+from ..check.bounds import GATE_REL_L2, bound_key, rel_l2_limit
 from .flops import case_flops, case_scores
-from .runners import ANCHORS, CUDNN_FP8, READ, split_term
+from .runners import ANCHORS, CUDNN_FP8, FP8_ATTENTION, READ, split_term
 
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 5
@@ -72,10 +72,14 @@ FP8_OUT_REL_L2 = 0.08
 def accuracy_bound(backend: str, dtype: str) -> float:
     """The rel-L2 a row's output must stay within: the gate's bound for our backends (and any other
     name), the 2 % gate for the anchors (SDPA, flex: not ours to bound tighter, but a wrong call of one,
-    such as a top-left causal mask, is far outside it), FP8_OUT_REL_L2 for an anchor with fp8 output."""
+    such as a top-left causal mask, is far outside it), FP8_OUT_REL_L2 for an anchor with fp8 output; our
+    fp8-attention rows are bounded as the gate bounds fp8 attention."""
     if backend == CUDNN_FP8:
         return FP8_OUT_REL_L2
-    return GATE_REL_L2 if backend in ANCHORS else rel_l2_limit(split_term(backend)[0], dtype)
+    if backend in ANCHORS:
+        return GATE_REL_L2
+    name, term = split_term(backend)
+    return rel_l2_limit(name, bound_key(dtype, term == FP8_ATTENTION))
 
 
 def skip_reason(backend: str, case: Case, *, free_bytes: int | None, max_call_s: float,

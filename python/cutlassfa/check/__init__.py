@@ -13,7 +13,8 @@ variant_inputs (their inputs and reference), support (what a backend advertises)
 """
 
 from .backends import BACKEND_ORDER, Backend, Plan, UsageError, plan, public_backend
-from .bounds import BOUNDS, FA_RULE_FACTOR, FA_RULE_FLOOR, GATE_REL_L2, HW4_MAX_ABS, Bound, bound_for, rel_l2_limit
+from .bounds import (BOUNDS, FA_RULE_FACTOR, FA_RULE_FLOOR, FP8, FP8_GATE_REL_L2, GATE_REL_L2, HW4_MAX_ABS, Bound,
+                     bound_for, bound_key, rel_l2_limit)
 from . import variants
 from .cases import HW4_FULL, HW4_QUICK, build_cases, coverage_gaps, group
 from .cli import add_arguments, main, run
@@ -22,9 +23,10 @@ from .report import counts, report
 from .support import Advertised, supports
 from .._inputs import DTYPES, Case, Variant
 
-__all__ = ["BACKEND_ORDER", "BOUNDS", "DTYPES", "FA_RULE_FACTOR", "FA_RULE_FLOOR", "GATE_REL_L2", "HW4_FULL",
-           "HW4_MAX_ABS", "HW4_QUICK", "Advertised", "Backend", "Bound", "Case", "Variant",
-           "CaseInputs", "Plan", "Result", "UsageError", "add_arguments", "bound_for", "build_cases", "counts",
+__all__ = ["BACKEND_ORDER", "BOUNDS", "DTYPES", "FA_RULE_FACTOR", "FA_RULE_FLOOR", "FP8", "FP8_GATE_REL_L2",
+           "GATE_REL_L2", "HW4_FULL", "HW4_MAX_ABS", "HW4_QUICK", "Advertised", "Backend", "Bound", "Case", "Variant",
+           "CaseInputs", "Plan", "Result", "UsageError", "add_arguments", "bound_for", "bound_key", "build_cases",
+           "counts",
            "coverage_gaps", "group",
            "evaluate", "main", "make_inputs", "plan", "public_backend", "rel_l2_limit", "report", "run",
            "run_check", "supports", "variants"]

@@ -14,7 +14,8 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .._text import format_table
-from .bounds import BOUNDS, FA_RULE_FACTOR, FA_RULE_FLOOR, GATE_REL_L2, HW4_MAX_ABS, rel_l2_limit
+from .bounds import (BOUNDS, FA_RULE_FACTOR, FA_RULE_FLOOR, FP8_GATE_REL_L2, GATE_REL_L2, HW4_MAX_ABS, bound_key,
+                     rel_l2_limit)
 from .cases import group
 from .evaluate import CHECKED, NOT_ADVERTISED, Result
 
@@ -60,8 +61,9 @@ def problems(results: Sequence[Result], backends: Sequence[str], required: Mappi
 
 def summary_table(results: Sequence[Result]) -> str:
     groups: dict[tuple[str, str], list[Result]] = {}
-    for r in results:
-        groups.setdefault((r.backend, r.case.dtype), []).append(r)
+    for r in results:  # fp8 attention's rows apart (their own bound)
+        fp8 = r.case.variant is not None and r.case.variant.fp8
+        groups.setdefault((r.backend, bound_key(r.case.dtype, fp8)), []).append(r)
     rows = []
     for (backend, dtype), rs in groups.items():
         errs = [r.rel_err for r in rs if r.rel_err is not None]
@@ -115,7 +117,7 @@ def document(results: Sequence[Result], *, seed: int, passed: bool, problem_line
     return {"schema": SCHEMA, **provenance(), "seed": seed, "passed": passed, "problems": list(problem_lines),
             "checked": {b: c["checked"] for b, c in counts(results).items()}, "counts": counts(results),
             "checked_per_variant": checked_per_variant(results),
-            "gate_rel_l2": GATE_REL_L2,
+            "gate_rel_l2": GATE_REL_L2, "fp8_gate_rel_l2": FP8_GATE_REL_L2,
             "bounds": {b: {dt: bd._asdict() for dt, bd in row.items()} for b, row in BOUNDS.items()},
             "hw4_max_abs": HW4_MAX_ABS, "fa_rule": {"factor": FA_RULE_FACTOR, "floor": FA_RULE_FLOOR},
             "unavailable": dict(unavailable), "required_but_unavailable": dict(required),
