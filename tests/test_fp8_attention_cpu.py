@@ -187,6 +187,18 @@ def test_the_refusals_name_the_backend_the_device_and_the_head_dims():
     assert "fp8" not in refusal(cutlassfa._C.Backend.tensorcore, 128, "bfloat16")
 
 
+@pytest.mark.parametrize("option", ["varlen", "kv_cache", "softcap", "alibi", "sinks", "split"])
+def test_the_gpu_kernel_options_refusal_names_the_option(option):
+    """What `supports` asks for fp8 attention on a GPU backend before any array exists: the same words as
+    the call's refusal (request.cpp), one option at a time."""
+    flags = dict.fromkeys(("varlen", "kv_cache", "softcap", "alibi", "sinks", "split"), False)
+    assert cutlassfa._C.fp8_attention_options_refusal(**flags) == ""
+    reason = cutlassfa._C.fp8_attention_options_refusal(**{**flags, option: True})
+    named = {"varlen": "varlen batch", "kv_cache": "KV cache", "softcap": "softcap", "alibi": "alibi_slopes",
+             "sinks": "sinks", "split": "num_splits > 1"}[option]
+    assert reason.startswith("fp8 attention") and reason.split("; got ")[1].startswith(("a " + named, named))
+
+
 def test_a_plan_for_sm90_takes_the_fp8_kernel_and_others_refuse(rng):
     if not hasattr(cutlassfa._C, "plan"):
         pytest.skip("build: planning for a GPU needs the CUDA build of the extension")
@@ -197,7 +209,8 @@ def test_a_plan_for_sm90_takes_the_fp8_kernel_and_others_refuse(rng):
     q, k = fp8(rng, (1, HQ, 64, d)), fp8(rng, (1, HKV, 64, d))
     plan = cutlassfa.plan(q, k, k, causal=True, backend="tensorcore", device=(90, 132))
     assert plan["kernel"] == "sm90ws" and plan["num_splits"] == 1 and not plan["fp8_dequantized"]
-    with pytest.raises(ValueError, match="sm_90 only"):
+    # sm_89: refused as fp8 attention's (a build with sm_80 kernels), or as no kernel at all (an sm_90a-only build)
+    with pytest.raises((ValueError, RuntimeError), match="sm_90 only|not compiled for sm_89"):
         cutlassfa.plan(q, k, k, backend="tensorcore", device=(89, 128))
     with pytest.raises(ValueError, match="no fp8 attention kernel"):
         cutlassfa.plan(q, k, k, backend="tensorcore_sm80", device=(90, 132))
@@ -219,7 +232,7 @@ def test_torch_cpu_tensors_eager_and_compiled(rng):
 
     def attend(q, k, v):
         return cutlassfa.forward(q, k, v, causal=True, q_descale=torch.from_numpy(qd), k_descale=0.5,
-                                 out_dtype=torch.float16)
+                                 out_dtype=torch.float16, backend="cpu")  # host tensors may run on a GPU
 
     eager = attend(*as_torch)
     assert eager.dtype == torch.float16 and rel_l2(eager.numpy(), expected) < OUT_BOUND["float16"]
@@ -234,7 +247,7 @@ def test_jax_jit_and_varlen(rng):
     qd = draw(rng, "entry_head", 2)
     expected, _ = attention_reference(by_hand(q, qd), k.astype(np.float64), by_hand(v, 0.25), causal=True)
     attend = jax.jit(lambda q, k, v: cutlassfa.forward(q, k, v, causal=True, q_descale=jnp.asarray(qd),
-                                                       v_descale=0.25, out_dtype=jnp.float16))
+                                                       v_descale=0.25, out_dtype=jnp.float16, backend="cpu"))
     got = attend(*(jnp.asarray(x) for x in (q, k, v)))
     assert got.dtype == jnp.float16 and rel_l2(np.asarray(got), expected) < OUT_BOUND["float16"]
     cu = np.array([0, 10, 24], np.int32)
