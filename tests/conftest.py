@@ -12,8 +12,8 @@ machine lacks, such as a second GPU). A broken driver or extension then cannot
 read as "no GPU, everything green".
 
 `slow` tests run only with --run-slow (or CUTLASSFA_RUN_SLOW=1). `--shard I/N` runs one of N disjoint parts
-of the suite; `--shard exclusive` runs the tests marked `exclusive` (they time the wall clock or read the
-device's free memory, which other processes would disturb), which no part I/N holds.
+of the suite; `--shard exclusive` runs the tests marked `exclusive` (they time the wall clock, read the
+device's free memory or need most of it, which other processes would disturb), which no part I/N holds.
 scripts/test_shards.sh runs the N parts at once, then the exclusive ones alone.
 """
 
@@ -65,8 +65,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     global _SESSION_SEED
     config.addinivalue_line("markers", "slow: minutes on a CPU; runs with --run-slow or CUTLASSFA_RUN_SLOW=1")
-    config.addinivalue_line("markers", "exclusive: times the wall clock or reads device-wide memory; a sharded "
-                                       "run holds it out of the parallel parts (--shard exclusive)")
+    config.addinivalue_line("markers", "exclusive: times the wall clock, reads device-wide memory or needs most "
+                                       "of it; a sharded run holds it out of the parallel parts (--shard exclusive)")
     seed = config.getoption("--seed")
     if seed is None and os.environ.get(SEED_VARIABLE):
         seed = int(os.environ[SEED_VARIABLE])
