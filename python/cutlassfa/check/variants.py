@@ -84,10 +84,12 @@ _VARLEN = (
          ((4, 2), (4, 1))),
 )
 # fp8 attention (q, k and v float8_e4m3fn, descales per (entry, K/V head), the output in the case's
-# dtype): dense causal and not with GQA, over an fp8 cache with appended keys, and a varlen batch.
+# dtype): dense causal and not with GQA, a two-sided window, over an fp8 cache with appended keys, and a
+# varlen batch.
 _FP8 = (
     Spec(Variant("fp8", fp8=True), False, ((4, 2, 257, 257), (4, 4, 77, 128))),
     Spec(Variant("fp8-causal", fp8=True), True, ((4, 1, 257, 257), (4, 4, 128, 77))),
+    Spec(Variant("fp8-window", window=(48, 16), fp8=True), False, ((4, 2, 257, 257), (4, 4, 77, 257))),
     Spec(Variant("fp8-kvcache-new", "kvcache", cache_seqlens=(77, 0, 200), n_new=2, fp8=True), True,
          ((4, 2, 2), (4, 4, 2))),
     Spec(Variant("fp8-varlen", "varlen", seqlens_q=_SEQLENS_Q, seqlens_k=_SEQLENS_K, fp8=True), True,
