@@ -3,14 +3,15 @@ scales, run through `cutlassfa.forward` (q_descale / k_descale / v_descale, bflo
 
 * the float64 attention of the dequantized inputs (the kernel's own error),
 * the float64 attention of the unquantized bfloat16 inputs (the quantization error a user pays), and
-* the same float64 attention with P = exp(S - max) rounded to e4m3 before P V (the error of the fp8
-  algorithm itself, FlashAttention-3's and cuDNN's, in exact arithmetic otherwise: the yardstick),
+* the same attention with P = exp(S - max) rounded to e4m3 before P V, in float32 otherwise (the error of
+  the fp8 algorithm itself, FlashAttention-3's and cuDNN's: the gate's fp8 yardstick),
 
 on standard normal inputs and on inputs with outlier channels (a few columns of q and k times 20 before
 quantization, as activations with outlier features have). Shapes: the accuracy gate's (B 2, 4:4 and 4:1
 heads, N 1-257, Nq != Nk) and a longer (1, 8:2, 1024) row, causal and not, at each head dim asked for.
 Reports max and median rel-L2 per (inputs, head dim, causal) and the largest lse error (natural log, rows
-that see a key). float64 references on the arrays' device (torch).
+that see a key). The references are the package's (cutlassfa.reference: attention_reference, and
+naive_same_precision with p_dtype e4m3 for the algorithm), on the host.
 
     python scripts/fp8_accuracy.py [--backend tensorcore] [--head-dims 64,128,256] [--json PATH]
 """
@@ -19,16 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from typing import Any
 
+import ml_dtypes
+import numpy as np
 import torch
 
 import cutlassfa
+from cutlassfa.reference import attention_reference, naive_same_precision, rel_l2
 
 E4M3_MAX = 448.0
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 OUTLIER_CHANNELS = 4
 OUTLIER_FACTOR = 20.0
 SHAPES = [(2, 4, 4, nq, nk) for nq, nk in ((1, 1), (77, 77), (128, 128), (257, 257), (1, 257), (77, 257), (257, 128))]
@@ -41,32 +45,8 @@ def quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / descale).to(torch.float8_e4m3fn), descale
 
 
-def attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                p_e4m3: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact attention in float64 ((B, H, N, d), GQA by repetition, bottom-right causal); with `p_e4m3`, P =
-    exp(S - max) is rounded to e4m3 before P V and the row's float64 sum divides the product."""
-    q, k, v = (x.double() for x in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
-    nq, nk = q.shape[2], k.shape[2]
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        rows = torch.arange(nq, device=q.device)[:, None] + (nk - nq)
-        s = s.masked_fill(torch.arange(nk, device=q.device)[None, :] > rows, -math.inf)
-    m = s.amax(-1, keepdim=True)
-    seen = torch.isfinite(m)
-    e = torch.exp(s - torch.where(seen, m, torch.zeros_like(m)))
-    total = e.sum(-1, keepdim=True)
-    if p_e4m3:
-        e = e.to(torch.float8_e4m3fn).double()
-    out = torch.where(seen, (e @ v) / torch.where(seen, total, torch.ones_like(total)), torch.zeros_like(q[..., :1]))
-    lse = torch.where(seen, m + torch.log(total), torch.full_like(m, -math.inf))[..., 0]
-    return out, lse
-
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    norm = float(ref.norm())
-    return float((x.double() - ref).norm()) / norm if norm else float((x.double() - ref).norm())
+def host64(x: torch.Tensor) -> np.ndarray:
+    return x.double().cpu().numpy()
 
 
 def inputs(kind: str, shape: tuple[int, ...], d: int, device: str, gen: torch.Generator) -> list[torch.Tensor]:
@@ -94,14 +74,15 @@ def measure(backend: str, head_dims: list[int], device: str, seed: int = 0) -> l
                     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=device)  # poisoned
                     out, lse = cutlassfa.forward(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
                                                  out_dtype=torch.bfloat16, out=out, backend=backend, return_lse=True)
-                    dq, dk, dv = (x8.double() * s for x8, s in ((q8, qd), (k8, kd), (v8, vd)))
-                    ref, ref_lse = attention64(dq, dk, dv, causal)
-                    kernel.append(rel_l2(out, ref))
-                    user.append(rel_l2(out, attention64(q, k, v, causal)[0]))
-                    algorithm.append(rel_l2(attention64(dq, dk, dv, causal, p_e4m3=True)[0], ref))
-                    seen = torch.isfinite(ref_lse)
-                    if bool(seen.any()):
-                        lse_err = max(lse_err, float((lse.double() - ref_lse)[seen].abs().max()))
+                    dq, dk, dv = (host64(x8) * float(s) for x8, s in ((q8, qd), (k8, kd), (v8, vd)))
+                    ref, ref_lse = attention_reference(dq, dk, dv, causal=causal)
+                    kernel.append(rel_l2(host64(out), ref))
+                    user.append(rel_l2(host64(out), attention_reference(*map(host64, (q, k, v)), causal=causal)[0]))
+                    algorithm.append(rel_l2(naive_same_precision(dq, dk, dv, np.float32, causal=causal, p_dtype=E4M3),
+                                            ref))
+                    seen = np.isfinite(ref_lse)
+                    if seen.any():
+                        lse_err = max(lse_err, float(np.abs(host64(lse) - ref_lse)[seen].max()))
                 rows.append({"inputs": kind, "d": d, "causal": causal, "cases": len(SHAPES),
                              "kernel_max": max(kernel), "kernel_median": statistics.median(kernel),
                              "vs_bf16_max": max(user), "vs_bf16_median": statistics.median(user),

@@ -1,11 +1,10 @@
-"""scripts/fp8_accuracy.py, fp8 attention's accuracy report: its float64 references and what it reports,
+"""scripts/fp8_accuracy.py, fp8 attention's accuracy report: its quantization and what it reports,
 run through the cpu backend (which computes the dequantized math in float32, so its own error is tiny while
 the fp8 algorithm's and the quantization's are not)."""
 
 from __future__ import annotations
 
 import importlib.util
-import math
 import pathlib
 
 import pytest
@@ -21,22 +20,6 @@ def _module():
     return module
 
 
-def test_attention64_matches_the_package_reference_and_masks_bottom_right():
-    from cutlassfa.reference import attention_reference
-
-    acc = _module()
-    gen = torch.Generator().manual_seed(1)
-    q = torch.randn(1, 4, 5, 32, generator=gen)
-    k, v = (torch.randn(1, 2, 3, 32, generator=gen) for _ in range(2))
-    out, lse = acc.attention64(q, k, v, causal=True)
-    ref, ref_lse = attention_reference(q.numpy(), k.numpy(), v.numpy(), causal=True)
-    torch.testing.assert_close(out, torch.from_numpy(ref), rtol=1e-12, atol=1e-12)
-    assert math.isinf(float(lse[0, 0, 0])) and float(lse[0, 0, 0]) < 0  # 5 queries, 3 keys: rows 0, 1 see none
-    torch.testing.assert_close(lse[..., 2:], torch.from_numpy(ref_lse)[..., 2:], rtol=1e-12, atol=1e-12)
-    p8, _ = acc.attention64(q, k, v, causal=True, p_e4m3=True)
-    assert 1e-4 < acc.rel_l2(p8[..., 2:, :], out[..., 2:, :]) < 2.0**-4  # e4m3's rounding of P shows
-
-
 def test_quantized_round_trips_within_e4m3_and_keeps_the_amax():
     acc = _module()
     x = torch.randn(2, 3, 50, 16, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
@@ -44,7 +27,7 @@ def test_quantized_round_trips_within_e4m3_and_keeps_the_amax():
     assert x8.dtype == torch.float8_e4m3fn and descale.shape == ()
     back = x8.float() * descale
     assert float(back.abs().max()) == pytest.approx(float(x.float().abs().max()), rel=2.0**-4)
-    assert acc.rel_l2(back, x.double()) < 2.0**-4
+    assert acc.rel_l2(acc.host64(back), acc.host64(x)) < 2.0**-4
 
 
 def test_report_on_the_cpu_backend(monkeypatch):
