@@ -187,15 +187,15 @@ def test_the_refusals_name_the_backend_the_device_and_the_head_dims():
     assert "fp8" not in refusal(cutlassfa._C.Backend.tensorcore, 128, "bfloat16")
 
 
-@pytest.mark.parametrize("option", ["varlen", "kv_cache", "softcap", "alibi", "sinks", "split"])
+@pytest.mark.parametrize("option", ["varlen", "kv_cache", "softcap", "alibi", "split"])
 def test_the_gpu_kernel_options_refusal_names_the_option(option):
     """What `supports` asks for fp8 attention on a GPU backend before any array exists: the same words as
     the call's refusal (request.cpp), one option at a time."""
-    flags = dict.fromkeys(("varlen", "kv_cache", "softcap", "alibi", "sinks", "split"), False)
+    flags = dict.fromkeys(("varlen", "kv_cache", "softcap", "alibi", "split"), False)
     assert cutlassfa._C.fp8_attention_options_refusal(**flags) == ""
     reason = cutlassfa._C.fp8_attention_options_refusal(**{**flags, option: True})
     named = {"varlen": "varlen batch", "kv_cache": "KV cache", "softcap": "softcap", "alibi": "alibi_slopes",
-             "sinks": "sinks", "split": "num_splits > 1"}[option]
+             "split": "num_splits > 1"}[option]
     assert reason.startswith("fp8 attention") and reason.split("; got ")[1].startswith(("a " + named, named))
 
 

@@ -1,6 +1,6 @@
 """fp8 attention on the GPU (the tensorcore backend's sm90ws fp8 kernel, sm_90): float8_e4m3fn q, k and v
 with the three descale shapes against float64 attention of the dequantized inputs, GQA, causal and
-windows, Nq != Nk, out_dtype bfloat16 / float16, `out=`, lse; the plan; and the refusals (other backends,
+windows, sinks, Nq != Nk, out_dtype bfloat16 / float16, `out=`, lse; the plan; and the refusals (other backends,
 head dims, options). Skips cleanly without an sm_90 GPU, PyTorch with CUDA, or ml_dtypes.
 
 The bound of O is the e4m3 rounding of P (bench/fp8_rounding_model.py: 2.0-2.8 % rel-L2 on random inputs),
@@ -57,16 +57,17 @@ def to_cuda_fp8(torch, x):
     return torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
 
 
-def run_case(torch, rng, d, b, hq, hkv, nq, nk, forms, out_dtype=None, causal=False, window=None, out=None):
+def run_case(torch, rng, d, b, hq, hkv, nq, nk, forms, out_dtype=None, causal=False, window=None, out=None,
+             sinks=None):
     q, k, v = fp8(rng, (b, hq, nq, d)), fp8(rng, (b, hkv, nk, d)), fp8(rng, (b, hkv, nk, d))
     qd, kd, vd = (descale(rng, f, b, hkv) for f in forms)
     as_torch = lambda s: s if s is None or isinstance(s, float) else torch.from_numpy(s).cuda()  # noqa: E731
     got, lse = cutlassfa.forward(to_cuda_fp8(torch, q), to_cuda_fp8(torch, k), to_cuda_fp8(torch, v),
                                  q_descale=as_torch(qd), k_descale=as_torch(kd), v_descale=as_torch(vd),
                                  out_dtype=out_dtype, causal=causal, window=window, out=out, return_lse=True,
-                                 backend="tensorcore")
+                                 sinks=as_torch(sinks), backend="tensorcore")
     ref, ref_lse = attention_reference(dequantized(q, qd, hkv), dequantized(k, kd, hkv), dequantized(v, vd, hkv),
-                                       causal=causal, window=window)
+                                       causal=causal, window=window, sinks=sinks)
     return got, lse, ref, ref_lse
 
 
@@ -108,6 +109,17 @@ def test_a_sliding_window(fp8_hopper, rng):
     assert_close(got, lse, ref, ref_lse)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_sinks(fp8_hopper, rng, causal):
+    """gpt-oss's sinks on the fp8 kernel (the shared epilogue): logits around the rows' lse, so that the
+    sink takes a visible share of each row; Nq > Nk leaves causal rows with no key but the sink."""
+    for d in fp8_head_dims():
+        sinks = rng.normal(2.0, 2.0, 8).astype(np.float32)
+        got, lse, ref, ref_lse = run_case(fp8_hopper, rng, d, 2, 8, 2, 150, 100, ("head", "float", "entry_head"),
+                                          causal=causal, sinks=sinks)
+        assert_close(got, lse, ref, ref_lse)
+
+
 def test_the_plan_is_the_fp8_kernel(fp8_hopper, rng):
     d = fp8_head_dims()[0]
     q, k = (to_cuda_fp8(fp8_hopper, fp8(rng, (1, 4, 256, d))) for _ in range(2))
@@ -133,7 +145,7 @@ def test_refused_head_dim_and_options(fp8_hopper, rng):
     assert not cutlassfa.supports("tensorcore", "float8_e4m3fn", 96).ok
     d = fp8_head_dims()[0]
     q = to_cuda_fp8(torch, fp8(rng, (1, 2, 16, d)))
-    for options in ({"softcap": 5.0}, {"sinks": torch.zeros(2, device="cuda")}, {"num_splits": 2}):
+    for options in ({"softcap": 5.0}, {"alibi_slopes": torch.zeros(2, device="cuda")}, {"num_splits": 2}):
         with pytest.raises(ValueError, match="fp8 attention"):
             cutlassfa.forward(q, q, q, backend="tensorcore", **options)
     assert cutlassfa.supports("tensorcore", "float8_e4m3fn", d).ok

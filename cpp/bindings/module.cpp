@@ -187,11 +187,10 @@ NB_MODULE(_C, m) {
           return cutlassfa::head_dim_refusal(b, head_dim, d);
         },
         "backend"_a, "head_dim"_a, "dtype"_a, "device"_a = 0);
-  m.def("fp8_attention_options_refusal", [](bool varlen, bool kv_cache, bool softcap, bool alibi, bool sinks,
-                                            bool split) {
-          return cutlassfa::bindings::fp8_attention_options_refusal(varlen, kv_cache, softcap, alibi, sinks, split);
+  m.def("fp8_attention_options_refusal", [](bool varlen, bool kv_cache, bool softcap, bool alibi, bool split) {
+          return cutlassfa::bindings::fp8_attention_options_refusal(varlen, kv_cache, softcap, alibi, split);
         },
-        "varlen"_a, "kv_cache"_a, "softcap"_a, "alibi"_a, "sinks"_a, "split"_a,
+        "varlen"_a, "kv_cache"_a, "softcap"_a, "alibi"_a, "split"_a,
         "Why the GPU's fp8 attention refuses a call with these options (\"\" when it takes them).");
   m.attr("LIMIT_PREFIX") = cutlassfa::kLimitPrefix;
   m.def("set_check_device_values", &cutlassfa::bindings::set_check_device_values, "on"_a,

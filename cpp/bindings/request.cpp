@@ -810,26 +810,24 @@ std::string fp8_attention_refusal(Backend backend, DType dtype, int head_dim, in
   return "";
 }
 
-std::string fp8_attention_options_refusal(bool varlen, bool kv_cache, bool softcap, bool alibi, bool sinks,
-                                          bool split) {
+std::string fp8_attention_options_refusal(bool varlen, bool kv_cache, bool softcap, bool alibi, bool split) {
   const char* option = varlen     ? "a varlen batch"
                        : kv_cache ? "a KV cache"
                        : softcap  ? "softcap"
                        : alibi    ? "alibi_slopes"
-                       : sinks    ? "sinks"
                        : split    ? "num_splits > 1"
                                   : nullptr;
   if (option == nullptr) return "";
   return std::string("fp8 attention (float8_e4m3fn q, k and v) on the GPU takes dense arrays, causal or windowed, "
-                     "without a KV cache, varlen, softcap, ALiBi, sinks or split keys in this version; got ") +
+                     "with or without sinks, and no KV cache, varlen, softcap, ALiBi or split keys in this version; "
+                     "got ") +
          option + " (the cpu backend runs it on host arrays)";
 }
 
 std::string fp8_attention_options_refusal(const Call& c) {
   const Problem& p = c.problem;
   if (p.dtype != DType::kFloat8E4M3) return "";
-  return fp8_attention_options_refusal(p.varlen, p.kv_cache, p.softcap > 0.f, c.alibi_slopes.given, c.sinks.given,
-                                       p.num_splits > 1);
+  return fp8_attention_options_refusal(p.varlen, p.kv_cache, p.softcap > 0.f, c.alibi_slopes.given, p.num_splits > 1);
 }
 
 namespace {

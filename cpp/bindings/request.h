@@ -112,12 +112,11 @@ int resolve_backend_for(const Call& call, int backend, int capability);
 // backend runs it on sm_90 at the head dims of CUTLASSFA_SM90WS_FP8_HEAD_DIMS (cutlassfa/config.h); the cpu
 // backend runs every fp8 call.
 std::string fp8_attention_refusal(Backend backend, DType dtype, int head_dim, int capability);
-// Why the GPU does not run this fp8 attention call's options (varlen, KV cache, softcap, ALiBi, sinks, split
-// keys); empty when it does or the call is not fp8 attention.
+// Why the GPU does not run this fp8 attention call's options (varlen, KV cache, softcap, ALiBi, split keys;
+// sinks it runs); empty when it does or the call is not fp8 attention.
 std::string fp8_attention_options_refusal(const Call& call);
 // The same from the options' flags alone (`supports` asks it before any array exists).
-std::string fp8_attention_options_refusal(bool varlen, bool kv_cache, bool softcap, bool alibi, bool sinks,
-                                          bool split);
+std::string fp8_attention_options_refusal(bool varlen, bool kv_cache, bool softcap, bool alibi, bool split);
 
 // Head dims some backend of this build has kernels for, as "(32, 64, 128)".
 std::string head_dims_text();

@@ -62,12 +62,12 @@ cudaError_t run_fp8(const FwdParams& params, cudaStream_t stream) {
 }
 
 // What the fp8 instantiation takes beyond the TMA's rules (launch.h): dense tensors without a cache or
-// splits, no score terms or sinks, O in bf16 or fp16, a listed head dim.
+// splits, no score terms (sinks: the shared epilogue), O in bf16 or fp16, a listed head dim.
 bool fp8_covers(const FwdParams& p) {
   bool const dense = p.cu_seqlens_q == nullptr && p.cu_seqlens_k == nullptr && p.seqlens_k == nullptr &&
                      p.leftpad_k == nullptr && p.block_table == nullptr && p.num_splits <= 1;
   bool const out = p.out_dtype == DType::kBFloat16 || p.out_dtype == DType::kFloat16;
-  return dense && out && !p.has_score_terms() && p.sinks == nullptr &&
+  return dense && out && !p.has_score_terms() &&
          head_dim_listed<CUTLASSFA_SM90WS_FP8_HEAD_DIMS>(p.head_dim);
 }
 

@@ -147,8 +147,7 @@ def supports(backend: str, dtype: str, head_dim: int, *, device: int = 0, **mode
     if not refusal and dtype == "float8_e4m3fn":  # fp8 attention's kernel takes fewer options
         refusal = _C.fp8_attention_options_refusal(
             bool(mode.get("varlen")), bool(mode.get("kv_cache") or mode.get("paged")),
-            bool(mode.get("softcap")), bool(mode.get("alibi")), bool(mode.get("sinks")),
-            (mode.get("num_splits") or 1) > 1)
+            bool(mode.get("softcap")), bool(mode.get("alibi")), (mode.get("num_splits") or 1) > 1)
     return Support(not refusal, refusal)
 
 
