@@ -8,10 +8,10 @@
 // and (16 + 2q, 17 + 2q, 24 + 2q, 25 + 2q) into register 2: k index k of the group then carries key
 // fp8_pv_key(k). The B operand (V^T, keys contiguous) must carry the same key at k: the V^T pre-pass
 // (fp8_v_transpose.cu) writes column k of each 32-key group from key fp8_pv_key(k).
-// cpp/sm90ws/fp8_layout_check.cu checks the whole composition against CuTe's layouts.
+// cpp/sm90ws/fp8_layout_check.cu checks the whole composition against CuTe's layouts. Free of CuTe, so that
+// the V^T pre-pass compiles without it; the accumulator's view in this order is sm90ws/fp8_p_operand.h.
 #pragma once
 
-#include <cute/tensor.hpp>
 
 #include "cutlassfa/params.h"
 
@@ -47,23 +47,5 @@ static_assert(detail::fp8_pv_key_is_permutation(), "each k index carries one key
 static_assert(fp8_pv_key(0) == 0 && fp8_pv_key(1) == 1 && fp8_pv_key(2) == 8 && fp8_pv_key(3) == 9 &&
                   fp8_pv_key(4) == 2 && fp8_pv_key(16) == 16 && fp8_pv_key(18) == 24,
               "register 0 of thread q = 0 holds keys 0, 1, 8, 9; register 2 keys 16, 17, 24, 25");
-
-// The S accumulator ((2, 2, N/8), MMA_M, 1) of an e4m3 S = Q K^T, re-viewed in the value order of the
-// e4m3 A operand of P V, ((4, 2, 2), MMA_M, N/32): A value (v0, v1, v2) of group n is the S value of
-// column pair v0 % 2, chunk 4n + 2 v2 + v0 / 2, row half v1. Only a view: the packing into e4m3 bytes
-// (convert_p_fp8, sm90ws/utils.h) walks it in order.
-template <class AccLayout>
-CUTE_HOST_DEVICE auto acc_as_fp8_a_operand(AccLayout acc_layout) {
-  using namespace cute;
-  static_assert(decltype(rank<0>(acc_layout))::value == 3 && decltype(rank(acc_layout))::value == 3);
-  static_assert(decltype(size<2>(acc_layout))::value == 1, "one wgmma spans the keys");
-  static_assert(decltype(size<0, 2>(acc_layout))::value % 4 == 0, "whole 32-key groups");
-  // The chunk mode N/8 as (chunk pair half, chunk pair, group): (2, 2, N/32).
-  auto chunks = logical_divide(get<0, 2>(acc_layout), Tile<cute::Layout<Shape<_2, _2>>>{});  // ((2, 2), N/32)
-  auto value = make_layout(make_layout(get<0, 0>(acc_layout), get<0, 0, 0>(chunks)),   // v0: (column, chunk)
-                           get<0, 1>(acc_layout),                                       // v1: row half
-                           get<0, 0, 1>(chunks));                                       // v2: the chunk pair
-  return make_layout(value, get<1>(acc_layout), get<0, 1>(chunks));
-}
 
 }  // namespace cutlassfa::sm90ws

@@ -9,7 +9,7 @@
 
 #include <cute/tensor.hpp>
 
-#include "sm90ws/fp8_key_order.h"
+#include "sm90ws/fp8_p_operand.h"
 #include "sm90ws/kernel_traits.h"
 
 using namespace cute;

@@ -10,7 +10,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "common/wgmma.h"
-#include "sm90ws/fp8_key_order.h"
+#include "sm90ws/fp8_p_operand.h"
 
 namespace cutlassfa::sm90ws {
 
