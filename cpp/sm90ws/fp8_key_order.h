@@ -12,7 +12,6 @@
 // the V^T pre-pass compiles without it; the accumulator's view in this order is sm90ws/fp8_p_operand.h.
 #pragma once
 
-
 #include "cutlassfa/params.h"
 
 namespace cutlassfa::sm90ws {
