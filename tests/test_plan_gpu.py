@@ -80,11 +80,22 @@ def test_dense_calls(hopper, rng, shape, expected):
 
 def test_calls_the_warp_specialized_kernel_does_not_cover_run_on_wgmma(hopper, rng):
     torch = hopper
-    q, k, v = (_cuda(torch, rng, (2, 8, 512, 128)) for _ in range(3))
+    q, k, v = (_cuda(torch, rng, (2, 8, 512, 192)) for _ in range(3))  # no scored instantiation at d = 192
     names = kernel_names(torch, lambda: cutlassfa.forward(q, k, v, softcap=30.0, backend=TC))
     assert _family(names) == SM90, names
+    q, k, v = (_cuda(torch, rng, (2, 8, 512, 128)) for _ in range(3))
     names = kernel_names(torch, lambda: cutlassfa.forward(q, k, v, num_splits=3, backend=TC))  # split keys
     assert _family(names) == SM90 and any(COMBINE in n for n in names), names
+
+
+def test_softcap_and_alibi_run_the_warp_specialized_kernel(hopper, rng):
+    """Its scored instantiation, in one pass (the values: tests/test_alibi.py and the variant tests)."""
+    torch = hopper
+    q, k, v = (_cuda(torch, rng, (2, 8, 512, 128)) for _ in range(3))
+    slopes = torch.full((8,), 0.125, device="cuda", dtype=torch.float32)
+    for terms in ({"softcap": 30.0}, {"alibi_slopes": slopes}, {"softcap": 30.0, "alibi_slopes": slopes}):
+        names = kernel_names(torch, lambda: cutlassfa.forward(q, k, v, causal=True, backend=TC, **terms))
+        assert _family(names) == WS and not any(COMBINE in n for n in names), (terms, names)
 
 
 def test_plain_call_of_one_query_tile_splits(hopper, rng):

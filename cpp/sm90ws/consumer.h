@@ -15,6 +15,7 @@
 #include "common/tensor_utils.h"
 #include "sm90ws/fp8_descale.h"
 #include "sm90ws/kernel_traits.h"
+#include "sm90ws/score_terms.h"
 #include "sm90ws/softmax.h"
 #include "sm90ws/utils.h"
 
@@ -53,9 +54,11 @@ using MmaTurnsOf = MmaTurns<Traits::kPingPong, Traits::kNConsumerWarpGroups>;
 
 // Runs the K/V tiles [n_block_min, n_block_max) (non-empty) for this thread's rows, Q having landed;
 // acc_o ends unnormalized, softmax holds m and l. read_k / read_v run on across the CTA's tiles.
-// thread_idx: 0 .. kNConsumerThreads - 1 among the consumers. scales: the tile's (sm90ws/fp8_descale.h).
+// thread_idx: 0 .. kNConsumerThreads - 1 among the consumers. scales: the tile's (sm90ws/fp8_descale.h);
+// terms: its softcap and ALiBi (sm90ws/score_terms.h; nothing outside the scored instantiation).
 template <class Traits, class MaskT, class TensorO, class Softmax>
-__forceinline__ __device__ void consume(TileScales const& scales, typename Traits::SharedStorage& storage,
+__forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<Traits> const& terms,
+                                        typename Traits::SharedStorage& storage,
                                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
                                         typename Traits::PipelineState& read_k,
                                         typename Traits::PipelineState& read_v, int q_buffer, MaskT const& mask,
@@ -132,6 +135,7 @@ __forceinline__ __device__ void consume(TileScales const& scales, typename Trait
     pipeline_k.consumer_release(read_k);
     ++read_k;
     Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
+    terms.apply(acc_s80, tScS80, n_block_max - 1);  // before the mask's -inf
     mask.apply(acc_s80, tScS80, m_block, n_block_max - 1, n_block_unmasked_begin);
     softmax_step(acc_s);  // alpha is 0: O starts at zero
     to_p(acc_s);
@@ -157,9 +161,10 @@ __forceinline__ __device__ void consume(TileScales const& scales, typename Trait
     warpgroup_wait<1>();  // S[n] has completed (P V may still run)
     pipeline_k.consumer_release(read_k);
     ++read_k;
-    if constexpr (decltype(is_masked_step)::value) {
+    if constexpr (Traits::kScoreTerms || decltype(is_masked_step)::value) {
       Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
-      mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin);
+      terms.apply(acc_s80, tScS80, n_block);
+      if constexpr (decltype(is_masked_step)::value) { mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin); }
     }
     auto const alpha = softmax_step(acc_s);
     warpgroup_wait<0>();  // P[n+1] V[n+1] has completed: O and tOrP are free

@@ -22,6 +22,7 @@
 #include "sm90ws/kernel_traits.h"
 #include "sm90ws/producer.h"
 #include "sm90ws/scheduler.h"
+#include "sm90ws/score_terms.h"
 #include "sm90ws/softmax.h"
 #include "sm90ws/split_q.h"
 
@@ -149,6 +150,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       TileWork<Traits> const work(fwd, scheduler, index);
       float const head_sink = prefetch_sink(fwd, work.tile.head);  // used by the epilogue
       TileScales const scales = tile_scales<Traits::kFp8>(fwd, work.tile.batch, work.tile.head_kv);
+      ScoreTermsOf<Traits> const terms(fwd, work.tile.batch, work.tile.head, work.tile.m_block, work.seq);
       // A warpgroup whose rows all lie past the queries' end (the last tile of a sequence) only passes
       // the tiles on, with three consumer warpgroups (H200, 192-row tiles, N = 512 .. 4096: causal
       // 1.02-1.09x faster, non-causal 0.98-1.00x). With two, the 128-row tiles keep the kernel without
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       TwoPhaseSoftmax<2 * decltype(size<1>(acc_o))::value, !Traits::kFp8> softmax;
       if (work.has_keys()) {
         // Releases Q (barrier_q_empty) before its last P V when O has shared memory of its own.
-        consume<Traits>(scales, storage, pipeline_k, pipeline_v, read_k, read_v, slot.buffer, work.mask,
+        consume<Traits>(scales, terms, storage, pipeline_k, pipeline_v, read_k, read_v, slot.buffer, work.mask,
                         work.tile.m_block, work.n_block_min, work.n_block_max, thread_idx, acc_o, softmax);
       } else {
         clear(acc_o);  // finalize: O = 0, lse = -inf

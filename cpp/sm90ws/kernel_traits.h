@@ -58,7 +58,8 @@ struct VtLayout<false, SmemLayoutV, kHeadDim, kBlockN, kStages> {
 // softmax scale and the epilogue (sm90ws/fp8_descale.h), and O is written in Output_ (bf16 or fp16).
 // kVarlen_: q / k / v / o are packed (total, heads, d) arrays of a varlen batch (cu_seqlens): a separate
 // instantiation, so that the dense kernel carries none of the per-entry offsets (sm90ws/tma_extents.h).
-template <int kHeadDim_, class Input_, bool kVarlen_ = false, class Output_ = Input_>
+// kScoreTerms_: the scored instantiation, whose steps apply softcap and ALiBi (sm90ws/score_terms.h).
+template <int kHeadDim_, class Input_, bool kVarlen_ = false, class Output_ = Input_, bool kScoreTerms_ = false>
 struct Traits {
   static constexpr bool kSplitQK = std::is_same_v<Input_, float>;
   static constexpr bool kFp8 = std::is_same_v<Input_, cutlass::float_e4m3_t>;
@@ -71,6 +72,8 @@ struct Traits {
   static constexpr int kHeadDimQK = kSplitQK ? 2 * kHeadDim : kHeadDim;  // columns of Q and K
   static constexpr bool kVarlen = kVarlen_;
   static_assert(!(kFp8 && kVarlen), "fp8: dense tensors only");
+  static constexpr bool kScoreTerms = kScoreTerms_;
+  static_assert(!(kScoreTerms && kFp8), "softcap and ALiBi: not on fp8 attention");
   using Tile = cute::conditional_t<kSplitQK, TileConfigFp32<kHeadDim>,
                                    cute::conditional_t<kFp8, TileConfigFp8<kHeadDim>, TileConfig<kHeadDim>>>;
   static constexpr int kBlockM = Tile::kBlockM;

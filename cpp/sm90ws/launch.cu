@@ -98,12 +98,15 @@ bool sm90ws_covers(const FwdParams& p) {
       tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
       (fp32 || (tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
                 (fp8 || tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb))));
-  bool const listed = fp32     ? head_dim_listed<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(p.head_dim)
+  // Softcap and ALiBi: the scored instantiation (dense fp16 / bf16).
+  bool const scored = p.has_score_terms();
+  bool const listed = scored   ? halves && !packed && head_dim_listed<CUTLASSFA_SM90WS_SCORED_HEAD_DIMS>(p.head_dim)
+                      : fp32   ? head_dim_listed<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(p.head_dim)
                       : fp8    ? true  // fp8_covers
                       : packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
                                : head_dim_listed<CUTLASSFA_SM90WS_HEAD_DIMS>(p.head_dim);
   // Any window: the mask, the trip counts and the masked steps at either edge are common/mask.h's.
-  return p.seqlen_k > 0 && layout && no_cache && (halves || fp32 || fp8) && !p.has_score_terms() && e.rows_q > 0 &&
+  return p.seqlen_k > 0 && layout && no_cache && (halves || fp32 || fp8) && e.rows_q > 0 &&
          e.rows_k > 0 && listed && tensorcore_aligned(p) && inputs_tma &&
          tma_strides(p.o_batch_stride, p.o_head_stride, p.o_row_stride, e.batch, p.heads_q, e.rows_q, out_eb);
 }
@@ -136,6 +139,11 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream) {
   if (params.dtype == DType::kFloat8E4M3) { return run_fp8(params, stream); }
   return fp16_switch(params.dtype, [&](auto element) {
     using Element = decltype(element);
+    if (params.has_score_terms()) {  // in scope: dense
+      return head_dim_switch<CUTLASSFA_SM90WS_SCORED_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+        return sm90ws::run_fwd<decltype(head_dim)::value, Element, false, Element, true>(params, stream);
+      });
+    }
     if (params.cu_seqlens_q != nullptr) {  // in scope: both cu_seqlens
       return head_dim_switch<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
         return sm90ws::run_fwd<decltype(head_dim)::value, Element, true>(params, stream);

@@ -316,7 +316,9 @@ bool check_refusals() {
     std::printf("%s refuses %s (%s)\n", ok ? "PASS" : "FAIL", what, cudaGetErrorName(err));
     free_buffers(b);
   };
-  expect("softcap", [](FwdParams& p) { p.softcap_pre = 0.1f; });
+  if (!cutlassfa::head_dim_listed<CUTLASSFA_SM90WS_SCORED_HEAD_DIMS>(c.head_dim)) {  // no scored instantiation
+    expect("softcap", [](FwdParams& p) { p.softcap_pre = 0.1f; });
+  }
   expect("head_dim 80", [](FwdParams& p) { p.head_dim = 80; });
   expect("fp32", [](FwdParams& p) { p.dtype = DType::kFloat32; });
   expect("split keys", [](FwdParams& p) { p.num_splits = 2; });
