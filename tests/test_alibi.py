@@ -156,13 +156,18 @@ def test_gpu_dense_matches_reference(torch, rng, need_backend, backend, shape, s
 
 
 # The warp-specialized kernel's scored instantiation (sm90ws/score_terms.h) at each of its head dims: both
-# halves, causal or not, Nq != Nk both ways, GQA, more tiles than a 132-SM GPU runs at once (each CTA walks
-# tiles of other heads and entries, each reading its own slope), softcap alone, ALiBi per entry alone, both.
+# halves, Nq != Nk both ways, GQA, more tiles than a 132-SM GPU runs at once (each CTA walks tiles of other
+# heads and entries, each reading its own slope), softcap alone, ALiBi per entry alone, both; masks that hide
+# the keys on one side of the diagonal (causal, windows (L, 0) and (0, R): one FFMA a score), or neither.
+MASKS = {"full": {}, "causal": {"causal": True}, "window-left": {"window": (70, 0)},
+         "window-right": {"window": (0, 50)}, "window-both": {"window": (90, 20)}}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_warp_specialized_softcap_and_alibi(torch, rng, need_backend, d, dtype, causal):
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_gpu_warp_specialized_softcap_and_alibi(torch, rng, need_backend, d, dtype, mask):
     need_backend("tensorcore")
     np_dtype = cutlassfa._arrays.numpy_dtype(dtype)
     for b, hq, hkv, nq, nk in ((3, 16, 4, 400, 600), (2, 6, 6, 650, 300)):
@@ -170,11 +175,11 @@ def test_gpu_warp_specialized_softcap_and_alibi(torch, rng, need_backend, d, dty
         dq, dk, dv = (torch.from_numpy(x.astype(np.float32)).cuda().to(getattr(torch, dtype)) for x in (q, k, v))
         slopes = _slopes(rng, hq, b)
         for terms in ({"softcap": 15.0}, {"alibi_slopes": slopes}, {"softcap": 15.0, "alibi_slopes": slopes}):
-            ref, ref_lse = attention_reference(q, k, v, causal=causal, **terms)
+            ref, ref_lse = attention_reference(q, k, v, **MASKS[mask], **terms)
             out = torch.full(dq.shape, float("nan"), dtype=dq.dtype, device="cuda")  # poisoned
             on_device = {name: to_cuda(torch, x) if isinstance(x, np.ndarray) else x for name, x in terms.items()}
-            result, lse = cutlassfa.forward(dq, dk, dv, causal=causal, out=out, return_lse=True, backend="tensorcore",
-                                            **on_device)
+            result, lse = cutlassfa.forward(dq, dk, dv, out=out, return_lse=True, backend="tensorcore",
+                                            **MASKS[mask], **on_device)
             assert result is out
             assert_matches_reference("tensorcore", dtype, out, lse, ref, ref_lse)
 

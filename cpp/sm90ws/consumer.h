@@ -118,10 +118,14 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
                                                                               tSrK(_, _, _, stage), acc_s);
     }
   };
-  // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O.
-  auto softmax_step = [&](auto& acc_s) {
+  // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O. shift: what terms.apply returned.
+  auto softmax_step = [&](auto& acc_s, float shift) {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
-    return softmax.update(scores, scales.scale_log2);
+    if constexpr (Traits::kScoreTerms) {
+      return softmax.template update</*kShifted=*/true>(scores, scales.scale_log2, shift);
+    } else {
+      return softmax.update(scores, scales.scale_log2);
+    }
   };
 
   // ---- First (highest) K/V tile: S alone, always masked (the ragged end or the diagonal lies here) ----
@@ -135,9 +139,9 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
     pipeline_k.consumer_release(read_k);
     ++read_k;
     Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
-    terms.apply(acc_s80, tScS80, n_block_max - 1);  // before the mask's -inf
+    float const shift = terms.apply(acc_s80, tScS80, n_block_max - 1);  // before the mask's -inf
     mask.apply(acc_s80, tScS80, m_block, n_block_max - 1, n_block_unmasked_begin);
-    softmax_step(acc_s);  // alpha is 0: O starts at zero
+    softmax_step(acc_s, shift);  // alpha is 0: O starts at zero
     to_p(acc_s);
   }
   clear(acc_o);
@@ -161,12 +165,13 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
     warpgroup_wait<1>();  // S[n] has completed (P V may still run)
     pipeline_k.consumer_release(read_k);
     ++read_k;
+    float shift = 0.f;
     if constexpr (Traits::kScoreTerms || decltype(is_masked_step)::value) {
       Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
-      terms.apply(acc_s80, tScS80, n_block);
+      shift = terms.apply(acc_s80, tScS80, n_block);
       if constexpr (decltype(is_masked_step)::value) { mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin); }
     }
-    auto const alpha = softmax_step(acc_s);
+    auto const alpha = softmax_step(acc_s, shift);
     warpgroup_wait<0>();  // P[n+1] V[n+1] has completed: O and tOrP are free
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(tOrP);

@@ -9,6 +9,7 @@
 #include "common/softcap.h"
 #include "common/tile.h"
 #include "cutlassfa/params.h"
+#include "cutlassfa/rules.h"
 
 namespace cutlassfa::sm90ws {
 
@@ -18,6 +19,8 @@ struct ScoreTerms {
   float alibi_slope = 0.f;  // in raw score units (common/alibi.h); 0: no ALiBi
   int row0 = 0;             // the tile's first query row within its entry
   int seqlen_q = 0, seqlen_k = 0;
+  // The mask hides every key past (before) the diagonal: causal, or a window (L, 0) ((0, R)).
+  bool hides_past = false, hides_before = false;
 
   // The tile (m_block) of query head `head` of entry `batch`; read when the tile starts.
   __forceinline__ __device__ ScoreTerms(FwdParams const& params, int batch, int head, int m_block, SeqInfo const& seq) {
@@ -27,16 +30,34 @@ struct ScoreTerms {
       row0 = m_block * kBlockM;
       seqlen_q = seq.seqlen_q;
       seqlen_k = seq.seqlen_k;
+      hides_past = params.window_right == 0;
+      hides_before = params.window_left == 0;
     }
   }
 
   // acc_s: the S tile of K/V tile n_block in raw units; tScS: each element's (row, key) within the tile.
+  // Returns the shift the softmax adds to this thread's scores (0 but for one-sided ALiBi tiles).
+  // ALiBi costs one FFMA a score where the tile's visible keys lie on one side of every row's diagonal (every
+  // tile under a causal mask; all but those the diagonal crosses without one), two elsewhere (common/alibi.h).
   template <class TensorS, class TensorC>
-  __forceinline__ __device__ void apply(TensorS& acc_s, TensorC const& tScS, int n_block) const {
+  __forceinline__ __device__ float apply(TensorS& acc_s, TensorC const& tScS, int n_block) const {
+    float shift = 0.f;
     if constexpr (kEnabled) {
       if (softcap_pre > 0.f) { apply_softcap(acc_s, softcap_pre); }
-      if (alibi_slope != 0.f) { apply_alibi(acc_s, tScS, alibi_slope, row0, n_block * kBlockN, seqlen_q, seqlen_k); }
+      if (alibi_slope != 0.f) {
+        int const key0 = n_block * kBlockN;
+        // Distances diagonal(row) - key over the tile: at least / at most these.
+        int const lowest = rules::mask_diagonal(row0, seqlen_q, seqlen_k) - (key0 + kBlockN - 1);
+        int const highest = rules::mask_diagonal(row0 + kBlockM - 1, seqlen_q, seqlen_k) - key0;
+        float const side = hides_past || lowest >= 0 ? 1.f : hides_before || highest <= 0 ? -1.f : 0.f;
+        if (side != 0.f) {
+          shift = apply_alibi_one_sided(acc_s, tScS, alibi_slope, side, row0, key0, seqlen_q, seqlen_k);
+        } else {
+          apply_alibi(acc_s, tScS, alibi_slope, row0, key0, seqlen_q, seqlen_k);
+        }
+      }
     }
+    return shift;
   }
 };
 

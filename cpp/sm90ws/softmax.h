@@ -39,16 +39,25 @@ struct TwoPhaseSoftmax {
 
   // scores: (nrow, ncol) view of the S accumulator; overwritten with P = 2^(s * scale_log2 - m_i * scale_log2).
   // Returns alpha per row: the factor O must be multiplied by before P V is added (0 on the first tile,
-  // 1 where the reference stayed).
-  template <class TensorS>
-  __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2) {
+  // 1 where the reference stayed). kShifted: every score of this thread is s + shift (one-sided ALiBi,
+  // common/alibi.h): the shift joins the max and leaves the exponent's addend, never added to each score.
+  template <bool kShifted = false, class TensorS>
+  __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2, float shift = 0.f) {
     static_assert(decltype(size<0>(scores))::value == kNRows);
     RowTensor alpha = make_tensor<float>(Shape<Int<kNRows>>{});
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
       float m_new = row_max(mi);
       CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(scores); ++ni) { m_new = fmaxf(m_new, scores(mi, ni)); }
+      if constexpr (kShifted) {
+        float m_thread = -INFINITY;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(scores); ++ni) { m_thread = fmaxf(m_thread, scores(mi, ni)); }
+        m_new = fmaxf(m_new, m_thread + shift);
+      } else {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(scores); ++ni) { m_new = fmaxf(m_new, scores(mi, ni)); }
+      }
       m_new = quad_allreduce(m_new, MaxOp{});
       // The reference stays where it was while the max grows by at most kMaxGrowthLog2 (P then stays
       // <= 2^kMaxGrowthLog2, and O and l stay consistent with the reference): O needs no rescale at
@@ -58,7 +67,7 @@ struct TwoPhaseSoftmax {
       float const m_ref = keep ? row_max(mi) : (m_new == -INFINITY ? 0.f : m_new);
       alpha(mi) = keep ? 1.f : (row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_ref) * scale_log2));
       row_max(mi) = keep ? row_max(mi) : m_new;
-      float const m_ref_scaled = m_ref * scale_log2;
+      float const m_ref_scaled = (kShifted ? m_ref - shift : m_ref) * scale_log2;
       float sum = 0.f;
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) {
