@@ -48,7 +48,6 @@ struct TwoPhaseSoftmax {
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
       float m_new = row_max(mi);
-      CUTE_UNROLL
       if constexpr (kShifted) {
         float m_thread = -INFINITY;
         CUTE_UNROLL
