@@ -155,10 +155,11 @@ def test_gpu_dense_matches_reference(torch, rng, need_backend, backend, shape, s
     check_dense_on_gpu(torch, rng, backend, shape, splits, alibi_slopes=lambda rng, b, hq: _slopes(rng, hq, b))
 
 
-# The warp-specialized kernel's scored instantiation (sm90ws/score_terms.h) at each of its head dims: both
-# halves, Nq != Nk both ways, GQA, more tiles than a 132-SM GPU runs at once (each CTA walks tiles of other
-# heads and entries, each reading its own slope), softcap alone, ALiBi per entry alone, both; masks that hide
-# the keys on one side of the diagonal (causal, windows (L, 0) and (0, R): one FFMA a score), or neither.
+# The warp-specialized kernel's ALiBi and softcap instantiations (sm90ws/score_terms.h) at the head dims of
+# either (both in one call: the wgmma kernel): both halves, Nq != Nk both ways, GQA, more tiles than a 132-SM GPU
+# runs at once (each CTA walks tiles of other heads and entries, each reading its own slope), ALiBi per entry;
+# masks that hide the keys on one side of the diagonal (causal, windows (L, 0) and (0, R): one FFMA a score),
+# or neither.
 MASKS = {"full": {}, "causal": {"causal": True}, "window-left": {"window": (70, 0)},
          "window-right": {"window": (0, 50)}, "window-both": {"window": (90, 20)}}
 

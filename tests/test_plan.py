@@ -102,26 +102,30 @@ def test_prefill_and_devices():
         cutlassfa.plan(q, k, v, device=(37, 13))
 
 
-@pytest.mark.parametrize("terms", [{"softcap": 30.0}, {"alibi_slopes": np.geomspace(0.5, 2**-8, 8).astype(np.float32)},
-                                   {"softcap": 30.0, "alibi_slopes": np.full(8, 0.25, np.float32)}],
-                         ids=["softcap", "alibi", "both"])
-def test_softcap_and_alibi_prefill_run_the_scored_warp_specialized_kernel(terms):
-    """Dense prefill with softcap or ALiBi: the warp-specialized kernel's scored instantiation at its head dims
-    (64, 96, 128, 256 by default); d = 192 and varlen batches on the wgmma kernel's general instantiation."""
-    for d, expected in ((64, "sm90ws"), (96, "sm90ws"), (128, "sm90ws"), (256, "sm90ws"), (192, "sm90")):
-        for dtype in (np.float16, ml_dtypes_bfloat16()):
+def _bfloat16():
+    return pytest.importorskip("ml_dtypes").bfloat16
+
+
+ALIBI = {"alibi_slopes": np.geomspace(0.5, 2**-8, 8).astype(np.float32)}
+
+
+@pytest.mark.parametrize("terms,head_dims", [({"softcap": 30.0}, (128, 256)), (ALIBI, (64, 96, 128, 256)),
+                                             ({"softcap": 30.0, **ALIBI}, ())], ids=["softcap", "alibi", "both"])
+def test_softcap_and_alibi_prefill_run_the_warp_specialized_kernel_at_their_head_dims(terms, head_dims):
+    """Dense prefill with softcap or ALiBi: the warp-specialized kernel's instantiation of that term at its head
+    dims (ALiBi 64, 96, 128, 256; softcap 128, 256 by default); other head dims, calls with both and varlen
+    batches on the wgmma kernel's general instantiation."""
+    for d in (64, 96, 128, 192, 256):
+        for dtype in (np.float16, _bfloat16()):
             q, k, v = _arrays(2, 8, 8, 1024, 1024, d, dtype)
             p = cutlassfa.plan(q, k, v, causal=True, device=H100, **terms)
+            expected = "sm90ws" if d in head_dims else "sm90"
             assert (p["kernel"], p["num_splits"], p["kernel_head_dim"]) == (expected, 1, d), (d, dtype, p)
     q, k, v = (np.zeros((2048, 8, 128), np.float16) for _ in range(3))
     cu = np.array([0, 1024, 2048], np.int32)
     p = cutlassfa.plan(q, k, v, causal=True, device=H100, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1024,
                        max_seqlen_k=1024, **terms)
     assert p["kernel"] == "sm90", p
-
-
-def ml_dtypes_bfloat16():
-    return pytest.importorskip("ml_dtypes").bfloat16
 
 
 def test_fp8_caches_the_decode_kernel_does_not_take_run_dequantized():

@@ -88,14 +88,16 @@ def test_calls_the_warp_specialized_kernel_does_not_cover_run_on_wgmma(hopper, r
     assert _family(names) == SM90 and any(COMBINE in n for n in names), names
 
 
-def test_softcap_and_alibi_run_the_warp_specialized_kernel(hopper, rng):
-    """Its scored instantiation, in one pass (the values: tests/test_alibi.py and the variant tests)."""
+def test_softcap_or_alibi_run_the_warp_specialized_kernel(hopper, rng):
+    """Its instantiation of that term, in one pass; both in one call on the wgmma kernel (the values:
+    tests/test_alibi.py and the variant tests)."""
     torch = hopper
     q, k, v = (_cuda(torch, rng, (2, 8, 512, 128)) for _ in range(3))
     slopes = torch.full((8,), 0.125, device="cuda", dtype=torch.float32)
-    for terms in ({"softcap": 30.0}, {"alibi_slopes": slopes}, {"softcap": 30.0, "alibi_slopes": slopes}):
+    for terms, expected in (({"softcap": 30.0}, WS), ({"alibi_slopes": slopes}, WS),
+                            ({"softcap": 30.0, "alibi_slopes": slopes}, SM90)):
         names = kernel_names(torch, lambda: cutlassfa.forward(q, k, v, causal=True, backend=TC, **terms))
-        assert _family(names) == WS and not any(COMBINE in n for n in names), (terms, names)
+        assert _family(names) == expected and not any(COMBINE in n for n in names), (terms, names)
 
 
 def test_plain_call_of_one_query_tile_splits(hopper, rng):

@@ -55,7 +55,7 @@ using MmaTurnsOf = MmaTurns<Traits::kPingPong, Traits::kNConsumerWarpGroups>;
 // Runs the K/V tiles [n_block_min, n_block_max) (non-empty) for this thread's rows, Q having landed;
 // acc_o ends unnormalized, softmax holds m and l. read_k / read_v run on across the CTA's tiles.
 // thread_idx: 0 .. kNConsumerThreads - 1 among the consumers. scales: the tile's (sm90ws/fp8_descale.h);
-// terms: its softcap and ALiBi (sm90ws/score_terms.h; nothing outside the scored instantiation).
+// terms: its softcap or ALiBi (sm90ws/score_terms.h; nothing outside those instantiations).
 template <class Traits, class MaskT, class TensorO, class Softmax>
 __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<Traits> const& terms,
                                         typename Traits::SharedStorage& storage,
@@ -121,7 +121,7 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
   // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O. shift: what terms.apply returned.
   auto softmax_step = [&](auto& acc_s, float shift) {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
-    if constexpr (Traits::kScoreTerms) {
+    if constexpr (ScoreTermsOf<Traits>::kShifts) {
       return softmax.template update</*kShifted=*/true>(scores, scales.scale_log2, shift);
     } else {
       return softmax.update(scores, scales.scale_log2);
@@ -166,7 +166,7 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
     pipeline_k.consumer_release(read_k);
     ++read_k;
     float shift = 0.f;
-    if constexpr (Traits::kScoreTerms || decltype(is_masked_step)::value) {
+    if constexpr (Traits::kScoreTerm != ScoreTerm::kNone || decltype(is_masked_step)::value) {
       Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
       shift = terms.apply(acc_s80, tScS80, n_block);
       if constexpr (decltype(is_masked_step)::value) { mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin); }

@@ -17,6 +17,7 @@
 
 #include "cutlassfa/params.h"
 #include "sm90ws/fp8_key_order.h"
+#include "sm90ws/launch_fwd.h"  // ScoreTerm
 #include "sm90ws/scheduler.h"
 #include "sm90ws/tile_config.h"  // the tile shapes (read by the planner too)
 #include "sm90ws/tma_extents.h"
@@ -58,8 +59,9 @@ struct VtLayout<false, SmemLayoutV, kHeadDim, kBlockN, kStages> {
 // softmax scale and the epilogue (sm90ws/fp8_descale.h), and O is written in Output_ (bf16 or fp16).
 // kVarlen_: q / k / v / o are packed (total, heads, d) arrays of a varlen batch (cu_seqlens): a separate
 // instantiation, so that the dense kernel carries none of the per-entry offsets (sm90ws/tma_extents.h).
-// kScoreTerms_: the scored instantiation, whose steps apply softcap and ALiBi (sm90ws/score_terms.h).
-template <int kHeadDim_, class Input_, bool kVarlen_ = false, class Output_ = Input_, bool kScoreTerms_ = false>
+// kScoreTerm_: softcap or ALiBi, applied to every score by the steps of its instantiation (sm90ws/score_terms.h).
+template <int kHeadDim_, class Input_, bool kVarlen_ = false, class Output_ = Input_,
+          ScoreTerm kScoreTerm_ = ScoreTerm::kNone>
 struct Traits {
   static constexpr bool kSplitQK = std::is_same_v<Input_, float>;
   static constexpr bool kFp8 = std::is_same_v<Input_, cutlass::float_e4m3_t>;
@@ -72,8 +74,8 @@ struct Traits {
   static constexpr int kHeadDimQK = kSplitQK ? 2 * kHeadDim : kHeadDim;  // columns of Q and K
   static constexpr bool kVarlen = kVarlen_;
   static_assert(!(kFp8 && kVarlen), "fp8: dense tensors only");
-  static constexpr bool kScoreTerms = kScoreTerms_;
-  static_assert(!(kScoreTerms && kFp8), "softcap and ALiBi: not on fp8 attention");
+  static constexpr ScoreTerm kScoreTerm = kScoreTerm_;
+  static_assert(kScoreTerm == ScoreTerm::kNone || !kFp8, "softcap and ALiBi: not on fp8 attention");
   using Tile = cute::conditional_t<kSplitQK, TileConfigFp32<kHeadDim>,
                                    cute::conditional_t<kFp8, TileConfigFp8<kHeadDim>, TileConfig<kHeadDim>>>;
   static constexpr int kBlockM = Tile::kBlockM;

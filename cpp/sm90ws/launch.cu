@@ -98,9 +98,11 @@ bool sm90ws_covers(const FwdParams& p) {
       tma_strides(p.q_batch_stride, p.q_head_stride, p.q_row_stride, e.batch, p.heads_q, e.rows_q, eb) &&
       (fp32 || (tma_strides(p.k_batch_stride, p.k_head_stride, p.k_row_stride, e.batch, p.heads_kv, e.rows_k, eb) &&
                 (fp8 || tma_strides(p.v_batch_stride, p.v_head_stride, p.v_row_stride, e.batch, p.heads_kv, e.rows_k, eb))));
-  // Softcap and ALiBi: the scored instantiation (dense fp16 / bf16).
-  bool const scored = p.has_score_terms();
-  bool const listed = scored   ? halves && !packed && head_dim_listed<CUTLASSFA_SM90WS_SCORED_HEAD_DIMS>(p.head_dim)
+  // Softcap or ALiBi: their instantiations (dense fp16 / bf16, one of the two).
+  bool const softcap = p.softcap_pre > 0.f, alibi = p.alibi_slopes != nullptr;
+  bool const listed = softcap  ? halves && !packed && !alibi &&
+                                    head_dim_listed<CUTLASSFA_SM90WS_SOFTCAP_HEAD_DIMS>(p.head_dim)
+                      : alibi  ? halves && !packed && head_dim_listed<CUTLASSFA_SM90WS_ALIBI_HEAD_DIMS>(p.head_dim)
                       : fp32   ? head_dim_listed<CUTLASSFA_SM90WS_FP32_HEAD_DIMS>(p.head_dim)
                       : fp8    ? true  // fp8_covers
                       : packed ? head_dim_listed<CUTLASSFA_SM90WS_VARLEN_HEAD_DIMS>(p.head_dim)
@@ -139,9 +141,15 @@ cudaError_t launch_sm90ws(const FwdParams& params, cudaStream_t stream) {
   if (params.dtype == DType::kFloat8E4M3) { return run_fp8(params, stream); }
   return fp16_switch(params.dtype, [&](auto element) {
     using Element = decltype(element);
-    if (params.has_score_terms()) {  // in scope: dense
-      return head_dim_switch<CUTLASSFA_SM90WS_SCORED_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
-        return sm90ws::run_fwd<decltype(head_dim)::value, Element, false, Element, true>(params, stream);
+    using sm90ws::ScoreTerm;
+    if (params.softcap_pre > 0.f) {  // in scope: dense, no ALiBi
+      return head_dim_switch<CUTLASSFA_SM90WS_SOFTCAP_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+        return sm90ws::run_fwd<decltype(head_dim)::value, Element, false, Element, ScoreTerm::kSoftcap>(params, stream);
+      });
+    }
+    if (params.alibi_slopes != nullptr) {  // in scope: dense
+      return head_dim_switch<CUTLASSFA_SM90WS_ALIBI_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
+        return sm90ws::run_fwd<decltype(head_dim)::value, Element, false, Element, ScoreTerm::kAlibi>(params, stream);
       });
     }
     if (params.cu_seqlens_q != nullptr) {  // in scope: both cu_seqlens

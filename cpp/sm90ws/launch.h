@@ -16,9 +16,9 @@ namespace cutlassfa {
 // GQA / MQA, lse; and fp32 dense tensors at CUTLASSFA_SM90WS_FP32_HEAD_DIMS, K and V through the split
 // pre-pass (cutlassfa/split_fp32.h), Q split in the kernel (q and o aligned as above); and fp8 attention (e4m3
 // q, k, v; O in out_dtype bf16 / fp16) at CUTLASSFA_SM90WS_FP8_HEAD_DIMS, dense, q and k by TMA, v through the
-// V^T pre-pass (sm90ws/fp8_v_transpose.h); softcap and ALiBi on dense fp16 / bf16 tensors at
-// CUTLASSFA_SM90WS_SCORED_HEAD_DIMS (sm90ws/score_terms.h). Not: softcap or ALiBi elsewhere, KV caches, paged
-// caches, left padding, split keys, fp32 varlen, other head dims, unaligned tensors.
+// V^T pre-pass (sm90ws/fp8_v_transpose.h); ALiBi or softcap (not both) on dense fp16 / bf16 tensors at
+// CUTLASSFA_SM90WS_ALIBI_HEAD_DIMS / _SOFTCAP_HEAD_DIMS (sm90ws/score_terms.h). Not: softcap or ALiBi elsewhere,
+// KV caches, paged caches, left padding, split keys, fp32 varlen, other head dims, unaligned tensors.
 // launch_sm90ws enqueues the kernel on `stream` and returns the first CUDA error (never synchronizes); a
 // call outside sm90ws_covers returns cudaErrorNotSupported before any launch (the planner never makes
 // one; the self-test checks the refusal). The caller has checked that the device is sm_90.

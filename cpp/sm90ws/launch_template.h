@@ -40,9 +40,9 @@ auto vt_tensor(FwdParams const& params) {
                                  static_cast<int64_t>(params.v_head_stride), static_cast<int64_t>(params.v_batch_stride)));
 }
 
-template <int kHeadDim, class Input, bool kVarlen, class Output, bool kScoreTerms>
+template <int kHeadDim, class Input, bool kVarlen, class Output, ScoreTerm kScoreTerm>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using T = Traits<kHeadDim, Input, kVarlen, Output, kScoreTerms>;
+  using T = Traits<kHeadDim, Input, kVarlen, Output, kScoreTerm>;
   using Element = typename T::Element;
   constexpr int kHeadDimQK = T::kHeadDimQK;
   constexpr int kHeadDimQLoad = T::kHeadDimQLoad;

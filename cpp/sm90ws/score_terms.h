@@ -1,8 +1,9 @@
-// Softcap and ALiBi (params.h) in the warp-specialized kernel's scored instantiation (Traits::kScoreTerms):
-// applied to each S tile once its MMA has completed, before the mask's -inf, in the general kernels' order
-// and arithmetic (common/softcap.h, then common/alibi.h). A call may carry either or both: warp-uniform
-// run-time branches. The plain instantiations carry none of this (a run-time branch there cost the dense
-// kernel 1-4 %, bench/NOTES-variants.md "ALiBi").
+// Softcap or ALiBi (params.h) in the warp-specialized kernel's scored instantiations (Traits::kScoreTerm):
+// applied to each S tile once its MMA has completed, before the mask's -inf, with the general kernels'
+// arithmetic (common/softcap.h, common/alibi.h). One term an instantiation: the plain one carries neither
+// (a run-time branch there cost the dense kernel 1-4 %, bench/NOTES-variants.md "ALiBi"), and an
+// instantiation that branched between both at run time was 3-11 % slower than the plain one with neither
+// applied (H200, bench/NOTES-variants.md "ALiBi on the warp-specialized kernel").
 #pragma once
 
 #include "common/alibi.h"
@@ -10,13 +11,16 @@
 #include "common/tile.h"
 #include "cutlassfa/params.h"
 #include "cutlassfa/rules.h"
+#include "sm90ws/launch_fwd.h"
 
 namespace cutlassfa::sm90ws {
 
-template <bool kEnabled, int kBlockM, int kBlockN>
+template <ScoreTerm kTerm, int kBlockM, int kBlockN>
 struct ScoreTerms {
-  float softcap_pre = 0.f;  // > 0: softcap
-  float alibi_slope = 0.f;  // in raw score units (common/alibi.h); 0: no ALiBi
+  // Whether apply() returns a shift for the softmax (sm90ws/softmax.h, update's kShifted).
+  static constexpr bool kShifts = kTerm == ScoreTerm::kAlibi;
+  float softcap_pre = 0.f;  // softcap's factor (params.h)
+  float alibi_slope = 0.f;  // in raw score units (common/alibi.h)
   int row0 = 0;             // the tile's first query row within its entry
   int seqlen_q = 0, seqlen_k = 0;
   // The mask hides every key past (before) the diagonal: causal, or a window (L, 0) ((0, R)).
@@ -24,8 +28,8 @@ struct ScoreTerms {
 
   // The tile (m_block) of query head `head` of entry `batch`; read when the tile starts.
   __forceinline__ __device__ ScoreTerms(FwdParams const& params, int batch, int head, int m_block, SeqInfo const& seq) {
-    if constexpr (kEnabled) {
-      softcap_pre = params.softcap_pre;
+    if constexpr (kTerm == ScoreTerm::kSoftcap) { softcap_pre = params.softcap_pre; }
+    if constexpr (kTerm == ScoreTerm::kAlibi) {
       alibi_slope = alibi_slope_raw(params, batch, head);
       row0 = m_block * kBlockM;
       seqlen_q = seq.seqlen_q;
@@ -42,19 +46,17 @@ struct ScoreTerms {
   template <class TensorS, class TensorC>
   __forceinline__ __device__ float apply(TensorS& acc_s, TensorC const& tScS, int n_block) const {
     float shift = 0.f;
-    if constexpr (kEnabled) {
-      if (softcap_pre > 0.f) { apply_softcap(acc_s, softcap_pre); }
-      if (alibi_slope != 0.f) {
-        int const key0 = n_block * kBlockN;
-        // Distances diagonal(row) - key over the tile: at least / at most these.
-        int const lowest = rules::mask_diagonal(row0, seqlen_q, seqlen_k) - (key0 + kBlockN - 1);
-        int const highest = rules::mask_diagonal(row0 + kBlockM - 1, seqlen_q, seqlen_k) - key0;
-        float const side = hides_past || lowest >= 0 ? 1.f : hides_before || highest <= 0 ? -1.f : 0.f;
-        if (side != 0.f) {
-          shift = apply_alibi_one_sided(acc_s, tScS, alibi_slope, side, row0, key0, seqlen_q, seqlen_k);
-        } else {
-          apply_alibi(acc_s, tScS, alibi_slope, row0, key0, seqlen_q, seqlen_k);
-        }
+    if constexpr (kTerm == ScoreTerm::kSoftcap) { apply_softcap(acc_s, softcap_pre); }
+    if constexpr (kTerm == ScoreTerm::kAlibi) {
+      int const key0 = n_block * kBlockN;
+      // Distances diagonal(row) - key over the tile: at least / at most these.
+      int const lowest = rules::mask_diagonal(row0, seqlen_q, seqlen_k) - (key0 + kBlockN - 1);
+      int const highest = rules::mask_diagonal(row0 + kBlockM - 1, seqlen_q, seqlen_k) - key0;
+      float const side = hides_past || lowest >= 0 ? 1.f : hides_before || highest <= 0 ? -1.f : 0.f;
+      if (side != 0.f) {
+        shift = apply_alibi_one_sided(acc_s, tScS, alibi_slope, side, row0, key0, seqlen_q, seqlen_k);
+      } else {
+        apply_alibi(acc_s, tScS, alibi_slope, row0, key0, seqlen_q, seqlen_k);
       }
     }
     return shift;
@@ -62,6 +64,6 @@ struct ScoreTerms {
 };
 
 template <class Traits>
-using ScoreTermsOf = ScoreTerms<Traits::kScoreTerms, Traits::kBlockM, Traits::kBlockN>;
+using ScoreTermsOf = ScoreTerms<Traits::kScoreTerm, Traits::kBlockM, Traits::kBlockN>;
 
 }  // namespace cutlassfa::sm90ws

@@ -316,7 +316,7 @@ bool check_refusals() {
     std::printf("%s refuses %s (%s)\n", ok ? "PASS" : "FAIL", what, cudaGetErrorName(err));
     free_buffers(b);
   };
-  if (!cutlassfa::head_dim_listed<CUTLASSFA_SM90WS_SCORED_HEAD_DIMS>(c.head_dim)) {  // no scored instantiation
+  if (!cutlassfa::head_dim_listed<CUTLASSFA_SM90WS_SOFTCAP_HEAD_DIMS>(c.head_dim)) {  // no softcap instantiation
     expect("softcap", [](FwdParams& p) { p.softcap_pre = 0.1f; });
   }
   expect("head_dim 80", [](FwdParams& p) { p.head_dim = 80; });
