@@ -34,22 +34,20 @@ __forceinline__ __device__ void apply_alibi(TensorS& acc_s, TensorC const& tScS,
 }
 
 // The same bias where every visible key of the tile lies on one side of its row's diagonal (sign +1: at or
-// before it, -1: at or after it): -slope * |d| = -slope * sign * d is then linear in the coordinates. The part
-// that varies over this thread's elements, a compile-time offset times the slope, is one FFMA a score; the
-// part common to them (the first element's) is returned, for the softmax to add to this thread's scores
-// (sm90ws/softmax.h, update's shift): it need not be added to each. Elements on the other side (hidden keys)
-// get the wrong bias and must be masked after.
-template <class TensorS, class TensorC>
-__forceinline__ __device__ float apply_alibi_one_sided(TensorS& acc_s, TensorC const& tScS, float slope_raw, float sign,
-                                                       int row0, int key0, int seqlen_q, int seqlen_k) {
+// before it, -1: at or after it): -slope * |d| = -slope * sign * d is then linear in the coordinates, the
+// bias of this thread's element i slope * offset(i) + shift, offset(i) = (row(i) - row(0)) - (key(i) - key(0))
+// a compile-time number (one FFMA a score, which the caller fuses with its next pass over the scores), and
+// shift common to them (added to their max rather than to each). Elements on the other side (hidden keys)
+// would get the wrong bias and must be masked.
+struct AlibiLinear {
+  float slope, shift;
+};
+template <class TensorC>
+__forceinline__ __device__ AlibiLinear alibi_one_sided(TensorC const& tScS, float slope_raw, float sign, int row0,
+                                                       int key0, int seqlen_q, int seqlen_k) {
   int const r0 = cute::get<0>(tScS(0)), c0 = cute::get<1>(tScS(0));
-  float const slope_signed = -slope_raw * sign;
-  CUTE_UNROLL
-  for (int i = 0; i < cute::size(acc_s); ++i) {
-    int const offset = (cute::get<0>(tScS(i)) - r0) - (cute::get<1>(tScS(i)) - c0);
-    acc_s(i) = fmaf(slope_signed, static_cast<float>(offset), acc_s(i));
-  }
-  return slope_signed * static_cast<float>(rules::mask_diagonal(row0 + r0, seqlen_q, seqlen_k) - (key0 + c0));
+  float const slope = -slope_raw * sign;
+  return {slope, slope * static_cast<float>(rules::mask_diagonal(row0 + r0, seqlen_q, seqlen_k) - (key0 + c0))};
 }
 
 }  // namespace cutlassfa

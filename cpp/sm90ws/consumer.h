@@ -118,11 +118,12 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
                                                                               tSrK(_, _, _, stage), acc_s);
     }
   };
-  // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O. shift: what terms.apply returned.
-  auto softmax_step = [&](auto& acc_s, float shift) {
+  // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O. term: what terms.apply returned.
+  Tensor tScS_rc = make_tensor(tScS80.data(), acc_layout_rowcol(tScS80.layout()));  // (nrow, ncol) -> (row, col)
+  auto softmax_step = [&](auto& acc_s, LinearTerm const& term) {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
-    if constexpr (ScoreTermsOf<Traits>::kShifts) {
-      return softmax.template update</*kShifted=*/true>(scores, scales.scale_log2, shift);
+    if constexpr (ScoreTermsOf<Traits>::kLinear) {
+      return softmax.template update</*kLinear=*/true>(scores, scales.scale_log2, term, tScS_rc);
     } else {
       return softmax.update(scores, scales.scale_log2);
     }
@@ -139,9 +140,9 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
     pipeline_k.consumer_release(read_k);
     ++read_k;
     Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
-    float const shift = terms.apply(acc_s80, tScS80, n_block_max - 1);  // before the mask's -inf
+    LinearTerm const term = terms.apply(acc_s80, tScS80, n_block_max - 1);  // before the mask's -inf
     mask.apply(acc_s80, tScS80, m_block, n_block_max - 1, n_block_unmasked_begin);
-    softmax_step(acc_s, shift);  // alpha is 0: O starts at zero
+    softmax_step(acc_s, term);  // alpha is 0: O starts at zero
     to_p(acc_s);
   }
   clear(acc_o);
@@ -165,13 +166,13 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
     warpgroup_wait<1>();  // S[n] has completed (P V may still run)
     pipeline_k.consumer_release(read_k);
     ++read_k;
-    float shift = 0.f;
+    LinearTerm term;
     if constexpr (Traits::kScoreTerm != ScoreTerm::kNone || decltype(is_masked_step)::value) {
       Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
-      shift = terms.apply(acc_s80, tScS80, n_block);
+      term = terms.apply(acc_s80, tScS80, n_block);
       if constexpr (decltype(is_masked_step)::value) { mask.apply(acc_s80, tScS80, m_block, n_block, n_block_unmasked_begin); }
     }
-    auto const alpha = softmax_step(acc_s, shift);
+    auto const alpha = softmax_step(acc_s, term);
     warpgroup_wait<0>();  // P[n+1] V[n+1] has completed: O and tOrP are free
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(tOrP);

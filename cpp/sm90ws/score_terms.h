@@ -12,13 +12,14 @@
 #include "cutlassfa/params.h"
 #include "cutlassfa/rules.h"
 #include "sm90ws/launch_fwd.h"
+#include "sm90ws/softmax.h"
 
 namespace cutlassfa::sm90ws {
 
 template <ScoreTerm kTerm, int kBlockM, int kBlockN>
 struct ScoreTerms {
-  // Whether apply() returns a shift for the softmax (sm90ws/softmax.h, update's kShifted).
-  static constexpr bool kShifts = kTerm == ScoreTerm::kAlibi;
+  // Whether apply() leaves a linear term to the softmax (sm90ws/softmax.h, update's kLinear).
+  static constexpr bool kLinear = kTerm == ScoreTerm::kAlibi;
   float softcap_pre = 0.f;  // softcap's factor (params.h)
   float alibi_slope = 0.f;  // in raw score units (common/alibi.h)
   int row0 = 0;             // the tile's first query row within its entry
@@ -40,12 +41,13 @@ struct ScoreTerms {
   }
 
   // acc_s: the S tile of K/V tile n_block in raw units; tScS: each element's (row, key) within the tile.
-  // Returns the shift the softmax adds to this thread's scores (0 but for one-sided ALiBi tiles).
+  // Returns what the softmax adds to the scores (sm90ws/softmax.h, LinearTerm; nothing but for ALiBi).
   // ALiBi costs one FFMA a score where the tile's visible keys lie on one side of every row's diagonal (every
-  // tile under a causal mask; all but those the diagonal crosses without one), two elsewhere (common/alibi.h).
+  // tile under a causal mask; all but those the diagonal crosses without one): linear there, the softmax adds
+  // it while it takes the max (common/alibi.h alibi_one_sided); elsewhere it is added here, three ops a score.
   template <class TensorS, class TensorC>
-  __forceinline__ __device__ float apply(TensorS& acc_s, TensorC const& tScS, int n_block) const {
-    float shift = 0.f;
+  __forceinline__ __device__ LinearTerm apply(TensorS& acc_s, TensorC const& tScS, int n_block) const {
+    LinearTerm term;
     if constexpr (kTerm == ScoreTerm::kSoftcap) { apply_softcap(acc_s, softcap_pre); }
     if constexpr (kTerm == ScoreTerm::kAlibi) {
       int const key0 = n_block * kBlockN;
@@ -54,12 +56,13 @@ struct ScoreTerms {
       int const highest = rules::mask_diagonal(row0 + kBlockM - 1, seqlen_q, seqlen_k) - key0;
       float const side = hides_past || lowest >= 0 ? 1.f : hides_before || highest <= 0 ? -1.f : 0.f;
       if (side != 0.f) {
-        shift = apply_alibi_one_sided(acc_s, tScS, alibi_slope, side, row0, key0, seqlen_q, seqlen_k);
+        AlibiLinear const linear = alibi_one_sided(tScS, alibi_slope, side, row0, key0, seqlen_q, seqlen_k);
+        term.slope = linear.slope, term.shift = linear.shift;
       } else {
         apply_alibi(acc_s, tScS, alibi_slope, row0, key0, seqlen_q, seqlen_k);
       }
     }
-    return shift;
+    return term;
   }
 };
 

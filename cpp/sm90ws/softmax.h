@@ -21,6 +21,11 @@ using namespace cute;
 // a P of 2^x (x not an integer, up to 2^8 under a lagging reference) by up to 2^-4, and l, summed from the
 // fp32 P, does not share that error, so a row dominated by one key is off by it (H100 self-test: 2.2 %
 // against the 1.2 % of the rounding model on such rows with the reference lagging).
+// A term linear in a thread's scores' positions (TwoPhaseSoftmax::update): one-sided ALiBi.
+struct LinearTerm {
+  float slope = 0.f, shift = 0.f;
+};
+
 template <int kNRows, bool kLaggingReference = true>
 struct TwoPhaseSoftmax {
   using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
@@ -39,20 +44,33 @@ struct TwoPhaseSoftmax {
 
   // scores: (nrow, ncol) view of the S accumulator; overwritten with P = 2^(s * scale_log2 - m_i * scale_log2).
   // Returns alpha per row: the factor O must be multiplied by before P V is added (0 on the first tile,
-  // 1 where the reference stayed). kShifted: every score of this thread is s + shift (one-sided ALiBi,
-  // common/alibi.h): the shift joins the max and leaves the exponent's addend, never added to each score.
-  template <bool kShifted = false, class TensorS>
-  __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2, float shift = 0.f) {
+  // 1 where the reference stayed).
+  template <class TensorS>
+  __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2) {
+    return update<false>(scores, scale_log2, LinearTerm{}, scores);
+  }
+  // The same where score (mi, ni) is s + term.slope * offset + term.shift (one-sided ALiBi,
+  // sm90ws/score_terms.h), offset = (row - row(0, 0)) - (key - key(0, 0)) from coords (the (nrow, ncol) view
+  // of the elements' (row, key)), a compile-time number: one FFMA a score, fused into the max's loop; the shift
+  // joins the max and leaves the exponent's addend, never added to each score.
+  template <bool kLinear, class TensorS, class TensorC>
+  __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2, LinearTerm const& term,
+                                              TensorC const& coords) {
     static_assert(decltype(size<0>(scores))::value == kNRows);
     RowTensor alpha = make_tensor<float>(Shape<Int<kNRows>>{});
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
       float m_new = row_max(mi);
-      if constexpr (kShifted) {
+      if constexpr (kLinear) {
+        int const r0 = get<0>(coords(0, 0)), c0 = get<1>(coords(0, 0));
         float m_thread = -INFINITY;
         CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(scores); ++ni) { m_thread = fmaxf(m_thread, scores(mi, ni)); }
-        m_new = fmaxf(m_new, m_thread + shift);
+        for (int ni = 0; ni < size<1>(scores); ++ni) {
+          int const offset = (get<0>(coords(mi, ni)) - r0) - (get<1>(coords(mi, ni)) - c0);
+          scores(mi, ni) = fmaf(term.slope, static_cast<float>(offset), scores(mi, ni));
+          m_thread = fmaxf(m_thread, scores(mi, ni));
+        }
+        m_new = fmaxf(m_new, m_thread + term.shift);
       } else {
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) { m_new = fmaxf(m_new, scores(mi, ni)); }
@@ -66,7 +84,7 @@ struct TwoPhaseSoftmax {
       float const m_ref = keep ? row_max(mi) : (m_new == -INFINITY ? 0.f : m_new);
       alpha(mi) = keep ? 1.f : (row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_ref) * scale_log2));
       row_max(mi) = keep ? row_max(mi) : m_new;
-      float const m_ref_scaled = (kShifted ? m_ref - shift : m_ref) * scale_log2;
+      float const m_ref_scaled = (kLinear ? m_ref - term.shift : m_ref) * scale_log2;
       float sum = 0.f;
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(scores); ++ni) {
