@@ -40,7 +40,7 @@ __forceinline__ __device__ void apply_alibi(TensorS& acc_s, TensorC const& tScS,
 // shift common to them (added to their max rather than to each). Elements on the other side (hidden keys)
 // would get the wrong bias and must be masked.
 struct AlibiLinear {
-  float slope, shift;
+  float slope = 0.f, shift = 0.f;  // none
 };
 template <class TensorC>
 __forceinline__ __device__ AlibiLinear alibi_one_sided(TensorC const& tScS, float slope_raw, float sign, int row0,

@@ -120,7 +120,7 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
   };
   // S -> P (in place, fp32) -> tOrP; returns the rescale factors of O. term: what terms.apply returned.
   Tensor tScS_rc = make_tensor(tScS80.data(), acc_layout_rowcol(tScS80.layout()));  // (nrow, ncol) -> (row, col)
-  auto softmax_step = [&](auto& acc_s, LinearTerm const& term) {
+  auto softmax_step = [&](auto& acc_s, AlibiLinear const& term) {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_as_sm80(acc_s.layout())));  // (nrow, ncol)
     if constexpr (ScoreTermsOf<Traits>::kLinear) {
       return softmax.template update</*kLinear=*/true>(scores, scales.scale_log2, term, tScS_rc);
@@ -140,7 +140,7 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
     pipeline_k.consumer_release(read_k);
     ++read_k;
     Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
-    LinearTerm const term = terms.apply(acc_s80, tScS80, n_block_max - 1);  // before the mask's -inf
+    AlibiLinear const term = terms.apply(acc_s80, tScS80, n_block_max - 1);  // before the mask's -inf
     mask.apply(acc_s80, tScS80, m_block, n_block_max - 1, n_block_unmasked_begin);
     softmax_step(acc_s, term);  // alpha is 0: O starts at zero
     to_p(acc_s);
@@ -166,7 +166,7 @@ __forceinline__ __device__ void consume(TileScales const& scales, ScoreTermsOf<T
     warpgroup_wait<1>();  // S[n] has completed (P V may still run)
     pipeline_k.consumer_release(read_k);
     ++read_k;
-    LinearTerm term;
+    AlibiLinear term;
     if constexpr (Traits::kScoreTerm != ScoreTerm::kNone || decltype(is_masked_step)::value) {
       Tensor acc_s80 = make_tensor(acc_s.data(), acc_as_sm80(acc_s.layout()));
       term = terms.apply(acc_s80, tScS80, n_block);

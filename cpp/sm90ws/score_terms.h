@@ -41,13 +41,13 @@ struct ScoreTerms {
   }
 
   // acc_s: the S tile of K/V tile n_block in raw units; tScS: each element's (row, key) within the tile.
-  // Returns what the softmax adds to the scores (sm90ws/softmax.h, LinearTerm; nothing but for ALiBi).
+  // Returns what the softmax adds to the scores (sm90ws/softmax.h update; none but one-sided ALiBi's).
   // ALiBi costs one FFMA a score where the tile's visible keys lie on one side of every row's diagonal (every
   // tile under a causal mask; all but those the diagonal crosses without one): linear there, the softmax adds
   // it while it takes the max (common/alibi.h alibi_one_sided); elsewhere it is added here, three ops a score.
   template <class TensorS, class TensorC>
-  __forceinline__ __device__ LinearTerm apply(TensorS& acc_s, TensorC const& tScS, int n_block) const {
-    LinearTerm term;
+  __forceinline__ __device__ AlibiLinear apply(TensorS& acc_s, TensorC const& tScS, int n_block) const {
+    AlibiLinear term;
     if constexpr (kTerm == ScoreTerm::kSoftcap) { apply_softcap(acc_s, softcap_pre); }
     if constexpr (kTerm == ScoreTerm::kAlibi) {
       int const key0 = n_block * kBlockN;
@@ -56,8 +56,7 @@ struct ScoreTerms {
       int const highest = rules::mask_diagonal(row0 + kBlockM - 1, seqlen_q, seqlen_k) - key0;
       float const side = hides_past || lowest >= 0 ? 1.f : hides_before || highest <= 0 ? -1.f : 0.f;
       if (side != 0.f) {
-        AlibiLinear const linear = alibi_one_sided(tScS, alibi_slope, side, row0, key0, seqlen_q, seqlen_k);
-        term.slope = linear.slope, term.shift = linear.shift;
+        term = alibi_one_sided(tScS, alibi_slope, side, row0, key0, seqlen_q, seqlen_k);
       } else {
         apply_alibi(acc_s, tScS, alibi_slope, row0, key0, seqlen_q, seqlen_k);
       }

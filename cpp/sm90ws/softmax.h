@@ -9,6 +9,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/alibi.h"  // AlibiLinear
 #include "common/online_softmax.h"
 #include "common/tensor_utils.h"
 
@@ -21,11 +22,6 @@ using namespace cute;
 // a P of 2^x (x not an integer, up to 2^8 under a lagging reference) by up to 2^-4, and l, summed from the
 // fp32 P, does not share that error, so a row dominated by one key is off by it (H100 self-test: 2.2 %
 // against the 1.2 % of the rounding model on such rows with the reference lagging).
-// A term linear in a thread's scores' positions (TwoPhaseSoftmax::update): one-sided ALiBi.
-struct LinearTerm {
-  float slope = 0.f, shift = 0.f;
-};
-
 template <int kNRows, bool kLaggingReference = true>
 struct TwoPhaseSoftmax {
   using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
@@ -47,14 +43,14 @@ struct TwoPhaseSoftmax {
   // 1 where the reference stayed).
   template <class TensorS>
   __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2) {
-    return update<false>(scores, scale_log2, LinearTerm{}, scores);
+    return update<false>(scores, scale_log2, AlibiLinear{}, scores);
   }
-  // The same where score (mi, ni) is s + term.slope * offset + term.shift (one-sided ALiBi,
+  // The same where score (mi, ni) is s + term.slope * offset + term.shift (one-sided ALiBi, common/alibi.h;
   // sm90ws/score_terms.h), offset = (row - row(0, 0)) - (key - key(0, 0)) from coords (the (nrow, ncol) view
   // of the elements' (row, key)), a compile-time number: one FFMA a score, fused into the max's loop; the shift
   // joins the max and leaves the exponent's addend, never added to each score.
   template <bool kLinear, class TensorS, class TensorC>
-  __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2, LinearTerm const& term,
+  __forceinline__ __device__ RowTensor update(TensorS& scores, float scale_log2, AlibiLinear const& term,
                                               TensorC const& coords) {
     static_assert(decltype(size<0>(scores))::value == kNRows);
     RowTensor alpha = make_tensor<float>(Shape<Int<kNRows>>{});
