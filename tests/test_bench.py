@@ -753,6 +753,22 @@ def test_windowed_run_counts_and_checks_the_window(tmp_path):
     assert row["rel_err"] < 1e-5  # against the windowed reference: the dense one differs by far more
 
 
+def test_softcap_option_marks_every_case_checks_it_and_adds_the_flex_anchor(tmp_path, capsys):
+    cases = bench.select_cases(_args(["--shape", "1,2,256,64", "--softcap", "50", "--window", "32,0",
+                                      "--causal", "yes"]))
+    assert [(c.variant.window, c.softcap, c.variant.name) for c in cases] == [((32, 0), 50.0, "window 32,0 softcap 50")]
+    path = tmp_path / "bench.json"
+    code = _run(["--shape", "1,2,200,64", "--softcap", "2", "--causal", "yes", "--dtypes", "float32",
+                 "--backends", "cpu", "--repeats", "2", "--no-progress", "--json", str(path)])
+    assert code == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["status"] == "ok" and row["softcap"] == 2.0 and row["window"] is None
+    assert row["rel_err"] < 1e-5  # against the capped reference: a cap of 2 changes the scores of ~N(0, 8) far more
+    for bad in (["--softcap", "0"], ["--softcap", "30", "--varlen"]):
+        assert _run(["--backends", "cpu", "--no-progress"] + bad) == 2
+    assert "--softcap" in capsys.readouterr().err
+
+
 def _torch_cpu():
     torch = pytest.importorskip("torch")
     pytest.importorskip("torch.nn.attention.flex_attention")
@@ -774,11 +790,29 @@ def test_flex_anchor_applies_the_bottom_right_window(causal, window):
     assert rel_l2(out.numpy(), ref) < 1e-5
 
 
+def test_flex_anchor_applies_softcap():
+    """FlexAttention with the runner's softcap score_mod equals the capped fp64 reference (eager, CPU)."""
+    torch = _torch_cpu()
+    from cutlassfa.reference import attention_reference, rel_l2
+
+    case = Case("float32", 1, 4, 2, 96, 200, 32, True, variant=Variant("softcap", softcap=3.0))
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(*shape, generator=gen) * 3 for shape in case.shapes())
+    out = bench.flex(compiled=False).prepare(case)(q, k, v)
+    ref, _ = attention_reference(q.numpy(), k.numpy(), v.numpy(), causal=True, softcap=3.0)
+    assert rel_l2(out.numpy(), ref) < 1e-5
+    uncapped, _ = attention_reference(q.numpy(), k.numpy(), v.numpy(), causal=True)
+    assert rel_l2(uncapped, ref) > 1e-2  # the cap matters on these inputs
+
+
 def test_sdpa_anchor_refuses_a_window():
     _torch_cpu()
     case = Case("float32", 1, 2, 2, 64, 64, 32, False, variant=Variant("window", window=(8, 8)))
     with pytest.raises(Unsupported, match="sliding-window"):
         bench.sdpa("sdpa_math").prepare(case)
+    with pytest.raises(Unsupported, match="softcap"):
+        bench.sdpa("sdpa_math").prepare(Case("float32", 1, 2, 2, 64, 64, 32, False,
+                                             variant=Variant("softcap", softcap=30.0)))
 
 
 @pytest.mark.parametrize("dtype, shape", [("bfloat16", (2, 4, 37, 64)), ("float16", (1, 1, 3, 5)),

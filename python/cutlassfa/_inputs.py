@@ -123,6 +123,11 @@ class Case:
         return self.variant.window if self.variant is not None else None
 
     @property
+    def softcap(self) -> float:
+        """The variant's softcap (0: none)."""
+        return self.variant.softcap if self.variant is not None else 0.0
+
+    @property
     def label(self) -> str:
         heads = f"H{self.H}" if self.H == self.Hk else f"H{self.H}/{self.Hk}"
         tag = " hw4" if self.hw4 else ""

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=parse_window, metavar="LEFT,RIGHT",
                         help="a sliding window on every case: query i sees keys i + Nk - Nq - LEFT .. + RIGHT "
                              "(-1: unbounded); adds the flex (FlexAttention) anchor, as SDPA has none")
+    parser.add_argument("--softcap", type=float, metavar="C",
+                        help="softcap C on every case (Gemma 2's 50): scores become C tanh(s / C); with --window "
+                             "too, one variant; adds the flex anchor, as SDPA has none")
     parser.add_argument("--head-dims", type=_ints, metavar="D,D,...",
                         help="the grid's fp16 / bf16 head dims (default 64,128; e.g. 64,96,128,192,256; "
                              "--decode's, --paged's or --varlen's with those); with --quick, a filter (--varlen: "
@@ -158,6 +161,11 @@ def _conflict(args: argparse.Namespace) -> str | None:
         return "--lengths goes with --varlen"
     if (paged or varlen) and args.window is not None:
         return "--window is for dense cases; not with --paged, --speculative or --varlen"
+    softcap = getattr(args, "softcap", None)
+    if softcap is not None and not softcap > 0:
+        return f"--softcap wants a cap > 0, got {softcap}"
+    if (paged or varlen) and softcap is not None:
+        return "--softcap is for dense cases; not with --paged, --speculative or --varlen"
     if varlen and args.shape:
         return "--varlen takes --lengths (heads 32:8, d from --head-dims), not --shape"
     if getattr(args, "speculative", False) and (args.shape or args.head_dims):
@@ -171,7 +179,8 @@ def run(args: argparse.Namespace, *, frame: Frame | None = None,
     `timer_for` are for tests."""
     bad = [d for d in (args.dtypes or []) if d not in DTYPES]
     speculative = getattr(args, "speculative", False)
-    names = select_backends(args.backends, flex=args.window is not None or speculative,
+    dense_variant = args.window is not None or getattr(args, "softcap", None) is not None
+    names = select_backends(args.backends, flex=dense_variant or speculative,
                             decode=args.decode or args.paged or speculative)
     unknown = [b for b in names if b not in ALL_BACKENDS]
     if bad or unknown:

@@ -207,7 +207,7 @@ def parse_cases(text: str) -> slice:
 
 def select_cases(args: argparse.Namespace) -> list[Case]:
     """The cases of a run: --shape x --dtypes x --causal, or the (quick / decode / paged / varlen) grid
-    with --head-dims, filtered by --dtypes and --causal; --window on every one. The paged and varlen grids
+    with --head-dims, filtered by --dtypes and --causal; --window and --softcap on every one. The paged and varlen grids
     take --dtypes as the dtypes to run (default bfloat16), and --page-sizes / --lengths. --cases takes a
     part of the list."""
     part = getattr(args, "cases", None) or slice(None)
@@ -215,9 +215,11 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         return _paged_cases(args)[part]
     if getattr(args, "varlen", False):
         return _varlen_cases(args)[part]
-    window = getattr(args, "window", None)
-    if window is not None:
-        variant = Variant(f"window {window[0]},{window[1]}", window=window)
+    window, softcap = getattr(args, "window", None), getattr(args, "softcap", None)
+    if window is not None or softcap is not None:
+        names = ([f"window {window[0]},{window[1]}"] if window is not None else []) + \
+                ([f"softcap {softcap:g}"] if softcap is not None else [])
+        variant = Variant(" ".join(names), window=window, softcap=softcap or 0.0)
         return [dataclasses.replace(c, variant=variant) for c in _plain_cases(args)][part]
     return _plain_cases(args)[part]
 

@@ -60,7 +60,7 @@ class Row:
         kind = kind_of(c)
         return {"backend": self.backend, "dtype": c.dtype, "B": c.B, "H": c.H, "Hk": c.Hk, "Nq": c.Nq,
                 "Nk": c.Nk, "d": c.d, "causal": c.causal,
-                "window": list(c.window) if c.window is not None else None,
+                "window": list(c.window) if c.window is not None else None, "softcap": c.softcap or None,
                 "mode": kind, "variant": var.name if var is not None else None,
                 "page_size": var.page_size if kind == "paged" else None,
                 "seqlens_q": list(var.seqlens_q) if kind == "varlen" else None,

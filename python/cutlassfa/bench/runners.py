@@ -173,8 +173,8 @@ def ours(name: str, term: str | None = None) -> Runner:
         import cutlassfa
 
         kind = kind_of(case)
-        if kind == "varlen" or (kind == "dense" and case.window is not None):
-            raise Unsupported("the fp8 rows run KV caches, and dense cases without a window")
+        if kind == "varlen" or (kind == "dense" and (case.window is not None or case.softcap)):
+            raise Unsupported("the fp8 rows run KV caches, and dense cases without a window or softcap")
         held: dict[int, tuple[Any, ...]] = {}
 
         def fp8(q: Any, k: Any, v: Any, *index: Any) -> Any:
@@ -193,6 +193,8 @@ def ours(name: str, term: str | None = None) -> Runner:
     def with_fp8_attention(case: Case, call: Callable[..., Any]) -> Callable[..., Any]:
         """The call on e4m3 copies of q, K and V (made once per input copy, outside the timing), descales
         1 / FP8_SCALE, the output in the case's dtype."""
+        if case.softcap:
+            raise Unsupported("fp8 attention takes no softcap")
         held: dict[int, tuple[Any, ...]] = {}
 
         def fp8(q: Any, k: Any, v: Any, *index: Any) -> Any:
@@ -230,6 +232,8 @@ def call_options(case: Case) -> dict[str, Any]:
         options.update(max_seqlen_q=max(case.variant.seqlens_q), max_seqlen_k=max(case.variant.seqlens_k))
     elif kind == "dense" and case.window is not None:
         options["window"] = case.window
+    if kind == "dense" and case.softcap:
+        options["softcap"] = case.softcap
     return options
 
 
@@ -245,7 +249,8 @@ def _full_lengths(case: Case, like: Any) -> Any:
 
 def fa4(sinks: bool = False) -> Runner:
     """FlashAttention-4 (flash_attn.cute.flash_attn_func) on (B, N, H, d) views of the dense arrays (its
-    layout; no copy), bottom-right causal as ours, GQA natively, windows, `learnable_sink` for the sink row.
+    layout; no copy), bottom-right causal as ours, GQA natively, windows, softcap, `learnable_sink` for the sink
+    row.
     Returns (B, H, N, d) views of its output. Raises ImportError when it is not installed."""
     from flash_attn.cute import flash_attn_func
 
@@ -260,7 +265,8 @@ def fa4(sinks: bool = False) -> Runner:
             if sinks and not held:
                 held.append(_device_values(case, "sinks", q))
             out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=case.causal,
-                                  window_size=window, learnable_sink=held[0] if sinks else None)
+                                  window_size=window, softcap=case.softcap,
+                                  learnable_sink=held[0] if sinks else None)
             out = out[0] if isinstance(out, tuple) else out
             return out.transpose(1, 2)
 
@@ -282,8 +288,8 @@ def cudnn_fp8() -> Runner:
     handle = cudnn.create_handle()
 
     def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
-        if kind_of(case) != "dense" or case.window is not None:
-            raise Unsupported("cudnn_e4m3 here takes dense batches without a window")
+        if kind_of(case) != "dense" or case.window is not None or case.softcap:
+            raise Unsupported("cudnn_e4m3 here takes dense batches without a window or softcap")
         if case.causal and case.Nq != case.Nk:
             raise Unsupported("cuDNN's causal mask is top-left aligned: Nq must equal Nk")
         held: dict[int, tuple[Any, ...]] = {}
@@ -362,6 +368,8 @@ def sdpa(name: str) -> Runner:
         if case.window is not None:
             raise Unsupported("SDPA has no sliding-window kernel (a dense mask computes all N^2 pairs; "
                               "the anchor for windows is flex)")
+        if case.softcap:
+            raise Unsupported("SDPA has no softcap (the anchors for it are flex and fa4)")
         if kind_of(case) == "varlen":
             # One call per sequence, the batch timed as a whole: SDPA has no varlen entry point with GQA.
             per_sequence = [options(case, nq, nk) for nq, nk in zip(case.variant.seqlens_q, case.variant.seqlens_k)]
@@ -384,7 +392,8 @@ _compiled_flex: list[Callable] = []
 
 def flex(compiled: bool = True) -> Runner:
     """FlexAttention (torch.compile'd once per process) with a block mask of the case's causal mask and
-    window, bottom-right aligned as ours: the kernel skips the blocks the mask empties. compiled=False:
+    window, bottom-right aligned as ours (the kernel skips the blocks the mask empties), and softcap as a
+    score_mod. compiled=False:
     the unfused eager form (materializes the scores; the CPU tests check the mask with it)."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -409,13 +418,19 @@ def flex(compiled: bool = True) -> Runner:
                 seen = seen & (kv_idx <= position + right)
             return seen
 
+        cap = case.softcap
+
+        def softcap_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return cap * torch.tanh(score / cap)  # flex's score is already scaled, as ours before the cap
+
         blocks: list[Any] = []
 
         def call(q: Any, k: Any, v: Any) -> Any:
             if not blocks:  # built on the inputs' device, once
                 blocks.append(create_block_mask(mask_mod, B=None, H=None, Q_LEN=case.Nq, KV_LEN=case.Nk,
                                                 device=q.device))
-            return attention(q, k, v, block_mask=blocks[0], enable_gqa=case.H != case.Hk)
+            return attention(q, k, v, block_mask=blocks[0], enable_gqa=case.H != case.Hk,
+                             score_mod=softcap_mod if cap else None)
 
         return call
 

@@ -79,6 +79,7 @@ def reference_sample(case: Case, q: Any, k: Any, v: Any, index: dict[str, np.nda
             qs = q64(q[b, h, nq - rows:])[None, None]
             ks, vs = (kv64(x[b, hk])[None, None] for x in (k, v))
             out, _ = reference.attention_reference(qs, ks, vs, causal=case.causal, window=case.window,
+                                                   softcap=case.softcap,
                                                    sinks=None if sinks is None else sinks[h:h + 1],
                                                    alibi_slopes=None if alibi_slopes is None else alibi_slopes[h:h + 1])
         parts.append(out.ravel())
