@@ -207,9 +207,9 @@ def parse_cases(text: str) -> slice:
 
 def select_cases(args: argparse.Namespace) -> list[Case]:
     """The cases of a run: --shape x --dtypes x --causal, or the (quick / decode / paged / varlen) grid
-    with --head-dims, filtered by --dtypes and --causal; --window and --softcap on every one. The paged and varlen grids
-    take --dtypes as the dtypes to run (default bfloat16), and --page-sizes / --lengths. --cases takes a
-    part of the list."""
+    with --head-dims, filtered by --dtypes and --causal; --window and --softcap on every one. The paged and
+    varlen grids take --dtypes as the dtypes to run (default bfloat16), and --page-sizes / --lengths. --cases
+    takes a part of the list."""
     part = getattr(args, "cases", None) or slice(None)
     if getattr(args, "paged", False) or getattr(args, "speculative", False):
         return _paged_cases(args)[part]

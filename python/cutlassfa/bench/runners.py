@@ -249,9 +249,8 @@ def _full_lengths(case: Case, like: Any) -> Any:
 
 def fa4(sinks: bool = False) -> Runner:
     """FlashAttention-4 (flash_attn.cute.flash_attn_func) on (B, N, H, d) views of the dense arrays (its
-    layout; no copy), bottom-right causal as ours, GQA natively, windows, softcap, `learnable_sink` for the sink
-    row.
-    Returns (B, H, N, d) views of its output. Raises ImportError when it is not installed."""
+    layout; no copy), bottom-right causal as ours, GQA natively, windows, softcap, `learnable_sink` for the
+    sink row. Returns (B, H, N, d) views of its output. Raises ImportError when it is not installed."""
     from flash_attn.cute import flash_attn_func
 
     def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
