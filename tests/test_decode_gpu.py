@@ -82,6 +82,44 @@ def test_dense_decode_calls(torch, rng, backend, need_backend, dtype, d, shape, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("fp8", [False, True], ids=["cache", "fp8-cache"])
+def test_rising_row_maxima(torch, rng, backend, need_backend, dtype, d, fp8):
+    """The decode kernel rescales O only when a row's max passes its reference by more than 2^8
+    (common/online_softmax.h): keys whose scores climb along the cache (the max grows a little at every
+    step, past the threshold only over many steps), a late key far above the rest (one jump), and rows that
+    see their largest keys first; one split (every step in one pass) and the default."""
+    need_backend(backend)
+    b, hq, hkv, n = 3, 8, 2, 3000
+    q = rng.standard_normal((b, hq, 1, d))
+    k, v = rng.standard_normal((b, hkv, n, d)), rng.standard_normal((b, hkv, n, d))
+    climb = np.linspace(0.2, 6.0, n)[:, None]  # score spread x30 from the first key to the last
+    k[0] *= climb
+    k[1] *= climb[::-1]  # the largest first
+    k[2, :, n - 40] = 25 * np.sign(q[2, :: hq // hkv, 0])  # one key far above the rest, late
+    dq = _cuda(torch, q, dtype)
+    if fp8:
+        scale = np.abs(np.concatenate([k, v])).max() / 448
+        dk, dv = (torch.from_numpy((x / scale).astype(np.float32)).cuda().to(torch.float8_e4m3fn) for x in (k, v))
+        k_r, v_r = (dx.double().cpu().numpy() * scale for dx in (dk, dv))
+        extra = dict(k_descale=float(scale), v_descale=float(scale))
+    else:
+        dk, dv = _cuda(torch, k, dtype), _cuda(torch, v, dtype)
+        k_r, v_r = host64(dk), host64(dv)
+        extra = {}
+    ref, ref_lse = attention_reference(host64(dq), k_r, v_r)
+    extra["cache_seqlens"] = torch.full((b,), n, dtype=torch.int32, device="cuda")  # (fp8 takes caches only)
+    for splits in (None, 1):
+        out = torch.full(dq.shape, float("nan"), dtype=dq.dtype, device="cuda")  # poisoned
+        _, lse = cutlassfa.forward(dq, dk, dv, num_splits=splits, out=out, backend=backend, return_lse=True,
+                                   **extra)
+        assert_matches_reference(backend, dtype, out, lse, ref, ref_lse)
+    names = kernel_names(torch, lambda: cutlassfa.forward(dq, dk, dv, num_splits=1, backend=backend, **extra))
+    assert any("decode_kernel" in name for name in names), names
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_one_split_is_one_pass(torch, rng, backend, need_backend):
     """A plain call of one query splits its keys by itself (a split combine follows the decode kernel);
     num_splits=1 asks for one pass: no combine, and the result still matches the reference."""

@@ -1,6 +1,6 @@
 // Online softmax over the rows of the S = Q K^T accumulator, FlashAttention-2 style: the running
 // max m_i and running sum l_i live in registers; O is rescaled by alpha = 2^((m_old - m_new) scale)
-// whenever the max grows, and divided by l_i once at the end.
+// whenever the max grows (or, with a lagging reference, below, outgrows it), and divided by l_i once at the end.
 //
 // The softmax scale arrives pre-multiplied by log2(e) (params.softmax_scale_log2), so that
 // exp(x * scale - m * scale) = 2^(x * scale_log2 - m * scale_log2): one FFMA and one MUFU.EX2 per
@@ -36,11 +36,20 @@ __forceinline__ __device__ RowTensor normalize_rows(TensorO& out, RowTensor cons
   return lse;
 }
 
+// A lagging reference (FlashAttention-4's conditional rescale): a row's reference max, which P, l and O are
+// relative to, moves only once the row's max outgrew it by more than this, in log2 units of P. P then stays
+// <= 2^8 (as exact relative to 1 in fp16 / bf16 as below it; fp32 O and l have room to spare), and O is
+// rescaled at few steps: after the first key tiles of most rows, at none.
+constexpr float kReferenceLagLog2 = 8.f;
+
 // kNRows: accumulator rows held by one thread (2 per 16-row MMA slab).
-template <int kNRows>
+// kLaggingReference: the reference lags the max (kReferenceLagLog2), and O is rescaled only when some row of
+// the warp moved its reference: a branch the warp takes together, so every lane of a warp must run the same
+// steps (the decode kernel's warps: their own keys each).
+template <int kNRows, bool kLaggingReference = false>
 struct OnlineSoftmax {
   using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
-  RowTensor row_max;  // m_i, in raw (unscaled) score units; -inf until the row has seen a key
+  RowTensor row_max;  // m_i (lagging: the reference), raw (unscaled) score units; -inf until the row has seen a key
   RowTensor row_sum;  // l_i, partial: each thread sums its own columns, the quad reduces at the end
 
   __forceinline__ __device__ OnlineSoftmax() {
@@ -55,6 +64,10 @@ struct OnlineSoftmax {
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (nrow, ncol)
     Tensor out = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));     // (nrow, head_dim)
     static_assert(decltype(size<0>(scores))::value == kNRows);
+    if constexpr (kLaggingReference) {
+      update_lagging(scores, out, scale_log2);
+      return;
+    }
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
       float m_new = row_max(mi);
@@ -77,6 +90,44 @@ struct OnlineSoftmax {
       row_sum(mi) = row_sum(mi) * alpha + sum;
       CUTE_UNROLL
       for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= alpha; }
+    }
+  }
+
+  // update() with kLaggingReference: row_max is the reference the exponents use, not the running max.
+  template <class TensorS, class TensorO>
+  __forceinline__ __device__ void update_lagging(TensorS& scores, TensorO& out, float scale_log2) {
+    float m_new[kNRows];
+    bool grows = false;  // some row of this thread outgrew its reference by more than kReferenceLagLog2
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+      m_new[mi] = row_max(mi);
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(scores); ++ni) { m_new[mi] = fmaxf(m_new[mi], scores(mi, ni)); }
+      m_new[mi] = quad_allreduce(m_new[mi], MaxOp{});
+      // -inf reference (no key seen yet): grows as soon as a key is visible; -inf - -inf is NaN, not > .
+      grows |= (m_new[mi] - row_max(mi)) * scale_log2 > kReferenceLagLog2;
+    }
+    if (__any_sync(0xffffffffu, grows)) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kNRows; ++mi) {
+        float const alpha = row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_new[mi]) * scale_log2);
+        row_max(mi) = m_new[mi];
+        row_sum(mi) *= alpha;
+        CUTE_UNROLL
+        for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= alpha; }
+      }
+    }
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+      // A row that has seen only masked keys keeps -inf: its scores map to 2^-inf = 0 against 0.
+      float const m_ref_scaled = (row_max(mi) == -INFINITY ? 0.f : row_max(mi)) * scale_log2;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(scores); ++ni) {
+        scores(mi, ni) = fast_exp2(scores(mi, ni) * scale_log2 - m_ref_scaled);
+        sum += scores(mi, ni);
+      }
+      row_sum(mi) += sum;
     }
   }
 

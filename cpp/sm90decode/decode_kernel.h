@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     }
   }
 
-  OnlineSoftmax<kThreadRows> softmax;
+  OnlineSoftmax<kThreadRows, /*kLaggingReference=*/true> softmax;  // a warp's lanes run the same steps
   // ---- K/V loop: the warp's own ring, no CTA barrier ----------------------------------------------------
   // The loads of step + kStages - 1 (into the stage step - 1 used, and its block-table entries). An fp8 cache
   // issues them after the step's S MMAs: the kernel is then bound by its instructions' latency, not by

@@ -30,8 +30,8 @@ struct TwoPhaseSoftmax {
                       // row has seen a key
   RowTensor row_sum;  // l_i, this thread's columns only (the quad reduces at the end)
   // How far the max may outgrow the reference before O and l are rescaled, in log2 units of P
-  // (FlashAttention-4's conditional rescale; H200 self-test: 1.02-1.05x at d = 96 / 128).
-  static constexpr float kMaxGrowthLog2 = kLaggingReference ? 8.f : 0.f;
+  // (common/online_softmax.h; H200 self-test: 1.02-1.05x at d = 96 / 128).
+  static constexpr float kMaxGrowthLog2 = kLaggingReference ? kReferenceLagLog2 : 0.f;
 
   __forceinline__ __device__ TwoPhaseSoftmax() {
     fill(row_max, -INFINITY);
