@@ -244,7 +244,26 @@ def test_general_modes_on_the_decode_kernel(torch, rng, backend, need_backend, d
     window bound and softcap run on the decode kernel: the reference at several split counts, one launch
     of the decode kernel and no tile kernel."""
     need_backend(backend)
-    window, leftpad, softcap, terms = GENERAL_MODES[mode]
+    _decode_kernel_matches_reference(torch, rng, backend, dtype, d, GENERAL_MODES[mode], heads, nq, page_size)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["plain"] + list(GENERAL_MODES))
+# Rows a K/V head, at most 16 at d = 256: 2 (Gemma-2's 16 on 8), 16 (8 queries), 8 (4 of 32 on 16), 16 (2 of 8
+# on 1).
+@pytest.mark.parametrize("heads,nq,page_size", [((16, 8), 1, None), ((16, 8), 8, 16), ((32, 16), 4, 64),
+                                                ((8, 1), 2, None)], ids=str)
+def test_head_dim_256_on_the_decode_kernel(torch, rng, backend, need_backend, dtype, mode, heads, nq, page_size):
+    """d = 256 (Gemma-2's heads: one 16-row slab a CTA, two warps) on the decode kernel, plain and in every
+    general mode: the reference at several split counts, one launch of the decode kernel and no tile kernel."""
+    need_backend(backend)
+    modes = dict(GENERAL_MODES, plain=(None, False, 0.0, False))
+    _decode_kernel_matches_reference(torch, rng, backend, dtype, 256, modes[mode], heads, nq, page_size)
+
+
+def _decode_kernel_matches_reference(torch, rng, backend, dtype, d, mode, heads, nq, page_size):
+    window, leftpad, softcap, terms = mode
     hq, hkv = heads
     lengths, capacity = [0, 9, 700, 2049], 2100
     pads = np.array([0, 4, 650, 100], np.int32) if leftpad else None

@@ -137,6 +137,27 @@ def test_fp8_caches_the_decode_kernel_does_not_take_run_dequantized():
         assert (p["kernel"], p["fp8_dequantized"]) == expected, p
 
 
+@pytest.mark.parametrize("heads,nq,decode_kernel", [((16, 8), 1, True), ((16, 8), 8, True), ((32, 16), 4, True),
+                                                    ((16, 8), 9, False), ((32, 4), 4, False)], ids=str)
+def test_head_dim_256_decode_takes_one_slab(heads, nq, decode_kernel):
+    """d = 256 on the decode kernel: up to 16 query rows a K/V head (one slab, 16 x 32 keys a step), softcap
+    and a window included (Gemma-2's layers); more rows run on the tile kernels."""
+    hq, hkv = heads
+    q, k, v = _arrays(8, hq, hkv, nq, 32768, 256)
+    p = cutlassfa.plan(q, k, v, causal=True, window=(4096, 0), softcap=50.0, device=H100, **_cache(8, 32768))
+    assert (p["kernel"] == "sm90decode") == decode_kernel, p
+    if decode_kernel:
+        assert p["tile"] == (16, 32) and p["kernel_head_dim"] == 256 and not p["fp8_dequantized"], p
+
+
+def test_head_dim_256_fp8_caches_run_dequantized():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q = np.zeros((2, 16, 1, 256), np.float16)
+    k = np.zeros((2, 8, 256, 256), ml_dtypes.float8_e4m3fn)
+    p = cutlassfa.plan(q, k, k, device=H100, k_descale=0.5, **_cache(2, 256))
+    assert p["kernel"] != "sm90decode" and p["fp8_dequantized"], p
+
+
 def test_calls_without_a_kernel():
     q, k, v = _arrays(1, 4, 4, 8, 0, 64)
     assert cutlassfa.plan(q, k, v, device=H100)["kernel"] == "fill"  # no key: the outputs are filled

@@ -54,17 +54,20 @@ struct DecodeTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kRows_;  // query rows: 16 or 32 (m16n8k16 slabs)
   static_assert(kRows == 16 || kRows == 32);
-  // Q stays in registers across the loop with one slab; with two, O alone takes 128 registers a
-  // thread at d = 128, and Q is read from shared memory at every step instead.
-  static constexpr bool kQInRegisters = kRows == 16;
-  static constexpr int kNWarps = 4;
+  // d = 256 (Gemma-2's heads) takes one slab only (launch_decode.cu's coverage): its O is 128 registers a thread.
+  static_assert(kHeadDim <= 128 || (kRows == 16 && !kFp8Cache), "d = 256: one slab, a cache of q's dtype");
+  // Q stays in registers across the loop with one slab at d <= 128; with two, or at d = 256, O alone takes
+  // 128 registers a thread, and Q is read from shared memory at every step instead.
+  static constexpr bool kQInRegisters = kRows == 16 && kHeadDim <= 128;
+  // Keys per warp step: 4 KB of K and 4 KB of V at d <= 128 (16 keys at d = 128, 32 at d = 64), so a
+  // narrower head does not pay more steps (softmax, barriers) per byte; at d = 256 the 16 keys an m16n8k16
+  // P V takes (8 KB each), in two warps a CTA so that the ring below still fits two CTAs a multiprocessor.
+  static constexpr int kWarpKeys = kHeadDim <= 128 ? 2048 / kHeadDim : 16;
+  static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 2;
   static constexpr int kNThreads = 32 * kNWarps;
-  // Keys per warp step: 4 KB of K and 4 KB of V at any head dim (16 keys at d = 128, 32 at d = 64),
-  // so a narrower head does not pay more steps (softmax, barriers) per byte.
-  static constexpr int kWarpKeys = 2048 / kHeadDim;
   static constexpr int kBlockN = kWarpKeys * kNWarps;  // keys per CTA step
-  // 24 KB of K and V in each warp's ring; 100 KB a CTA with Q, two CTAs a multiprocessor. An fp8 ring: 16 KB
-  // in four stages, beside the warp's 8 KB of widened K and V.
+  // 24 KB of K and V in each warp's ring (48 KB at d = 256); 100 KB a CTA with Q, two CTAs a multiprocessor.
+  // An fp8 ring: 16 KB in four stages, beside the warp's 8 KB of widened K and V.
   static constexpr int kStages = kFp8Cache ? 4 : 3;
   static constexpr int kCtasPerSm = 2;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzle rows");

@@ -22,9 +22,11 @@ namespace cutlassfa {
 namespace {
 
 // Query rows a CTA: one m16n8k16 slab (16 rows) when the K/V head has no more, else two (kSm90DecodeRows)
-// in as many chunks as its rows need.
+// in as many chunks as its rows need. d = 256: one slab, its only instantiation (decode_kernel.h).
+template <int kHeadDim>
+constexpr int kMaxCtaRows = kHeadDim <= 128 ? kSm90DecodeRows : 16;
 template <int kHeadDim, class Element>
-using DecodeTraitsOf = sm90decode::DecodeTraits<kHeadDim, Element, kSm90DecodeRows>;
+using DecodeTraitsOf = sm90decode::DecodeTraits<kHeadDim, Element, kMaxCtaRows<kHeadDim>>;
 static_assert(DecodeTraitsOf<64, cutlass::half_t>::kRows == kSm90DecodeRows);
 
 bool one_slab(const FwdParams& params) { return static_cast<long long>(params.seqlen_q) * params.heads_ratio <= 16; }
@@ -70,7 +72,10 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   // where a tile kernel would fill a fraction of each tile's rows and read a K/V head once per query head.
   bool const row_count =
       rows <= kSm90DecodeRows || (rows <= kSm90DecodeMaxRows && p.seqlen_q <= kSm90DecodeChunkedQueries);
-  return halves && entry_keys && p.seqlen_q >= 1 && row_count &&
+  // d = 256: one slab (16 rows: Gemma-2's 2 or 4 rows a K/V head for up to 8 or 4 queries) of a cache in q's
+  // dtype (an fp8 cache there runs on a dequantized copy).
+  bool const head_dim_rows = p.head_dim <= 128 || (one_slab(p) && !p.kv_fp8);
+  return halves && entry_keys && p.seqlen_q >= 1 && row_count && head_dim_rows &&
          head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);
 }
@@ -97,8 +102,16 @@ cudaError_t launch_sm90_decode(const FwdParams& params, cudaStream_t stream) {
       return bool_switch(params.kv_fp8, [&](auto fp8) {
         return bool_switch(general(params), [&](auto general_modes) {
           constexpr bool kFp8 = decltype(fp8)::value, kGeneral = decltype(general_modes)::value;
-          return one_slab(params) ? run_decode<kHeadDim, Element, 16, kFp8, kGeneral>(params, stream)
-                                  : run_decode<kHeadDim, Element, kSm90DecodeRows, kFp8, kGeneral>(params, stream);
+          if constexpr (kHeadDim > 128) {  // one slab, no fp8 (sm90_decode_covers)
+            if constexpr (kFp8) {
+              return cudaErrorNotSupported;
+            } else {
+              return run_decode<kHeadDim, Element, 16, false, kGeneral>(params, stream);
+            }
+          } else {
+            return one_slab(params) ? run_decode<kHeadDim, Element, 16, kFp8, kGeneral>(params, stream)
+                                    : run_decode<kHeadDim, Element, kSm90DecodeRows, kFp8, kGeneral>(params, stream);
+          }
         });
       });
     });

@@ -230,9 +230,9 @@ def call_options(case: Case) -> dict[str, Any]:
     options: dict[str, Any] = {"causal": case.causal}
     if kind == "varlen":
         options.update(max_seqlen_q=max(case.variant.seqlens_q), max_seqlen_k=max(case.variant.seqlens_k))
-    elif kind == "dense" and case.window is not None:
+    elif case.window is not None:
         options["window"] = case.window
-    if kind == "dense" and case.softcap:
+    if kind != "varlen" and case.softcap:
         options["softcap"] = case.softcap
     return options
 
