@@ -250,9 +250,9 @@ def test_general_modes_on_the_decode_kernel(torch, rng, backend, need_backend, d
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("mode", ["plain"] + list(GENERAL_MODES))
-# Rows a K/V head, at most 16 at d = 256: 2 (Gemma-2's 16 on 8), 16 (8 queries), 8 (4 of 32 on 16), 16 (2 of 8
-# on 1).
-@pytest.mark.parametrize("heads,nq,page_size", [((16, 8), 1, None), ((16, 8), 8, 16), ((32, 16), 4, 64),
+# Rows a K/V head, at most 16 at d = 256: 4 (two queries of Gemma-2's 16 on 8), 16 (8 queries), 8 (4 of 32 on
+# 16), 16 (2 of 8 on 1). (One query runs there with a left window bound only: the "window" modes.)
+@pytest.mark.parametrize("heads,nq,page_size", [((16, 8), 2, None), ((16, 8), 8, 16), ((32, 16), 4, 64),
                                                 ((8, 1), 2, None)], ids=str)
 def test_head_dim_256_on_the_decode_kernel(torch, rng, backend, need_backend, dtype, mode, heads, nq, page_size):
     """d = 256 (Gemma-2's heads: one 16-row slab a CTA, two warps) on the decode kernel, plain and in every
@@ -260,6 +260,16 @@ def test_head_dim_256_on_the_decode_kernel(torch, rng, backend, need_backend, dt
     need_backend(backend)
     modes = dict(GENERAL_MODES, plain=(None, False, 0.0, False))
     _decode_kernel_matches_reference(torch, rng, backend, dtype, 256, modes[mode], heads, nq, page_size)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["window", "window-leftpad", "all"])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_head_dim_256_one_query_with_a_window(torch, rng, backend, need_backend, mode, page_size):
+    """One query at d = 256 runs on the decode kernel when a left window bound limits its keys (Gemma-2's
+    sliding layers)."""
+    need_backend(backend)
+    _decode_kernel_matches_reference(torch, rng, backend, "bfloat16", 256, GENERAL_MODES[mode], (16, 8), 1, page_size)
 
 
 def _decode_kernel_matches_reference(torch, rng, backend, dtype, d, mode, heads, nq, page_size):

@@ -137,25 +137,31 @@ def test_fp8_caches_the_decode_kernel_does_not_take_run_dequantized():
         assert (p["kernel"], p["fp8_dequantized"]) == expected, p
 
 
-@pytest.mark.parametrize("heads,nq,decode_kernel", [((16, 8), 1, True), ((16, 8), 8, True), ((32, 16), 4, True),
-                                                    ((16, 8), 9, False), ((32, 4), 4, False)], ids=str)
-def test_head_dim_256_decode_takes_one_slab(heads, nq, decode_kernel):
-    """d = 256 on the decode kernel: up to 16 query rows a K/V head (one slab, 16 x 32 keys a step), softcap
-    and a window included (Gemma-2's layers); more rows run on the tile kernels."""
+@pytest.mark.parametrize("heads,nq,window,decode_kernel", [
+    ((16, 8), 1, (4096, 0), True), ((16, 8), 8, (4096, 0), True), ((16, 8), 2, None, True), ((32, 16), 4, None, True),
+    ((16, 8), 1, None, False), ((16, 8), 9, (4096, 0), False), ((32, 4), 4, None, False)], ids=str)
+def test_head_dim_256_decode_takes_one_slab(heads, nq, window, decode_kernel):
+    """d = 256 on the decode kernel: up to 16 query rows a K/V head (one slab, 16 x 32 keys a step, softcap
+    included), where the tile kernels trail it: a left window bound or more than one query (Gemma-2's
+    sliding layers, speculative steps). One query against a whole cache, and more rows, run on the tile
+    kernels. Its CTAs have two warps: the splits fill two a multiprocessor."""
     hq, hkv = heads
     q, k, v = _arrays(8, hq, hkv, nq, 32768, 256)
-    p = cutlassfa.plan(q, k, v, causal=True, window=(4096, 0), softcap=50.0, device=H100, **_cache(8, 32768))
+    p = cutlassfa.plan(q, k, v, causal=True, window=window, softcap=50.0, device=H100, **_cache(8, 32768))
     assert (p["kernel"] == "sm90decode") == decode_kernel, p
     if decode_kernel:
         assert p["tile"] == (16, 32) and p["kernel_head_dim"] == 256 and not p["fp8_dequantized"], p
+        assert p["num_splits"] == 2 * H100[1] // (8 * hkv), p
 
 
-def test_head_dim_256_fp8_caches_run_dequantized():
+def test_head_dim_256_fp8_caches_run_on_a_dequantized_copy():
+    """The decode kernel reads no fp8 at d = 256: the call runs on the copy in q's dtype (which the decode
+    kernel takes, more than one query here)."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    q = np.zeros((2, 16, 1, 256), np.float16)
+    q = np.zeros((2, 16, 2, 256), np.float16)
     k = np.zeros((2, 8, 256, 256), ml_dtypes.float8_e4m3fn)
-    p = cutlassfa.plan(q, k, k, device=H100, k_descale=0.5, **_cache(2, 256))
-    assert p["kernel"] != "sm90decode" and p["fp8_dequantized"], p
+    p = cutlassfa.plan(q, k, k, causal=True, device=H100, k_descale=0.5, **_cache(2, 256))
+    assert (p["kernel"], p["fp8_dequantized"]) == ("sm90decode", True), p
 
 
 def test_calls_without_a_kernel():

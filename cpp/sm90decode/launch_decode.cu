@@ -73,8 +73,12 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   bool const row_count =
       rows <= kSm90DecodeRows || (rows <= kSm90DecodeMaxRows && p.seqlen_q <= kSm90DecodeChunkedQueries);
   // d = 256: one slab (16 rows: Gemma-2's 2 or 4 rows a K/V head for up to 8 or 4 queries) of a cache in q's
-  // dtype (an fp8 cache there runs on a dequantized copy).
-  bool const head_dim_rows = p.head_dim <= 128 || (one_slab(p) && !p.kv_fp8);
+  // dtype (an fp8 cache there runs on a dequantized copy), and only where the tile kernels trail it: a left
+  // window bound (1.36x the best tile plan, B 8, 16:8 heads, 8k-32k keys, window 4096 + softcap 50) or more
+  // than one query (1.12-1.42x at 4); one query against a whole cache ran at 0.94-0.99x of the best tile plan
+  // (H200, scripts/decode_modes_probe.py, bench/NOTES-variants.md) and stays on the tile kernels.
+  bool const head_dim_rows =
+      p.head_dim <= 128 || (one_slab(p) && !p.kv_fp8 && (p.window_left >= 0 || p.seqlen_q > 1));
   return halves && entry_keys && p.seqlen_q >= 1 && row_count && head_dim_rows &&
          head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);

@@ -131,7 +131,9 @@ KernelTile kernel_tile(Kernel kernel, const FwdParams& params) {
 // finer finishes sooner (B 1, 32:4 heads, 2k keys, d 128: 16 splits 10.4 us, 4 splits 13.8 us).
 // H200, bf16, CUDA graphs, inputs rotated past L2; bench/NOTES-variants.md "Decode split counts".
 // An fp8 cache (half the bytes a key, and its widening on top of the math) takes two CTAs a multiprocessor
-// always: with one, its four warps kept DRAM 34 % busy (H200, ncu, B 8, 32:8 heads, 128k keys).
+// always: with one, its four warps kept DRAM 34 % busy (H200, ncu, B 8, 32:8 heads, 128k keys). So does
+// d = 256, whose CTAs have two warps (decode_kernel.h): one CTA a multiprocessor ran at half the speed of two
+// (B 8, 16:8 heads, 8k keys: 2 splits 0.246 ms, 4 splits 0.132; H200).
 // A K/V head of more rows than a CTA takes (tile.block_m) has a CTA per chunk of them.
 int decode_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   constexpr int kMinKeysPerSplit = 128, kMinKeysTwoCtasPerSm = 4096;
@@ -141,8 +143,8 @@ int decode_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   long long const slots = static_cast<long long>(sms) * kSm90DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
   bool const two_slabs = rows > 16;
-  bool const two_per_sm =
-      params.kv_fp8 || (two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm);
+  bool const two_per_sm = params.kv_fp8 || params.head_dim > 128 ||
+                          (two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm);
   long long const splits = (two_per_sm ? slots : sms) / ctas;
   long long const most = std::max(1, params.seqlen_k / kMinKeysPerSplit);
   return static_cast<int>(std::max(1ll, std::min(splits, most)));
