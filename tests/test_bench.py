@@ -1307,3 +1307,44 @@ def test_speculative_grid_is_the_multi_token_decode_grid():
     assert bench.FLEX in bench.select_backends(None, flex=True) and bench.READ in bench.select_backends(None, decode=True)
     assert _run(["--speculative", "--window", "8,0"]) == 2
     assert _run(["--speculative", "--shape", "1,8,1,64,64"]) == 2
+
+
+def test_fa4_rows_take_our_dense_and_varlen_arrays(monkeypatch):
+    """The fa4 row calls FlashAttention-4's dense entry on (B, N, H, d) views of the dense arrays and its varlen
+    entry on the packed arrays with cu_seqlens and the longest lengths, the case's mask passed through (a
+    stand-in module records the calls: FlashAttention-4 needs a GPU); paged caches are not its to take."""
+    import sys
+    import types
+
+    from cutlassfa._inputs import Unsupported
+    from cutlassfa.bench import runners
+    from cutlassfa.bench.grid import kvcache_case, varlen_case
+
+    calls = []
+
+    def dense(q, k, v, **kw):
+        calls.append(("dense", q.shape, kw))
+        return q, None
+
+    def varlen(q, k, v, **kw):
+        calls.append(("varlen", q.shape, kw))
+        return q
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func, cute.flash_attn_varlen_func = dense, varlen
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    torch = pytest.importorskip("torch")
+    runner = runners.fa4()
+    q = torch.zeros((2, 4, 8, 32), dtype=torch.float16)
+    out = runner.prepare(bench.select_cases(_args(["--shape", "2,4,8,32", "--causal", "yes"]))[0])(q, q, q)
+    assert out.shape == q.shape and calls[-1][:2] == ("dense", (2, 8, 4, 32))
+    assert calls[-1][2]["causal"] and calls[-1][2]["window_size"] == (None, None)
+    case = varlen_case("bfloat16", 4, 2, 32, True, [5, 17, 9])
+    packed, cu = torch.zeros((31, 4, 32), dtype=torch.float16), torch.tensor([0, 5, 22, 31], dtype=torch.int32)
+    runner.prepare(case)(packed, packed[:, :2], packed[:, :2], cu, cu)
+    kind, shape, kw = calls[-1]
+    assert (kind, shape) == ("varlen", (31, 4, 32)) and kw["cu_seqlens_q"] is cu and kw["cu_seqlens_k"] is cu
+    assert (kw["max_seqlen_q"], kw["max_seqlen_k"], kw["causal"]) == (17, 17, True)
+    with pytest.raises(Unsupported, match="dense and varlen"):
+        runner.prepare(kvcache_case("bfloat16", 1, 4, 2, 1, 64, 32, False, page_size=16))

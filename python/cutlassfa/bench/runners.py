@@ -10,8 +10,8 @@ per query head, on the device), `<row>_fp8` (ours) against an fp8 (e4m3) copy of
 fp8 attention on e4m3 copies of q, K and V the same way, the output in the case's dtype, so that a term's
 cost is timed interleaved with the plain call and the peers'.
 
-Ours and read are fed the case's own arrays (feeds.py): a paged case's page pools with cache_seqlens and
-block_table, a varlen batch's packed arrays with cu_seqlens_q and cu_seqlens_k. The anchors are fed the
+Ours, read and fa4 are fed the case's own arrays (feeds.py): a paged case's page pools with cache_seqlens and
+block_table, a varlen batch's packed arrays with cu_seqlens_q and cu_seqlens_k. The other anchors are fed the
 dense equivalent: the gathered cache, or one (1, H, n, d) view a sequence, with an SDPA call per sequence;
 GQA always through `enable_gqa=True`, never by repeating heads."""
 
@@ -37,7 +37,7 @@ SDPA_BACKENDS = {
     "sdpa_math": "MATH",
 }
 FLEX = "flex"  # torch.nn.attention.flex_attention, compiled, with a block mask of the case's mask
-FA4 = "fa4"  # FlashAttention-4's flash_attn.cute.flash_attn_func ((B, N, H, d) views of the dense arrays)
+FA4 = "fa4"  # FlashAttention-4's flash_attn.cute (dense batches as (B, N, H, d) views, varlen ones packed)
 # rows with attention sinks (ours, fa4) / ALiBi / an fp8 cache (ours) / fp8 attention (ours)
 SINKS, ALIBI, FP8, FP8_ATTN = "_sinks", "_alibi", "_fp8", "_fp8attn"
 FP8_CACHE = "fp8_cache"  # the fp8 rows' term: not an argument of forward, K and V as an e4m3 cache
@@ -248,30 +248,39 @@ def _full_lengths(case: Case, like: Any) -> Any:
 
 
 def fa4(sinks: bool = False) -> Runner:
-    """FlashAttention-4 (flash_attn.cute.flash_attn_func) on (B, N, H, d) views of the dense arrays (its
-    layout; no copy), bottom-right causal as ours, GQA natively, windows, softcap, `learnable_sink` for the
-    sink row. Returns (B, H, N, d) views of its output. Raises ImportError when it is not installed."""
-    from flash_attn.cute import flash_attn_func
+    """FlashAttention-4 (flash_attn.cute) fed our arrays: flash_attn_func on (B, N, H, d) views of a dense
+    batch (its layout; no copy), returning (B, H, N, d) views of its output; flash_attn_varlen_func on a
+    varlen batch's packed (total, H, d) arrays with cu_seqlens_q / cu_seqlens_k and the longest lengths as
+    host ints (as ours are called). Bottom-right causal as ours, GQA natively, windows, softcap,
+    `learnable_sink` for the sink row. Raises ImportError when it is not installed."""
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
-    def prepare(case: Case) -> Callable[[Any, Any, Any], Any]:
-        if kind_of(case) != "dense":
-            raise Unsupported("fa4 here takes dense batches")
+    def prepare(case: Case) -> Callable[..., Any]:
+        kind = kind_of(case)
+        if kind not in ("dense", "varlen"):
+            raise Unsupported("fa4 here takes dense and varlen batches")
         left, right = case.window or (-1, -1)
-        window = (None if left < 0 else left, None if right < 0 else right)
+        options = dict(causal=case.causal, window_size=(None if left < 0 else left, None if right < 0 else right),
+                       softcap=case.softcap)
         held: list[Any] = []
 
-        def call(q: Any, k: Any, v: Any) -> Any:
+        def sink_of(q: Any) -> Any:
             if sinks and not held:
                 held.append(_device_values(case, "sinks", q))
-            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=case.causal,
-                                  window_size=window, softcap=case.softcap,
-                                  learnable_sink=held[0] if sinks else None)
-            out = out[0] if isinstance(out, tuple) else out
-            return out.transpose(1, 2)
+            return held[0] if sinks else None
 
-        return call
+        def first(out: Any) -> Any:
+            return out[0] if isinstance(out, tuple) else out
 
-    return Runner(FA4 + SINKS if sinks else FA4, prepare, on_gpu=True, feed=DENSE, term="sinks" if sinks else None)
+        if kind == "varlen":
+            lengths = dict(max_seqlen_q=max(case.variant.seqlens_q), max_seqlen_k=max(case.variant.seqlens_k))
+            return lambda q, k, v, cu_seqlens_q, cu_seqlens_k: first(flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, learnable_sink=sink_of(q), **lengths,
+                **options))
+        return lambda q, k, v: first(flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                     learnable_sink=sink_of(q), **options)).transpose(1, 2)
+
+    return Runner(FA4 + SINKS if sinks else FA4, prepare, on_gpu=True, term="sinks" if sinks else None)
 
 
 def cudnn_fp8() -> Runner:
