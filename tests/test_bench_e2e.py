@@ -23,6 +23,9 @@ def test_e2e_row_on_the_cpu(model):
         assert figures["tokens_per_s"] == pytest.approx(2 * 3 / figures["generate_s"])
     ours, base = row["implementations"]["cutlassfa"], row["implementations"][baseline]
     assert row["generate_speedup"] == pytest.approx(ours["tokens_per_s"] / base["tokens_per_s"])
+    none = row["implementations"]["none"]
+    assert row["generate_ceiling"] == pytest.approx(none["tokens_per_s"] / base["tokens_per_s"])
+    assert row["prefill_ceiling"] == pytest.approx(base["prefill_ms"] / none["prefill_ms"])
     assert row["greedy_token_agreement"] == 1.0  # float32: the same tokens as transformers' own attention
     assert f"| {row['workload']} | {baseline} |" in e2e.e2e_table([row])
 
@@ -36,8 +39,8 @@ def test_e2e_static_cache_row():
 
 def test_e2e_prefill_only_row():
     row = e2e.measure(e2e.Workload("llama", 1, 16, 0, "tiny"), rounds=1, device="cpu")
-    assert "generate_speedup" not in row and row["prefill_speedup"] > 0
-    assert "(prefill)" in e2e.e2e_table([row])
+    assert "generate_speedup" not in row and "generate_ceiling" not in row and row["prefill_speedup"] > 0
+    assert "(prefill)" in e2e.e2e_table([row]) and f"{row['prefill_ceiling']:.3f}x (prefill)" in e2e.e2e_table([row])
 
 
 def test_cli_writes_the_tables(tmp_path, monkeypatch, capsys):
