@@ -91,11 +91,12 @@ bool kernel_takes(Kernel kernel, Backend backend, const PlanDevice& device, cons
 }
 
 // The tensor-core kernel for `params` (num_splits included: the warp-specialized kernel runs one pass):
-// the first in this order that takes the call, mma.sync last (it takes every call).
-Kernel tensorcore_kernel(Backend backend, const PlanDevice& device, const FwdParams& params) {
+// the first in this order that takes the call, mma.sync last (it takes every call). `packed`: params are a
+// GQA-packed call (packed_gqa), which is for the tile kernels: the decode kernel declined the call unpacked.
+Kernel tensorcore_kernel(Backend backend, const PlanDevice& device, const FwdParams& params, bool packed) {
   // A few query rows per K/V head against a cache: the decode kernel (both backends: it is an mma.sync
   // kernel, and decode is bound by memory, not by the MMA).
-  if (kernel_takes(Kernel::kSm90Decode, backend, device, params)) return Kernel::kSm90Decode;
+  if (!packed && kernel_takes(Kernel::kSm90Decode, backend, device, params)) return Kernel::kSm90Decode;
   // A problem of a tile or two runs sooner on mma.sync: the warp-specialized kernel's set-up (barriers,
   // descriptor prefetch, role split) costs about 1 us of GPU time that so little work cannot hide
   // (H200, fp16, CUDA graph: (1, 1, 16, 64) 4.3 vs 4.9 us, (1, 8, 128, 64) 5.1 vs 6.3 us;
@@ -228,7 +229,8 @@ Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& param
   bool const varlen = params.cu_seqlens_q != nullptr;
   if ((requested_splits <= 0 || varlen) && tuned_plan(backend, device, params, varlen, &plan)) return plan;
   // Packing is for the tile kernels; the decode kernel takes a K/V head's rows (Nq x heads_ratio) as they are,
-  // and covers every call packing would give it (one query of at most kSm90DecodeMaxRows heads).
+  // or declines the call (more rows than it takes; d = 256 with one query and no left window bound), packed
+  // or not.
   plan.pack_gqa = packs_gqa(params) && !sm90_decode_covers(params, device.capability);
   FwdParams p = plan.pack_gqa ? packed_gqa(params) : params;
   bool const decode_step = params.seqlen_q <= 64 && params.dtype != DType::kFloat32;
@@ -238,7 +240,7 @@ Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& param
     // The kernel and tile that run the call split: the warp-specialized kernel runs one pass, so a split
     // is sized for (and runs on) the kernel the planner takes when it does not cover the call.
     p.num_splits = 2;
-    Kernel const split_kernel = tensorcore_kernel(backend, device, p);
+    Kernel const split_kernel = tensorcore_kernel(backend, device, p, plan.pack_gqa);
     KernelTile const tile = kernel_tile(split_kernel, p);
     if (splits == 0) {
       int const sms = device.multiprocessors;
@@ -254,7 +256,7 @@ Plan make_plan(Backend backend, const PlanDevice& device, const FwdParams& param
     }
   }
   p.num_splits = 1;
-  plan.kernel = tensorcore_kernel(backend, device, p);
+  plan.kernel = tensorcore_kernel(backend, device, p, plan.pack_gqa);
   plan.tile = kernel_tile(plan.kernel, p);
   return plan;
 }
