@@ -34,6 +34,7 @@
 #include "common/online_softmax.h"
 #include "common/softcap.h"
 #include "common/tensor_utils.h"
+#include "cutlassfa/launch.h"  // kSm90DecodeFourWarpHeadDim
 #include "cutlassfa/params.h"
 #include "cutlassfa/rules.h"
 
@@ -55,15 +56,16 @@ struct DecodeTraits {
   static constexpr int kRows = kRows_;  // query rows: 16 or 32 (m16n8k16 slabs)
   static_assert(kRows == 16 || kRows == 32);
   // d = 256 (Gemma-2's heads) takes one slab only (launch_decode.cu's coverage): its O is 128 registers a thread.
-  static_assert(kHeadDim <= 128 || (kRows == 16 && !kFp8Cache), "d = 256: one slab, a cache of q's dtype");
+  static constexpr bool kFourWarps = kHeadDim <= kSm90DecodeFourWarpHeadDim;
+  static_assert(kFourWarps || (kRows == 16 && !kFp8Cache), "d = 256: one slab, a cache of q's dtype");
   // Q stays in registers across the loop with one slab at d <= 128; with two, or at d = 256, O alone takes
   // 128 registers a thread, and Q is read from shared memory at every step instead.
-  static constexpr bool kQInRegisters = kRows == 16 && kHeadDim <= 128;
+  static constexpr bool kQInRegisters = kRows == 16 && kFourWarps;
   // Keys per warp step: 4 KB of K and 4 KB of V at d <= 128 (16 keys at d = 128, 32 at d = 64), so a
   // narrower head does not pay more steps (softmax, barriers) per byte; at d = 256 the 16 keys an m16n8k16
   // P V takes (8 KB each), in two warps a CTA so that the ring below still fits two CTAs a multiprocessor.
-  static constexpr int kWarpKeys = kHeadDim <= 128 ? 2048 / kHeadDim : 16;
-  static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 2;
+  static constexpr int kWarpKeys = kFourWarps ? 2048 / kHeadDim : 16;
+  static constexpr int kNWarps = kFourWarps ? 4 : 2;
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kBlockN = kWarpKeys * kNWarps;  // keys per CTA step
   // 24 KB of K and V in each warp's ring (48 KB at d = 256); 100 KB a CTA with Q, two CTAs a multiprocessor.

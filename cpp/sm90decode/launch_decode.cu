@@ -24,7 +24,7 @@ namespace {
 // Query rows a CTA: one m16n8k16 slab (16 rows) when the K/V head has no more, else two (kSm90DecodeRows)
 // in as many chunks as its rows need. d = 256: one slab, its only instantiation (decode_kernel.h).
 template <int kHeadDim>
-constexpr int kMaxCtaRows = kHeadDim <= 128 ? kSm90DecodeRows : 16;
+constexpr int kMaxCtaRows = kHeadDim <= kSm90DecodeFourWarpHeadDim ? kSm90DecodeRows : 16;
 template <int kHeadDim, class Element>
 using DecodeTraitsOf = sm90decode::DecodeTraits<kHeadDim, Element, kMaxCtaRows<kHeadDim>>;
 static_assert(DecodeTraitsOf<64, cutlass::half_t>::kRows == kSm90DecodeRows);
@@ -78,7 +78,7 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
   // than one query (1.12-1.42x at 4); one query against a whole cache ran at 0.94-0.99x of the best tile plan
   // (H200, scripts/decode_modes_probe.py, bench/NOTES-variants.md) and stays on the tile kernels.
   bool const head_dim_rows =
-      p.head_dim <= 128 || (one_slab(p) && !p.kv_fp8 && (p.window_left >= 0 || p.seqlen_q > 1));
+      p.head_dim <= kSm90DecodeFourWarpHeadDim || (one_slab(p) && !p.kv_fp8 && (p.window_left >= 0 || p.seqlen_q > 1));
   return halves && entry_keys && p.seqlen_q >= 1 && row_count && head_dim_rows &&
          head_dim_listed<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(p.head_dim) && tensorcore_aligned(p) &&
          step_in_32_bits(p.k_row_stride) && step_in_32_bits(p.v_row_stride);
@@ -106,7 +106,7 @@ cudaError_t launch_sm90_decode(const FwdParams& params, cudaStream_t stream) {
       return bool_switch(params.kv_fp8, [&](auto fp8) {
         return bool_switch(general(params), [&](auto general_modes) {
           constexpr bool kFp8 = decltype(fp8)::value, kGeneral = decltype(general_modes)::value;
-          if constexpr (kHeadDim > 128) {  // one slab, no fp8 (sm90_decode_covers)
+          if constexpr (kHeadDim > kSm90DecodeFourWarpHeadDim) {  // one slab, no fp8 (sm90_decode_covers)
             if constexpr (kFp8) {
               return cudaErrorNotSupported;
             } else {

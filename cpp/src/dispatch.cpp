@@ -144,7 +144,7 @@ int decode_num_splits(int sms, const FwdParams& params, KernelTile tile) {
   long long const slots = static_cast<long long>(sms) * kSm90DecodeCtasPerSm;
   if (sms <= 0 || ctas >= slots) return 1;
   bool const two_slabs = rows > 16;
-  bool const two_per_sm = params.kv_fp8 || params.head_dim > 128 ||
+  bool const two_per_sm = params.kv_fp8 || params.head_dim > kSm90DecodeFourWarpHeadDim ||
                           (two_slabs && params.seqlen_k / (slots / ctas) >= kMinKeysTwoCtasPerSm);
   long long const splits = (two_per_sm ? slots : sms) / ctas;
   long long const most = std::max(1, params.seqlen_k / kMinKeysPerSplit);

@@ -86,6 +86,9 @@ constexpr int kSm90DecodeRows = 32;
 constexpr int kSm90DecodeMaxRows = 128;
 constexpr int kSm90DecodeChunkedQueries = 16;
 constexpr int kSm90DecodeCtasPerSm = 2;
+// The widest head the decode kernel runs in four-warp CTAs of up to two slabs; a wider one (d = 256) takes one
+// slab in two-warp CTAs (decode_kernel.h), of which the splits fill two a multiprocessor (dispatch.cpp).
+constexpr int kSm90DecodeFourWarpHeadDim = 128;
 bool sm90_decode_covers(const FwdParams& params, int capability);
 KernelTile sm90_decode_tile(const FwdParams& params);
 cudaError_t launch_sm90_decode(const FwdParams& params, cudaStream_t stream);
