@@ -72,6 +72,10 @@ struct DecodeTraits {
   // An fp8 ring: 16 KB in four stages, beside the warp's 8 KB of widened K and V.
   static constexpr int kStages = kFp8Cache ? 4 : 3;
   static constexpr int kCtasPerSm = 2;
+  // fp8 with one slab (Q in registers): K's B fragments converted straight from the fp8 stage, not widened
+  // through shared memory first. Thread t of a quad reads bytes [t d / 4, (t + 1) d / 4) of its key's row,
+  // which cvt into its B fragments of every k step when Q's columns are permuted to match (k_direct_column).
+  static constexpr bool kKDirect = kFp8Cache && kQInRegisters;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzle rows");
 
   using MmaAtom = std::conditional_t<cute::is_same_v<MmaElement, cutlass::half_t>,
@@ -161,12 +165,23 @@ __forceinline__ __device__ void widen_e4m3x16(uint4 raw, uint4& lo, uint4& hi) {
   hi = make_uint4(pair(raw.z & 0xffffu), pair(raw.z >> 16), pair(raw.w & 0xffffu), pair(raw.w >> 16));
 }
 
-// A bf16 Q tile into fp16 shared memory for the fp8 cache's fp16 MMAs: scaled by 2^e so that its largest
-// magnitude lies in [2^13, 2^14) (fp16 then holds exactly every bf16 value down to 2^-27 of it, and the
-// products with e4m3's at most 448 stay far from float's range), zero rows past the chunk's. `q` is the
-// K/V head's first query head. Returns e; the whole CTA calls it (one max over the tile).
+// The MMA k index (column of the Q tile in shared memory) of Q's column p under K-direct (DecodeTraits::kKDirect):
+// in k step s, thread t of a quad holds B's k = 2t, 2t + 1 (register b0) and 2t + 8, 2t + 9 (b1); those are
+// K's columns t d / 4 + 4 s + 0, 1 and + 2, 3, so that each thread's K bytes are one contiguous run of d / 4.
+template <int kHeadDim>
+__forceinline__ __device__ int k_direct_column(int p) {
+  int const t = p / (kHeadDim / 4), s = p % (kHeadDim / 4) / 4, w = p % 4;
+  return 16 * s + 8 * (w / 2) + 2 * t + w % 2;
+}
+
+// A Q tile into fp16 shared memory for the fp8 cache's fp16 MMAs, columns permuted for K-direct
+// (k_direct_column) when the traits say so. A bf16 tile is scaled by 2^e so that its largest magnitude lies
+// in [2^13, 2^14) (fp16 then holds exactly every bf16 value down to 2^-27 of it, and the products with e4m3's
+// at most 448 stay far from float's range); an fp16 tile is copied as it is (e = 0). Zero rows past the
+// chunk's. `q` is the K/V head's first query head. Returns e; the whole CTA calls it (one max over the tile).
 template <class Traits, class TensorQ, class Element>
 __device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& params, ChunkRows const& rows) {
+  constexpr bool kScale = !cute::is_same_v<Element, cutlass::half_t>;
   constexpr int kChunksPerRow = Traits::kHeadDim / 8, kChunks = Traits::kRows * kChunksPerRow;
   constexpr int kThreadChunks = (kChunks + Traits::kNThreads - 1) / Traits::kNThreads;
   __shared__ unsigned amax_bits;  // the tile's largest magnitude as float bits (ordered as the floats are)
@@ -190,7 +205,7 @@ __device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& pa
   __syncthreads();
   float const tile_max = __uint_as_float(amax_bits);
   int exponent = 0;
-  if (tile_max > 0.f && isfinite(tile_max)) {
+  if (kScale && tile_max > 0.f && isfinite(tile_max)) {
     int tile_exponent;
     frexpf(tile_max, &tile_exponent);  // tile_max < 2^tile_exponent
     exponent = 14 - tile_exponent;
@@ -201,7 +216,10 @@ __device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& pa
     if (c >= kChunks) { continue; }
     const Element* x = reinterpret_cast<const Element*>(&chunks[i]);
     CUTE_UNROLL
-    for (int j = 0; j < 8; ++j) { sQ(r, col + j) = cutlass::half_t(ldexpf(static_cast<float>(x[j]), exponent)); }
+    for (int j = 0; j < 8; ++j) {
+      int const to = Traits::kKDirect ? k_direct_column<Traits::kHeadDim>(col + j) : col + j;
+      sQ(r, to) = cutlass::half_t(ldexpf(static_cast<float>(x[j]), exponent));
+    }
   }
   return exponent;
 }
@@ -214,8 +232,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   constexpr int kHeadDim = Traits::kHeadDim, kRows = Traits::kRows, kNWarps = Traits::kNWarps;
   constexpr int kWarpKeys = Traits::kWarpKeys, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
   constexpr int kChunksPerRow = kHeadDim / Traits::kChunkElems;  // 16-byte chunks of a K / V row
-  // A bf16 Q against an fp8 cache: converted to fp16 (scaled) by plain loads, not copied.
-  constexpr bool kConvertQ = Traits::kFp8Cache && !cute::is_same_v<Element, MmaElement>;
+  // A bf16 Q against an fp8 cache: converted to fp16 (scaled) by plain loads, not copied; so is any Q whose
+  // columns K-direct permutes.
+  constexpr bool kConvertQ = Traits::kFp8Cache && (!cute::is_same_v<Element, MmaElement> || Traits::kKDirect);
 
   extern __shared__ __align__(128) char smem[];
   int const tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
@@ -538,7 +557,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   };
   // fp8: a step's K is widened at the end of the step before (its conversion overlaps that step's PV), its V
   // after its own S MMAs (overlapping their latency and the softmax): step 0's K first.
-  if constexpr (Traits::kFp8Cache) {
+  if constexpr (Traits::kFp8Cache && !Traits::kKDirect) {
     if (steps > 0) {
       cute::cp_async_wait<kStages - 2>();
       __syncwarp();
@@ -567,7 +586,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, kRows / 16, kWarpKeys / 8)
     clear(acc_s);
     Tensor tSsK = smem_thr_copy_K.partition_S(slot_k(slot));
-    if constexpr (Traits::kQInRegisters) {
+    if constexpr (Traits::kKDirect) {  // K's B fragments from the fp8 stage: 16 bytes, 4 k steps of one key
+      const char* const stage_k_bytes = ring + 2 * slot * Traits::kStageSlotBytes;
+      CUTE_UNROLL
+      for (int j = 0; j < kWarpKeys / 8; ++j) {
+        const uint4* const run = reinterpret_cast<const uint4*>(stage_k_bytes + (8 * j + lane / 4) * kHeadDim +
+                                                                lane % 4 * (kHeadDim / 4));
+        CUTE_UNROLL
+        for (int c = 0; c < kHeadDim / 64; ++c) {
+          uint4 lo, hi;
+          widen_e4m3x16(run[c], lo, hi);
+          uint32_t const b[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          CUTE_UNROLL
+          for (int s = 0; s < 4; ++s) {
+            Tensor frag = recast<uint32_t>(tSrK(_, j, 4 * c + s));  // b0: k = 2t, 2t + 1; b1: 2t + 8, 2t + 9
+            frag(0) = b[2 * s];
+            frag(1) = b[2 * s + 1];
+            cute::gemm(tiled_mma, tSrQ(_, 0, 4 * c + s), tSrK(_, j, 4 * c + s), acc_s(_, 0, j));
+          }
+        }
+      }
+    } else if constexpr (Traits::kQInRegisters) {
       gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_tiled_copy_K, smem_thr_copy_K);
     } else {
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
@@ -620,7 +659,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     Tensor sVt = make_tensor(make_smem_ptr(mma_v_ptr(slot)), typename Traits::SmemLayoutVt{});
     Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
-    if constexpr (Traits::kFp8Cache) {
+    if constexpr (Traits::kFp8Cache && !Traits::kKDirect) {
       if (step + 1 < steps) {  // the next step's K (its group is the oldest left; the loop's top syncs the warp)
         cute::cp_async_wait<kStages - 2>();
         __syncwarp();
