@@ -69,13 +69,15 @@ struct DecodeTraits {
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kBlockN = kWarpKeys * kNWarps;  // keys per CTA step
   // 24 KB of K and V in each warp's ring (48 KB at d = 256); 100 KB a CTA with Q, two CTAs a multiprocessor.
-  // An fp8 ring: 16 KB in four stages, beside the warp's 8 KB of widened K and V.
+  // An fp8 ring: 16 KB in four stages (with two slabs beside the warp's 8 KB of widened K and V).
   static constexpr int kStages = kFp8Cache ? 4 : 3;
   static constexpr int kCtasPerSm = 2;
-  // fp8 with one slab (Q in registers): K's B fragments converted straight from the fp8 stage, not widened
-  // through shared memory first. Thread t of a quad reads bytes [t d / 4, (t + 1) d / 4) of its key's row,
-  // which cvt into its B fragments of every k step when Q's columns are permuted to match (k_direct_column).
-  static constexpr bool kKDirect = kFp8Cache && kQInRegisters;
+  // fp8 with one slab (Q in registers): K's and V's B fragments converted straight from the fp8 stage, not
+  // widened through shared memory first. For S = Q K^T, thread t of a quad reads bytes [t d / 4, (t + 1) d / 4)
+  // of its key's row, which cvt into its B fragments of every k step when Q's columns are permuted to match
+  // (k_direct_column); for O += P V, thread g = lane / 4 reads bytes [g d / 8, (g + 1) d / 8) of its four keys'
+  // rows, the B fragments of every n tile when O's columns are permuted to match (v_direct_column).
+  static constexpr bool kFp8Direct = kFp8Cache && kQInRegisters;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzle rows");
 
   using MmaAtom = std::conditional_t<cute::is_same_v<MmaElement, cutlass::half_t>,
@@ -95,17 +97,23 @@ struct DecodeTraits {
   static_assert(SmemLayoutKV{}(8, 0) == 8 * 64 && SmemLayoutKV{}(13, 40) == SmemLayoutKV{}(5, 40) + 8 * 64);
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, MmaElement>;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, MmaElement>;
-  // The ring's slots as the copies fill them: the MMA's swizzled layout, or for fp8 plain rows (a lane
-  // reads whole 16-byte chunks of them to widen, and 8 lanes of a row cover all banks).
-  using SmemLayoutStage =
-      std::conditional_t<kFp8Cache, Layout<Shape<Int<kWarpKeys>, Int<kHeadDim>>, Stride<Int<kHeadDim>, _1>>, SmemLayoutKV>;
+  // The ring's slots as the copies fill them: the MMA's swizzled layout, or for fp8 byte rows whose 16-byte
+  // chunks are permuted within each 128-byte line (chunk ^= row % 8 at d = 128; ^= 2 (line % 4) at d = 64, two
+  // rows a line), so that the direct reads' load phases hit distinct banks: V's lanes read four rows 2t apart
+  // at one column (without the permutation, a 4-way conflict), K's two rows at once. Widening reads whole
+  // lines, conflict-free under any such permutation.
+  using SmemLayoutFp8Stage = decltype(composition(
+      std::conditional_t<kHeadDim == 128, Swizzle<3, 4, 3>, Swizzle<2, 5, 2>>{},
+      Layout<Shape<Int<kWarpKeys>, Int<kHeadDim>>, Stride<Int<kHeadDim>, _1>>{}));
+  static_assert(!kFp8Cache || kHeadDim == 64 || kHeadDim == 128, "fp8 stage swizzle: d = 64 or 128");
+  using SmemLayoutStage = std::conditional_t<kFp8Cache, SmemLayoutFp8Stage, SmemLayoutKV>;
 
   static constexpr int kSlotElems = kWarpKeys * kHeadDim;  // one K or V slot of a warp's ring
   static constexpr int kStageSlotBytes = kSlotElems * int(sizeof(CacheElement));
   static constexpr int kEightRowsElems = SmemLayoutStage{}(8, 0);  // a stage slot's rows r and r + 8 (the copies)
   static constexpr int kSmemQ = kRows * kHeadDim * int(sizeof(MmaElement));
   static constexpr int kSmemRing = kNWarps * kStages * 2 * kStageSlotBytes;
-  static constexpr int kSmemWide = kFp8Cache ? kNWarps * 2 * kSlotElems * int(sizeof(MmaElement)) : 0;
+  static constexpr int kSmemWide = kFp8Cache && !kFp8Direct ? kNWarps * 2 * kSlotElems * int(sizeof(MmaElement)) : 0;
   // The merge of the warps' results (O rows, then lse_s) reuses the ring.
   static constexpr int kMergeRowStride = kHeadDim + 4;  // floats; breaks the bank pattern of the row writes
   static constexpr int kSmemMerge = kNWarps * kRows * (kMergeRowStride + 1) * int(sizeof(float));
@@ -155,17 +163,20 @@ __forceinline__ __device__ void cp_async_4_zfill(void* smem, const void* gmem, b
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
 }
 
-// 16 e4m3 values (a 16-byte chunk) as 16 halves (two chunks), exactly.
-__forceinline__ __device__ void widen_e4m3x16(uint4 raw, uint4& lo, uint4& hi) {
-  auto pair = [](uint32_t two) {
-    __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
-  };
-  lo = make_uint4(pair(raw.x & 0xffffu), pair(raw.x >> 16), pair(raw.y & 0xffffu), pair(raw.y >> 16));
-  hi = make_uint4(pair(raw.z & 0xffffu), pair(raw.z >> 16), pair(raw.w & 0xffffu), pair(raw.w >> 16));
+// The two e4m3 values in the low 16 bits of `two` as two halves (the low byte in the low half), exactly.
+__forceinline__ __device__ uint32_t widen_e4m3x2(uint32_t two) {
+  __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
 }
 
-// The MMA k index (column of the Q tile in shared memory) of Q's column p under K-direct (DecodeTraits::kKDirect):
+// 16 e4m3 values (a 16-byte chunk) as 16 halves (two chunks), exactly.
+__forceinline__ __device__ void widen_e4m3x16(uint4 raw, uint4& lo, uint4& hi) {
+  auto pair = widen_e4m3x2;
+  lo = make_uint4(pair(raw.x), pair(raw.x >> 16), pair(raw.y), pair(raw.y >> 16));
+  hi = make_uint4(pair(raw.z), pair(raw.z >> 16), pair(raw.w), pair(raw.w >> 16));
+}
+
+// The MMA k index (column of the Q tile in shared memory) of Q's column p under DecodeTraits::kFp8Direct:
 // in k step s, thread t of a quad holds B's k = 2t, 2t + 1 (register b0) and 2t + 8, 2t + 9 (b1); those are
 // K's columns t d / 4 + 4 s + 0, 1 and + 2, 3, so that each thread's K bytes are one contiguous run of d / 4.
 template <int kHeadDim>
@@ -174,7 +185,21 @@ __forceinline__ __device__ int k_direct_column(int p) {
   return 16 * s + 8 * (w / 2) + 2 * t + w % 2;
 }
 
-// A Q tile into fp16 shared memory for the fp8 cache's fp16 MMAs, columns permuted for K-direct
+// The column of O (and V) that the MMA's n index holds under DecodeTraits::kFp8Direct: n tile i's column g (the
+// B fragment of lane 4 g + t) is V's column g d / 8 + i, so that each lane's V bytes are one run of d / 8.
+template <int kHeadDim>
+__forceinline__ __device__ int v_direct_column(int n) {
+  return n % 8 * (kHeadDim / 8) + n / 8;
+}
+
+// Two e4m3 pairs of a word each from words a and b: {a byte 0, b byte 0} / {a 1, b 1} (low, high 16 bits of
+// `low`) and {a 2, b 2} / {a 3, b 3} (of `high`): the MMA's B register for keys a, b at one column.
+__forceinline__ __device__ void interleave_e4m3(uint32_t a, uint32_t b, uint32_t& low, uint32_t& high) {
+  low = __byte_perm(a, b, 0x5140);
+  high = __byte_perm(a, b, 0x7362);
+}
+
+// A Q tile into fp16 shared memory for the fp8 cache's fp16 MMAs, columns permuted for the direct K reads
 // (k_direct_column) when the traits say so. A bf16 tile is scaled by 2^e so that its largest magnitude lies
 // in [2^13, 2^14) (fp16 then holds exactly every bf16 value down to 2^-27 of it, and the products with e4m3's
 // at most 448 stay far from float's range); an fp16 tile is copied as it is (e = 0). Zero rows past the
@@ -217,7 +242,7 @@ __device__ int load_q_as_fp16(TensorQ& sQ, const Element* q, const FwdParams& pa
     const Element* x = reinterpret_cast<const Element*>(&chunks[i]);
     CUTE_UNROLL
     for (int j = 0; j < 8; ++j) {
-      int const to = Traits::kKDirect ? k_direct_column<Traits::kHeadDim>(col + j) : col + j;
+      int const to = Traits::kFp8Direct ? k_direct_column<Traits::kHeadDim>(col + j) : col + j;
       sQ(r, to) = cutlass::half_t(ldexpf(static_cast<float>(x[j]), exponent));
     }
   }
@@ -233,8 +258,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   constexpr int kWarpKeys = Traits::kWarpKeys, kBlockN = Traits::kBlockN, kStages = Traits::kStages;
   constexpr int kChunksPerRow = kHeadDim / Traits::kChunkElems;  // 16-byte chunks of a K / V row
   // A bf16 Q against an fp8 cache: converted to fp16 (scaled) by plain loads, not copied; so is any Q whose
-  // columns K-direct permutes.
-  constexpr bool kConvertQ = Traits::kFp8Cache && (!cute::is_same_v<Element, MmaElement> || Traits::kKDirect);
+  // columns the direct K reads permute.
+  constexpr bool kConvertQ = Traits::kFp8Cache && (!cute::is_same_v<Element, MmaElement> || Traits::kFp8Direct);
 
   extern __shared__ __align__(128) char smem[];
   int const tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
@@ -544,12 +569,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     constexpr int kLaneChunks = kWarpKeys * kChunksPerRow / 32;
     static_assert(kLaneChunks * 32 == kWarpKeys * kChunksPerRow);
     Tensor wide_slot = make_tensor(make_smem_ptr(which == 0 ? mma_k_ptr(slot) : mma_v_ptr(slot)), typename Traits::SmemLayoutKV{});
-    const char* const stage = ring + (2 * slot + which) * Traits::kStageSlotBytes;
+    Tensor stage = which == 0 ? stage_k(slot) : stage_v(slot);
     CUTE_UNROLL
     for (int i = 0; i < kLaneChunks; ++i) {
       int const c = lane + 32 * i, r = c / kChunksPerRow, col = c % kChunksPerRow * 16;
       uint4 lo, hi;
-      widen_e4m3x16(*reinterpret_cast<const uint4*>(stage + c * 16), lo, hi);
+      widen_e4m3x16(*reinterpret_cast<const uint4*>(&stage(r, col)), lo, hi);
       bool const swap = col / 64 % 2;  // (selects, not an indexed pair: that would live in local memory)
       *reinterpret_cast<uint4*>(&wide_slot(r, col + (swap ? 8 : 0))) = swap ? hi : lo;
       *reinterpret_cast<uint4*>(&wide_slot(r, col + (swap ? 0 : 8))) = swap ? lo : hi;
@@ -557,13 +582,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
   };
   // fp8: a step's K is widened at the end of the step before (its conversion overlaps that step's PV), its V
   // after its own S MMAs (overlapping their latency and the softmax): step 0's K first.
-  if constexpr (Traits::kFp8Cache && !Traits::kKDirect) {
+  if constexpr (Traits::kFp8Cache && !Traits::kFp8Direct) {
     if (steps > 0) {
       cute::cp_async_wait<kStages - 2>();
       __syncwarp();
       widen(0, 0);
     }
   }
+
+  // fp8 direct: this lane's byte offsets in a stage slot (the swizzle repeats every 8 rows): K's 16-byte
+  // chunks of row lane / 4, V's run of d / 8 bytes of rows 2t, 2t + 1, 2t + 8, 2t + 9 (t = lane % 4).
+  constexpr int kKRuns = Traits::kFp8Direct ? kHeadDim / 64 : 1, kVRunBytes = kHeadDim / 8;
+  int k_run[kKRuns], v_run[4];
+  if constexpr (Traits::kFp8Direct) {
+    typename Traits::SmemLayoutStage const stage_layout;
+    CUTE_UNROLL
+    for (int c = 0; c < kKRuns; ++c) { k_run[c] = stage_layout(lane / 4, lane % 4 * (kHeadDim / 4) + 16 * c); }
+    CUTE_UNROLL
+    for (int q = 0; q < 4; ++q) { v_run[q] = stage_layout(2 * (lane % 4) + q % 2 + 8 * (q / 2), lane / 4 * kVRunBytes); }
+  }
+  struct alignas(kVRunBytes) VRun { uint32_t w[kVRunBytes / 4]; };
 
   OnlineSoftmax<kThreadRows, /*kLaggingReference=*/true> softmax;  // a warp's lanes run the same steps
   // ---- K/V loop: the warp's own ring, no CTA barrier ----------------------------------------------------
@@ -586,16 +624,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kRows>, Int<kWarpKeys>>{});  // (MMA, kRows / 16, kWarpKeys / 8)
     clear(acc_s);
     Tensor tSsK = smem_thr_copy_K.partition_S(slot_k(slot));
-    if constexpr (Traits::kKDirect) {  // K's B fragments from the fp8 stage: 16 bytes, 4 k steps of one key
+    if constexpr (Traits::kFp8Direct) {  // K's B fragments from the fp8 stage: 16 bytes, 4 k steps of one key
       const char* const stage_k_bytes = ring + 2 * slot * Traits::kStageSlotBytes;
       CUTE_UNROLL
       for (int j = 0; j < kWarpKeys / 8; ++j) {
-        const uint4* const run = reinterpret_cast<const uint4*>(stage_k_bytes + (8 * j + lane / 4) * kHeadDim +
-                                                                lane % 4 * (kHeadDim / 4));
         CUTE_UNROLL
         for (int c = 0; c < kHeadDim / 64; ++c) {
           uint4 lo, hi;
-          widen_e4m3x16(run[c], lo, hi);
+          widen_e4m3x16(*reinterpret_cast<const uint4*>(stage_k_bytes + 8 * j * kHeadDim + k_run[c]), lo, hi);
           uint32_t const b[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
           CUTE_UNROLL
           for (int s = 0; s < 4; ++s) {
@@ -614,9 +650,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
     }
 
     if constexpr (Traits::kFp8Cache) {
-      widen(slot, 1);
-      __syncwarp();  // V widened by every lane; every lane is past this step's K reads
-      load_ahead(step);
+      if constexpr (!Traits::kFp8Direct) {
+        widen(slot, 1);
+        __syncwarp();  // V widened by every lane; every lane is past this step's K reads
+      }
+      load_ahead(step);  // (into the slot of step - 1, which every lane left before the loop's top barrier)
     }
 
     if (capped) { apply_softcap(acc_s, softcap_pre()); }  // before the mask's -inf
@@ -656,10 +694,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
 
     Tensor rP = convert_type<MmaElement>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));  // (MMA, kRows / 16, kWarpKeys / 16)
-    Tensor sVt = make_tensor(make_smem_ptr(mma_v_ptr(slot)), typename Traits::SmemLayoutVt{});
-    Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
-    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
-    if constexpr (Traits::kFp8Cache && !Traits::kKDirect) {
+    if constexpr (Traits::kFp8Direct) {  // V's B fragments from the fp8 stage: n tile i takes column i of the runs
+      const char* const stage_v_bytes = ring + (2 * slot + 1) * Traits::kStageSlotBytes;
+      CUTE_UNROLL
+      for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
+        VRun run[4];  // keys 16 kk + 2t, + 1, + 8, + 9
+        CUTE_UNROLL
+        for (int q = 0; q < 4; ++q) { run[q] = *reinterpret_cast<const VRun*>(stage_v_bytes + 16 * kk * kHeadDim + v_run[q]); }
+        CUTE_UNROLL
+        for (int w = 0; w < kVRunBytes / 4; ++w) {
+          uint32_t pairs[2][2];  // [b0 / b1][columns 4w, 4w + 1 / 4w + 2, 4w + 3]
+          interleave_e4m3(run[0].w[w], run[1].w[w], pairs[0][0], pairs[0][1]);
+          interleave_e4m3(run[2].w[w], run[3].w[w], pairs[1][0], pairs[1][1]);
+          CUTE_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            Tensor frag = recast<uint32_t>(tOrVt(_, 4 * w + i, kk));  // b0: keys 2t, 2t + 1; b1: 2t + 8, 2t + 9
+            frag(0) = widen_e4m3x2(pairs[0][i / 2] >> 16 * (i % 2));
+            frag(1) = widen_e4m3x2(pairs[1][i / 2] >> 16 * (i % 2));
+            cute::gemm(tiled_mma, tOrP(_, 0, kk), tOrVt(_, 4 * w + i, kk), acc_o(_, 0, 4 * w + i));
+          }
+        }
+      }
+    } else {
+      Tensor sVt = make_tensor(make_smem_ptr(mma_v_ptr(slot)), typename Traits::SmemLayoutVt{});
+      Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
+      gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+    }
+    if constexpr (Traits::kFp8Cache && !Traits::kFp8Direct) {
       if (step + 1 < steps) {  // the next step's K (its group is the oldest left; the loop's top syncs the warp)
         cute::cp_async_wait<kStages - 2>();
         __syncwarp();
@@ -684,7 +745,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kCtasPerSm) decode_
       int const r = get<0>(tOcO_rc(mi, 0));
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) {
-        merge_o[(warp * kRows + r) * Traits::kMergeRowStride + get<1>(tOcO_rc(mi, ni))] = acc_o_rc(mi, ni);
+        int const n = get<1>(tOcO_rc(mi, ni));
+        int const col = Traits::kFp8Direct ? v_direct_column<kHeadDim>(n) : n;
+        merge_o[(warp * kRows + r) * Traits::kMergeRowStride + col] = acc_o_rc(mi, ni);
       }
       if (lane % 4 == 0) { merge_lse[warp * kRows + r] = lse(mi); }
     }
