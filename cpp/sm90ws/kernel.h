@@ -30,6 +30,13 @@ namespace cutlassfa::sm90ws {
 
 using namespace cute;
 
+// Varlen: whether the tile's rows all lie past its entry's queries of `seqlen_q` (no rows: nothing to compute
+// or write). The grid covers the longest entry, so the shorter ones' last Q tiles are such.
+template <class Traits>
+__forceinline__ __device__ bool past_entry_queries(TileCoord const& tile, int seqlen_q) {
+  return tile.m_block * Traits::kBlockM >= seqlen_q;
+}
+
 // What both roles derive from a tile index, alike on both sides.
 template <class Traits>
 struct TileWork {
@@ -44,10 +51,6 @@ struct TileWork {
         mask{seq.seqlen_q, seq.seqlen_k, seq.key_begin, &fwd},
         n_block_min(mask.n_block_min(tile.m_block)),
         n_block_max(mask.n_block_max(tile.m_block)) {
-    // Varlen: the grid covers the longest entry, so a tile may lie past its entry's queries: no work.
-    if constexpr (Traits::kVarlen) {
-      if (tile.m_block * Traits::kBlockM >= seq.seqlen_q) { n_block_max = n_block_min; }
-    }
   }
   __forceinline__ __device__ bool has_keys() const { return n_block_max > n_block_min; }
 };
@@ -118,6 +121,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_ws_kernel(__gr
       typename Traits::PipelineState write_k = cutlass::make_producer_start_state<Pipeline>();
       typename Traits::PipelineState write_v = cutlass::make_producer_start_state<Pipeline>();
       for (int index = scheduler.first(), count = 0;; index = scheduler.next(index), ++count) {
+        if constexpr (Traits::kVarlen) {
+          // A tile past its entry's queries is passed over here, never handed to the consumers (the
+          // scheduler's and cu_seqlens' reads hidden behind their current tile), instead of going through the
+          // Q barriers and an empty epilogue: with ten entries of 512-8192 rows, most of the grid's tiles.
+          auto const past = [&](int i) {
+            TileCoord const tile = scheduler.tile(fwd, i);
+            return past_entry_queries<Traits>(tile, seq_info(fwd, tile.batch).seqlen_q);
+          };
+          while (index < scheduler.num_tiles && past(index)) { index = scheduler.next(index); }
+        }
         QSlot<Traits> const slot(count);
         if (count >= Traits::kQStages) {  // the consumers are done with this buffer's last tile
           storage.barrier_q_empty[slot.buffer].wait(slot.phase ^ 1);
