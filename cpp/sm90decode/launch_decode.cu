@@ -21,14 +21,6 @@ namespace cutlassfa {
 
 namespace {
 
-// Query rows a CTA: one m16n8k16 slab (16 rows) when the K/V head has no more, else two (kSm90DecodeRows)
-// in as many chunks as its rows need. d = 256: one slab, its only instantiation (decode_kernel.h).
-template <int kHeadDim>
-constexpr int kMaxCtaRows = kHeadDim <= kSm90DecodeFourWarpHeadDim ? kSm90DecodeRows : 16;
-template <int kHeadDim, class Element>
-using DecodeTraitsOf = sm90decode::DecodeTraits<kHeadDim, Element, kMaxCtaRows<kHeadDim>>;
-static_assert(DecodeTraitsOf<64, cutlass::half_t>::kRows == kSm90DecodeRows);
-
 bool one_slab(const FwdParams& params) { return static_cast<long long>(params.seqlen_q) * params.heads_ratio <= 16; }
 
 // The general instantiation: left padding, a left window bound or softcap.
@@ -36,9 +28,41 @@ bool general(const FwdParams& params) {
   return params.leftpad_k != nullptr || params.window_left >= 0 || params.softcap_pre > 0.f;
 }
 
-template <int kHeadDim, class Element, int kRows, bool kFp8Cache, bool kGeneral>
+// f(Traits{}) for the instantiation that runs `params` at head dim kHeadDim (q of Element); `none` where none
+// does (an fp8 cache at d = 256). Query rows a CTA: one m16n8k16 slab (16 rows) when the K/V head has no more,
+// else two (kSm90DecodeRows) in as many chunks as its rows need; d = 256: one slab, its only instantiation.
+template <class Element, int kHeadDim, class R, class F>
+R at_head_dim(const FwdParams& params, R none, F&& f) {
+  return bool_switch(params.kv_fp8, [&](auto fp8) {
+    return bool_switch(general(params), [&](auto general_modes) -> R {
+      constexpr bool kFp8 = decltype(fp8)::value, kGeneral = decltype(general_modes)::value;
+      if constexpr (kHeadDim > kSm90DecodeFourWarpHeadDim) {  // one slab, no fp8 (sm90_decode_covers)
+        if constexpr (kFp8) {
+          return none;
+        } else {
+          return f(sm90decode::DecodeTraits<kHeadDim, Element, 16, false, kGeneral>{});
+        }
+      } else if (one_slab(params)) {
+        return f(sm90decode::DecodeTraits<kHeadDim, Element, 16, kFp8, kGeneral>{});
+      } else {
+        return f(sm90decode::DecodeTraits<kHeadDim, Element, kSm90DecodeRows, kFp8, kGeneral>{});
+      }
+    });
+  });
+}
+
+// The decode kernel's instantiation for a call, in one place for its launch and its tile: f(Traits{}), or
+// `none` where there is none (an unlisted head dim, an fp8 cache at d = 256).
+template <class Element, int... kHeadDims, class R, class F>
+R with_decode_traits(const FwdParams& params, R none, F&& f) {
+  R result = none;
+  ((params.head_dim == kHeadDims ? (result = at_head_dim<Element, kHeadDims>(params, none, f), true) : false) || ...);
+  return result;
+}
+
+template <class Traits>
 cudaError_t run_decode(const FwdParams& params, cudaStream_t stream) {
-  using Traits = sm90decode::DecodeTraits<kHeadDim, Element, kRows, kFp8Cache, kGeneral>;
+  constexpr int kRows = Traits::kRows;
   static_assert(Traits::kCtasPerSm == kSm90DecodeCtasPerSm, "the split heuristic's CTAs a multiprocessor");
   auto kernel = &sm90decode::decode_kernel<Traits>;
   if constexpr (Traits::kSmemSize > 48 * 1024) {
@@ -85,11 +109,10 @@ bool sm90_decode_covers(const FwdParams& p, int capability) {
 }
 
 KernelTile sm90_decode_tile(const FwdParams& params) {
-  // Rows and keys a step do not depend on the element type.
-  return tile_switch<false, CUTLASSFA_SM90_DECODE_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
-    constexpr int kHeadDim = decltype(head_dim)::value;
-    using Traits = DecodeTraitsOf<kHeadDim, cutlass::half_t>;
-    return KernelTile{kHeadDim, one_slab(params) ? 16 : Traits::kRows, Traits::kBlockN};
+  // Rows and keys a step do not depend on q's dtype.
+  return with_decode_traits<cutlass::half_t, CUTLASSFA_SM90_DECODE_HEAD_DIMS>(params, KernelTile{}, [](auto traits) {
+    using Traits = decltype(traits);
+    return KernelTile{Traits::kHeadDim, Traits::kRows, Traits::kBlockN};
   });
 }
 
@@ -100,25 +123,9 @@ cudaError_t launch_sm90_decode(const FwdParams& params, cudaStream_t stream) {
   if (!sm90_decode_covers(params, device_capability(device))) { return cudaErrorNotSupported; }
   if (params.batch == 0 || params.heads_q == 0) { return cudaSuccess; }
   return fp16_switch(params.dtype, [&](auto element) {
-    using Element = decltype(element);
-    return head_dim_switch<CUTLASSFA_SM90_DECODE_HEAD_DIMS>(params.head_dim, [&](auto head_dim) {
-      constexpr int kHeadDim = decltype(head_dim)::value;
-      return bool_switch(params.kv_fp8, [&](auto fp8) {
-        return bool_switch(general(params), [&](auto general_modes) {
-          constexpr bool kFp8 = decltype(fp8)::value, kGeneral = decltype(general_modes)::value;
-          if constexpr (kHeadDim > kSm90DecodeFourWarpHeadDim) {  // one slab, no fp8 (sm90_decode_covers)
-            if constexpr (kFp8) {
-              return cudaErrorNotSupported;
-            } else {
-              return run_decode<kHeadDim, Element, 16, false, kGeneral>(params, stream);
-            }
-          } else {
-            return one_slab(params) ? run_decode<kHeadDim, Element, 16, kFp8, kGeneral>(params, stream)
-                                    : run_decode<kHeadDim, Element, kSm90DecodeRows, kFp8, kGeneral>(params, stream);
-          }
-        });
-      });
-    });
+    return with_decode_traits<decltype(element), CUTLASSFA_SM90_DECODE_HEAD_DIMS>(
+        params, cudaErrorNotSupported,
+        [&](auto traits) { return run_decode<decltype(traits)>(params, stream); });
   });
 }
 
