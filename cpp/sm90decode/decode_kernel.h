@@ -61,16 +61,21 @@ struct DecodeTraits {
   // Q stays in registers across the loop with one slab at d <= 128; with two, or at d = 256, O alone takes
   // 128 registers a thread, and Q is read from shared memory at every step instead.
   static constexpr bool kQInRegisters = kRows == 16 && kFourWarps;
-  // Keys per warp step: 4 KB of K and 4 KB of V at d <= 128 (16 keys at d = 128, 32 at d = 64), so a
+  // Keys per warp step: 2048 elements of K and of V at d <= 128 (16 keys at d = 128, 32 at d = 64), so a
   // narrower head does not pay more steps (softmax, barriers) per byte; at d = 256 the 16 keys an m16n8k16
-  // P V takes (8 KB each), in two warps a CTA so that the ring below still fits two CTAs a multiprocessor.
-  static constexpr int kWarpKeys = kFourWarps ? 2048 / kHeadDim : 16;
+  // P V takes (8 KB each), in two warps a CTA so that the ring below still fits two CTAs a multiprocessor. An
+  // fp8 cache read directly (one slab) takes 4096 elements, 4 KB as the others (32 keys at d = 128): its steps'
+  // fixed work (softmax, table and mask, barriers) then comes per 4 KB too; not the general instantiation,
+  // which then spilled (44 bytes at d = 128). At most 32 (the missing-key word).
+  static constexpr bool kFp8WideSteps = kFp8Cache && kQInRegisters && !kGeneral;
+  static constexpr int kWarpKeys = kFourWarps ? cute::min(32, (kFp8WideSteps ? 4096 : 2048) / kHeadDim) : 16;
   static constexpr int kNWarps = kFourWarps ? 4 : 2;
   static constexpr int kNThreads = 32 * kNWarps;
   static constexpr int kBlockN = kWarpKeys * kNWarps;  // keys per CTA step
   // 24 KB of K and V in each warp's ring (48 KB at d = 256); 100 KB a CTA with Q, two CTAs a multiprocessor.
-  // An fp8 ring: 16 KB in four stages (with two slabs beside the warp's 8 KB of widened K and V).
-  static constexpr int kStages = kFp8Cache ? 4 : 3;
+  // An fp8 ring: 16 KB in four stages (with two slabs beside the warp's 8 KB of widened K and V), 24 KB in three
+  // of the wide steps at d = 128.
+  static constexpr int kStages = kFp8Cache ? (kFp8WideSteps && kHeadDim == 128 ? 3 : 4) : 3;
   static constexpr int kCtasPerSm = 2;
   // fp8 with one slab (Q in registers): K's and V's B fragments converted straight from the fp8 stage, not
   // widened through shared memory first. For S = Q K^T, thread t of a quad reads bytes [t d / 4, (t + 1) d / 4)
