@@ -9,7 +9,9 @@ zeros whose step time leaves attention out: its speed over the baseline, the row
 attention could reach); each round times one prefill forward and one `generate` of
 `new_tokens` tokens (min_new_tokens = max_new_tokens), between device synchronizations; medians over
 rounds. A decode step is (generate - prefill) / (new_tokens - 1); attention's share of a step is
-1 - step(none) / step(implementation). Prompts are left-padded (entry b of B by b x prompt / (4 B) tokens),
+1 - step(none) / step(implementation). The host's speed drifts by more than the differences measured (a step
+is mostly host time), so each round also gives paired ratios (the baseline's time over ours, within the
+round; the order of the implementations rotates from round to round), reported as median and quartiles. Prompts are left-padded (entry b of B by b x prompt / (4 B) tokens),
 as batched generation pads them; the cache class is the one `generate` picks for the model, the same for
 every implementation.
 """
@@ -155,8 +157,9 @@ def measure(work: Workload, rounds: int, device: str) -> dict[str, Any]:
         run_once(impl)
     for impl in times.values():
         impl.prefill.clear(), impl.generate.clear()
-    for _ in range(rounds):
-        for impl in names:
+    order = list(names)
+    for r in range(rounds):
+        for impl in order[r % len(order):] + order[:r % len(order)]:
             run_once(impl)
 
     row: dict[str, Any] = {"workload": work.label, "model": work.model, "batch": work.batch, "prompt": work.prompt,
@@ -173,6 +176,7 @@ def measure(work: Workload, rounds: int, device: str) -> dict[str, Any]:
         row["implementations"][impl] = entry
     base, ours, none = (row["implementations"][i] for i in names)
     row["prefill_speedup"] = base["prefill_ms"] / ours["prefill_ms"]
+    row["prefill_speedup_rounds"] = _spread([b / o for b, o in zip(times[baseline].prefill, times["cutlassfa"].prefill)])
     row["attention_share_prefill"] = {i: 1 - none["prefill_ms"] / row["implementations"][i]["prefill_ms"]
                                       for i in (baseline, "cutlassfa")}
     # The speed over the baseline of an attention that cost nothing (none's): what any attention can reach.
@@ -183,9 +187,19 @@ def measure(work: Workload, rounds: int, device: str) -> dict[str, Any]:
         row["decode_step_speedup"] = base["decode_step_ms"] / ours["decode_step_ms"]
         row["attention_share_decode"] = {i: 1 - none["decode_step_ms"] / row["implementations"][i]["decode_step_ms"]
                                          for i in (baseline, "cutlassfa")}
+        b, o = times[baseline], times["cutlassfa"]
+        row["generate_speedup_rounds"] = _spread([bg / og for bg, og in zip(b.generate, o.generate)])
+        row["decode_step_speedup_rounds"] = _spread([(bg - bp) / (og - op) for bg, bp, og, op
+                                                     in zip(b.generate, b.prefill, o.generate, o.prefill)])
         same = times[baseline].tokens == times["cutlassfa"].tokens
         row["greedy_token_agreement"] = float(same.float().mean())
     return row
+
+
+def _spread(ratios: list[float]) -> dict[str, float]:
+    """Median and quartiles of per-round ratios (one round: all three are its ratio)."""
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return {"median": statistics.median(ratios), "q1": q1, "q3": q3}
 
 
 def run_e2e(workloads: list[Workload], rounds: int, device: str) -> list[dict[str, Any]]:
@@ -193,7 +207,7 @@ def run_e2e(workloads: list[Workload], rounds: int, device: str) -> list[dict[st
 
 
 def e2e_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | baseline | prefill ms base / ours (speed) | tokens/s base / ours (speed) "
+    lines = ["| workload | baseline | prefill ms base / ours (speed) | tokens/s base / ours (speed; per round: median, quartiles) "
              "| ceiling (no attention) | decode step ms base / ours | attention's share of a step base / ours "
              "| greedy tokens equal |",
              "|---|---|---|---|---|---|---|---|"]
@@ -202,7 +216,9 @@ def e2e_table(rows: list[dict[str, Any]]) -> str:
         s, o = r["implementations"][base], r["implementations"]["cutlassfa"]
         prefill = f"{s['prefill_ms']:.2f} / {o['prefill_ms']:.2f} ({r['prefill_speedup']:.3f}x)"
         if r["new_tokens"]:
-            tokens = f"{s['tokens_per_s']:.0f} / {o['tokens_per_s']:.0f} ({r['generate_speedup']:.3f}x)"
+            paired = r["generate_speedup_rounds"]
+            tokens = (f"{s['tokens_per_s']:.0f} / {o['tokens_per_s']:.0f} ({r['generate_speedup']:.3f}x; a round "
+                      f"{paired['median']:.3f}x, {paired['q1']:.3f}-{paired['q3']:.3f})")
             ceiling = f"{r['generate_ceiling']:.3f}x"
             step = f"{s['decode_step_ms']:.3f} / {o['decode_step_ms']:.3f}"
             share = f"{r['attention_share_decode'][base]:.2f} / {r['attention_share_decode']['cutlassfa']:.2f}"
