@@ -11,6 +11,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "cutlassfa/config.h"
+#include "cutlassfa/head_dim_fold.h"
 #include "cutlassfa/params.h"
 
 namespace cutlassfa {
@@ -25,9 +26,7 @@ decltype(auto) bool_switch(bool value, F&& f) {
 // (cudaErrorInvalidValue), never a silent fallback to another size.
 template <int... kHeadDims, class F>
 cudaError_t head_dim_switch(int head_dim, F&& f) {
-  cudaError_t result = cudaErrorInvalidValue;
-  ((head_dim == kHeadDims ? (result = f(std::integral_constant<int, kHeadDims>{}), true) : false) || ...);
-  return result;
+  return head_dim_fold<false, kHeadDims...>(head_dim, cudaErrorInvalidValue, f);
 }
 
 // Whether head_dim is one of kHeadDims (a kernel compiled for exactly that width).
@@ -41,9 +40,7 @@ constexpr bool head_dim_listed(int head_dim) {
 // are not written). A head dim above every listed one is an error (cudaErrorInvalidValue).
 template <int... kHeadDims, class F>
 cudaError_t padded_head_dim_switch(int head_dim, F&& f) {
-  cudaError_t result = cudaErrorInvalidValue;
-  ((head_dim <= kHeadDims ? (result = f(std::integral_constant<int, kHeadDims>{}), true) : false) || ...);
-  return result;
+  return head_dim_fold<true, kHeadDims...>(head_dim, cudaErrorInvalidValue, f);
 }
 
 // fp16 / bf16 -> the MMA element type, f(cutlass::half_t{}) or f(cutlass::bfloat16_t{}). fp32 never

@@ -55,9 +55,9 @@ R at_head_dim(const FwdParams& params, R none, F&& f) {
 // `none` where there is none (an unlisted head dim, an fp8 cache at d = 256).
 template <class Element, int... kHeadDims, class R, class F>
 R with_decode_traits(const FwdParams& params, R none, F&& f) {
-  R result = none;
-  ((params.head_dim == kHeadDims ? (result = at_head_dim<Element, kHeadDims>(params, none, f), true) : false) || ...);
-  return result;
+  return head_dim_fold<false, kHeadDims...>(params.head_dim, none, [&](auto head_dim) {
+    return at_head_dim<Element, decltype(head_dim)::value>(params, none, f);
+  });
 }
 
 template <class Traits>

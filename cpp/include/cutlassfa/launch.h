@@ -5,8 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
+#include "cutlassfa/head_dim_fold.h"
 #include "cutlassfa/params.h"
 
 namespace cutlassfa {
@@ -25,17 +24,10 @@ struct KernelTile {
   int block_n = 0;
 };
 
-// f(std::integral_constant<int, d>) for the compiled head dim d of kHeadDims (ascending) that runs
-// head_dim: equal to it, or with kPadded the next larger one (as common/static_switch.h's switches); an
-// empty KernelTile when there is none.
+// The tile of the compiled head dim that runs head_dim (head_dim_fold.h); an empty KernelTile when none does.
 template <bool kPadded, int... kHeadDims, class F>
 KernelTile tile_switch(int head_dim, F&& f) {
-  KernelTile tile;
-  (((kPadded ? head_dim <= kHeadDims : head_dim == kHeadDims)
-        ? (tile = f(std::integral_constant<int, kHeadDims>{}), true)
-        : false) ||
-   ...);
-  return tile;
+  return head_dim_fold<kPadded, kHeadDims...>(head_dim, KernelTile{}, f);
 }
 
 // Three steps through global memory (S = QK^T, softmax, PV): the O(N^2) baseline.
