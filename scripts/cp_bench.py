@@ -14,6 +14,9 @@ GPUs against one GPU, the slowest rank deciding each time.
   `--page`), B of `--batches`; T_W = one sharded_decode step (its forward, the all_gather of the partial
   rows and the merge), T_1 = forward over the whole cache on one GPU; both captured into a CUDA graph
   and timed over `--replays` replays between events (median of `--iters` rounds). Checked against T_1.
+  `--timeline`: also the step's parts on rank 0, one replay under torch.profiler (each device kernel's name,
+  start and duration in us; on the CPU, the step's top-level operations): where a step's time goes beside
+  the decode kernel (the copies, the all_gather, the merge).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--gather-groups", type=int, nargs="+", default=[1],
                    help="packed: each number of K/V head groups gathered one after another (a row each)")
+    p.add_argument("--timeline", action="store_true", help="decode: the step's kernels on rank 0 (torch.profiler)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
@@ -85,19 +89,28 @@ def timed(fn, device: torch.device, warmup: int, iters: int) -> float:
     return slowest(times, device)
 
 
-def graph_timed(fn, device: torch.device, args: argparse.Namespace) -> float:
-    """Seconds per call of fn captured into a CUDA graph (plain calls on the CPU)."""
+def captured(fn, device: torch.device, warmup: int):
+    """fn captured into a CUDA graph (after warm-up calls on a side stream): the graph's replay; fn itself on the
+    CPU."""
     if device.type != "cuda":
-        return timed(fn, device, args.warmup, args.iters)
+        return fn
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        for _ in range(args.warmup + 1):
+        for _ in range(warmup + 1):
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return graph.replay
+
+
+def graph_timed(fn, device: torch.device, args: argparse.Namespace) -> float:
+    """Seconds per call of fn captured into a CUDA graph (plain calls on the CPU)."""
+    if device.type != "cuda":
+        return timed(fn, device, args.warmup, args.iters)
+    replay = captured(fn, device, args.warmup)
     times = []
     for _ in range(args.iters):
         torch.cuda.synchronize(device)
@@ -105,11 +118,35 @@ def graph_timed(fn, device: torch.device, args: argparse.Namespace) -> float:
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(args.replays):
-            graph.replay()
+            replay()
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop) / 1e3 / args.replays)
     return slowest(times, device)
+
+
+def timeline(fn, device: torch.device, args: argparse.Namespace) -> list[dict]:
+    """One call of fn (its CUDA graph's replay on a GPU) under torch.profiler on every rank (the call's
+    collectives need them all): its device kernels in order (name, start after the first one and duration,
+    us); on the CPU its top-level operations."""
+    replay = captured(fn, device, args.warmup)
+    replay()  # the replay's first run outside the profiler
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    with torch.profiler.profile(activities=activities) as prof:
+        replay()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    if device.type == "cuda":
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        events = [e for e in prof.events() if e.cpu_parent is None]
+    events.sort(key=lambda e: e.time_range.start)
+    first = events[0].time_range.start if events else 0
+    return [dict(name=e.name, start_us=e.time_range.start - first, us=e.time_range.elapsed_us()) for e in events]
 
 
 def rel_l2_all(mine: torch.Tensor, ref: torch.Tensor, device: torch.device) -> float:
@@ -196,6 +233,8 @@ def decode(rank: int, world: int, device: torch.device, args: argparse.Namespace
     sharded_decode(q, k_l, v_l, cache_seqlens=lens_l, **options)  # checked once, as a decode loop would
     t_w = graph_timed(lambda: sharded_decode(q, k_l, v_l, cache_seqlens=lens_l, check_ranks=False, **options),
                       device, args)
+    steps = timeline(lambda: sharded_decode(q, k_l, v_l, cache_seqlens=lens_l, check_ranks=False, **options),
+                     device, args) if args.timeline else None
     out_w = sharded_decode(q, k_l, v_l, cache_seqlens=lens_l, **options)
     # One GPU holding every rank's part: the parts gathered (the same random values the ranks hold).
     parts_k = [torch.empty_like(k_l) for _ in range(world)]
@@ -219,10 +258,13 @@ def decode(rank: int, world: int, device: torch.device, args: argparse.Namespace
     ref = cutlassfa.forward(q, k_all, v_all, cache_seqlens=lens_1, causal=True, **one)
     check = rel_l2_all(out_w, ref, device) / world ** 0.5  # every rank holds the whole result
     cache_bytes = 2 * batch * hkv * local * world * args.head_dim * q.element_size()
-    return dict(case="decode", paged=paged, page=args.page if paged else None, W=world, B=batch, cache=local * world,
-                Hq=hq, Hkv=hkv, d=args.head_dim, dtype=args.dtype, t_w_s=t_w, t_1_s=t_1,
-                efficiency=t_1 / (world * t_w), check_rel_l2=check, t_1_tb_per_s=cache_bytes / t_1 / 1e12,
-                t_w_tb_per_s_per_gpu=cache_bytes / world / t_w / 1e12)
+    row = dict(case="decode", paged=paged, page=args.page if paged else None, W=world, B=batch, cache=local * world,
+               Hq=hq, Hkv=hkv, d=args.head_dim, dtype=args.dtype, t_w_s=t_w, t_1_s=t_1,
+               efficiency=t_1 / (world * t_w), check_rel_l2=check, t_1_tb_per_s=cache_bytes / t_1 / 1e12,
+               t_w_tb_per_s_per_gpu=cache_bytes / world / t_w / 1e12)
+    if steps is not None:
+        row["timeline"] = steps
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"context parallelism, {world} x {name}, {args.dtype}, heads {args.heads}, d {args.head_dim}")
         for row in rows:
             shown = {key: (f"{val:.4g}" if isinstance(val, float) else val) for key, val in row.items()
-                     if key != "documents"}
+                     if key not in ("documents", "timeline")}
             print(shown)
         if args.json is not None:
             args.json.write_text(json.dumps(dict(device=name, nccl=".".join(map(str, torch.cuda.nccl.version()))

@@ -319,6 +319,26 @@ def test_cp_bench_smoke_run_on_cpu(tmp_path):
     assert sum(packed["documents"]) == 1024 and all(64 <= n <= 512 for n in packed["documents"])
     for row in rows:
         assert row["W"] == 1 and row["check_rel_l2"] <= 1e-5 and row["t_w_s"] > 0 and row["t_1_s"] > 0
+        assert "timeline" not in row
+
+
+def test_cp_bench_decode_timeline_on_cpu(tmp_path):
+    """--timeline: a decode row carries the step's parts in order (on the CPU its top-level operations: the
+    rank's forward, the send buffer's copies, the all_gather, the merge)."""
+    import json
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    result = tmp_path / "cp.json"
+    assert harness.run_script("cp_bench", ["--device", "cpu", "--cases", "decode", "--cache", "1024", "--heads", "4:2",
+                                           "--head-dim", "32", "--dtype", "float32", "--batches", "1", "--page", "0",
+                                           "--iters", "1", "--warmup", "0", "--timeline", "--json", str(result)]) == 0
+    (row,) = json.loads(result.read_text())["rows"]
+    steps = row["timeline"]
+    assert steps and steps[0]["start_us"] == 0
+    assert all(later["start_us"] >= earlier["start_us"] for earlier, later in zip(steps, steps[1:]))
+    assert all(step["us"] >= 0 for step in steps)
+    assert any("all_gather" in step["name"] for step in steps), [step["name"] for step in steps]
 
 
 def test_cp_scaling_reads_the_committed_results():
