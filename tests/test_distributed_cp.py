@@ -362,3 +362,24 @@ def test_cp_scaling_reads_the_committed_results():
         if row["efficiency"] is not None:
             assert f"| {row['efficiency']:.3f} |" in line
             assert abs(row["efficiency"] - row["t_1"] / (row["W"] * row["t_w"])) < 1e-9
+
+
+def test_cp_collective_probe_on_cpu(tmp_path):
+    """scripts/cp_collective_probe.py with one process on the CPU: the gloo all_gather row is timed and exact
+    (the -inf entries included), the symmetric-memory row says why it did not run there."""
+    import json
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    result = tmp_path / "probe.json"
+    assert harness.run_script("cp_collective_probe", ["--device", "cpu", "--floats", "129", "4128", "--calls", "2",
+                                                      "--replays", "2", "--iters", "1", "--warmup", "0",
+                                                      "--json", str(result)]) == 0
+    rows = json.loads(result.read_text())["rows"]
+    assert [(row["variant"], row["floats"]) for row in rows] == [
+        ("nccl", 129), ("symmetric_memory", 129), ("nccl", 4128), ("symmetric_memory", 4128)]
+    for row in rows:
+        if row["variant"] == "nccl":
+            assert row["exact"] is True and row["s"] > 0 and row["bytes"] == 4 * row["floats"]
+        else:
+            assert "s" not in row and row["unavailable"]
