@@ -36,6 +36,41 @@ __forceinline__ __device__ RowTensor normalize_rows(TensorO& out, RowTensor cons
   return lse;
 }
 
+// The row steps of every online softmax (the struct below and sm90ws/softmax.h's two-phase one), on the
+// (nrow, ncol) view of an S tile.
+
+// Row mi's max over this tile's scores and `start`, across the quad that holds the row.
+template <class TensorS>
+__forceinline__ __device__ float quad_row_max(TensorS const& scores, int mi, float start) {
+  float m = start;
+  CUTE_UNROLL
+  for (int ni = 0; ni < size<1>(scores); ++ni) { m = fmaxf(m, scores(mi, ni)); }
+  return quad_allreduce(m, MaxOp{});
+}
+
+// The reference P is taken against: a row that has seen only masked keys (max -inf) takes 0, since
+// -inf - -inf would be NaN; its scores are all -inf and map to 2^-inf = 0.
+__forceinline__ __device__ float finite_reference(float m) { return m == -INFINITY ? 0.f : m; }
+
+// What O and l are multiplied by when their reference moves from `from` to `to`; 0 from -inf (the first
+// key seen: O and l are still 0).
+__forceinline__ __device__ float rescale_factor(float from, float to, float scale_log2) {
+  return from == -INFINITY ? 0.f : fast_exp2((from - to) * scale_log2);
+}
+
+// Row mi's scores become P = 2^(s * scale_log2 - reference_scaled) in place; returns this thread's sum of
+// them.
+template <class TensorS>
+__forceinline__ __device__ float exponentiate_row(TensorS& scores, int mi, float scale_log2, float reference_scaled) {
+  float sum = 0.f;
+  CUTE_UNROLL
+  for (int ni = 0; ni < size<1>(scores); ++ni) {
+    scores(mi, ni) = fast_exp2(scores(mi, ni) * scale_log2 - reference_scaled);
+    sum += scores(mi, ni);
+  }
+  return sum;
+}
+
 // A lagging reference (FlashAttention-4's conditional rescale): a row's reference max, which P, l and O are
 // relative to, moves only once the row's max outgrew it by more than this, in log2 units of P. P then stays
 // <= 2^8 (as exact relative to 1 in fp16 / bf16 as below it; fp32 O and l have room to spare), and O is
@@ -66,30 +101,18 @@ struct OnlineSoftmax {
     static_assert(decltype(size<0>(scores))::value == kNRows);
     if constexpr (kLaggingReference) {
       update_lagging(scores, out, scale_log2);
-      return;
-    }
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) {
-      float m_new = row_max(mi);
+    } else {
       CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(scores); ++ni) { m_new = fmaxf(m_new, scores(mi, ni)); }
-      m_new = quad_allreduce(m_new, MaxOp{});
-      // A row that has only seen masked keys has m = -inf; subtracting -inf would give NaN
-      // (-inf - -inf), so take 0 as the reference: its scores are all -inf and map to 2^-inf = 0.
-      float const m_ref = m_new == -INFINITY ? 0.f : m_new;
-      float const m_ref_scaled = m_ref * scale_log2;
-      // First step (row_max = -inf): alpha = 0, harmless since acc_o and l_i start at 0.
-      float const alpha = row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_ref) * scale_log2);
-      row_max(mi) = m_new;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(scores); ++ni) {
-        scores(mi, ni) = fast_exp2(scores(mi, ni) * scale_log2 - m_ref_scaled);
-        sum += scores(mi, ni);
+      for (int mi = 0; mi < kNRows; ++mi) {
+        float const m_new = quad_row_max(scores, mi, row_max(mi));
+        float const m_ref = finite_reference(m_new);
+        float const alpha = rescale_factor(row_max(mi), m_ref, scale_log2);
+        row_max(mi) = m_new;
+        float const sum = exponentiate_row(scores, mi, scale_log2, m_ref * scale_log2);
+        row_sum(mi) = row_sum(mi) * alpha + sum;
+        CUTE_UNROLL
+        for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= alpha; }
       }
-      row_sum(mi) = row_sum(mi) * alpha + sum;
-      CUTE_UNROLL
-      for (int di = 0; di < size<1>(out); ++di) { out(mi, di) *= alpha; }
     }
   }
 
@@ -100,17 +123,14 @@ struct OnlineSoftmax {
     bool grows = false;  // some row of this thread outgrew its reference by more than kReferenceLagLog2
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
-      m_new[mi] = row_max(mi);
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(scores); ++ni) { m_new[mi] = fmaxf(m_new[mi], scores(mi, ni)); }
-      m_new[mi] = quad_allreduce(m_new[mi], MaxOp{});
+      m_new[mi] = quad_row_max(scores, mi, row_max(mi));
       // -inf reference (no key seen yet): grows as soon as a key is visible; -inf - -inf is NaN, not > .
       grows |= (m_new[mi] - row_max(mi)) * scale_log2 > kReferenceLagLog2;
     }
     if (__any_sync(0xffffffffu, grows)) {
       CUTE_UNROLL
       for (int mi = 0; mi < kNRows; ++mi) {
-        float const alpha = row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_new[mi]) * scale_log2);
+        float const alpha = rescale_factor(row_max(mi), m_new[mi], scale_log2);
         row_max(mi) = m_new[mi];
         row_sum(mi) *= alpha;
         CUTE_UNROLL
@@ -119,15 +139,7 @@ struct OnlineSoftmax {
     }
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
-      // A row that has seen only masked keys keeps -inf: its scores map to 2^-inf = 0 against 0.
-      float const m_ref_scaled = (row_max(mi) == -INFINITY ? 0.f : row_max(mi)) * scale_log2;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(scores); ++ni) {
-        scores(mi, ni) = fast_exp2(scores(mi, ni) * scale_log2 - m_ref_scaled);
-        sum += scores(mi, ni);
-      }
-      row_sum(mi) += sum;
+      row_sum(mi) += exponentiate_row(scores, mi, scale_log2, finite_reference(row_max(mi)) * scale_log2);
     }
   }
 

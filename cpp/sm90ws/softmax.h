@@ -56,7 +56,7 @@ struct TwoPhaseSoftmax {
     RowTensor alpha = make_tensor<float>(Shape<Int<kNRows>>{});
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
-      float m_new = row_max(mi);
+      float m_new;
       if constexpr (kLinear) {
         int const r0 = get<0>(coords(0, 0)), c0 = get<1>(coords(0, 0));
         float m_thread = -INFINITY;
@@ -66,28 +66,20 @@ struct TwoPhaseSoftmax {
           scores(mi, ni) = fmaf(term.slope, static_cast<float>(offset), scores(mi, ni));
           m_thread = fmaxf(m_thread, scores(mi, ni));
         }
-        m_new = fmaxf(m_new, m_thread + term.shift);
+        m_new = quad_allreduce(fmaxf(row_max(mi), m_thread + term.shift), MaxOp{});
       } else {
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(scores); ++ni) { m_new = fmaxf(m_new, scores(mi, ni)); }
+        m_new = quad_row_max(scores, mi, row_max(mi));
       }
-      m_new = quad_allreduce(m_new, MaxOp{});
       // The reference stays where it was while the max grows by at most kMaxGrowthLog2 (P then stays
       // <= 2^kMaxGrowthLog2, and O and l stay consistent with the reference): O needs no rescale at
       // most steps. A row that has only seen hidden keys has m = -inf: it takes 0 as the reference
       // (its scores are -inf and map to 2^-inf = 0) rather than computing -inf - -inf = NaN.
       bool const keep = row_max(mi) != -INFINITY && (m_new - row_max(mi)) * scale_log2 <= kMaxGrowthLog2;
-      float const m_ref = keep ? row_max(mi) : (m_new == -INFINITY ? 0.f : m_new);
-      alpha(mi) = keep ? 1.f : (row_max(mi) == -INFINITY ? 0.f : fast_exp2((row_max(mi) - m_ref) * scale_log2));
+      float const m_ref = keep ? row_max(mi) : finite_reference(m_new);
+      alpha(mi) = keep ? 1.f : rescale_factor(row_max(mi), m_ref, scale_log2);
       row_max(mi) = keep ? row_max(mi) : m_new;
       float const m_ref_scaled = (kLinear ? m_ref - term.shift : m_ref) * scale_log2;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(scores); ++ni) {
-        scores(mi, ni) = fast_exp2(scores(mi, ni) * scale_log2 - m_ref_scaled);
-        sum += scores(mi, ni);
-      }
-      row_sum(mi) = row_sum(mi) * alpha(mi) + sum;
+      row_sum(mi) = row_sum(mi) * alpha(mi) + exponentiate_row(scores, mi, scale_log2, m_ref_scaled);
     }
     return alpha;
   }
