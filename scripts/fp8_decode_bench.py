@@ -5,7 +5,10 @@ the bf16 cache, cutlassfa on the fp8 cache (per-head descales), and two read-onl
 int32 view of the fp8 K and V bytes and of the bf16 ones (the memory roofline of each). Also the relative L2
 of the fp8 result against the bf16 one (the quantization error users pay).
 
-    python scripts/fp8_decode_bench.py --json out.json [--quick]
+    python scripts/fp8_decode_bench.py --json out.json [--quick] [--bf16-only]
+
+--bf16-only: the bf16 cache and its read alone, with any cutlassfa (one from before fp8 caches too): the bf16
+path of two builds compared, each run in its own process, against the read row of its own run.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def time_interleaved(graphs: dict[str, torch.cuda.CUDAGraph]) -> dict[str, float
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def case(b: int, hq: int, hkv: int, keys: int, page: int | None, d: int = 128) -> dict:
+def case(b: int, hq: int, hkv: int, keys: int, page: int | None, d: int = 128, fp8: bool = True) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(b * 1000003 + keys + (page or 0))
     q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     if page is None:
@@ -64,13 +67,17 @@ def case(b: int, hq: int, hkv: int, keys: int, page: int | None, d: int = 128) -
         "read_fp8": lambda: (k8_words.sum(), v8_words.sum()),
         "read_bf16": lambda: (k_words.sum(), v_words.sum()),
     }
+    if not fp8:
+        calls = {name: calls[name] for name in ("bf16", "read_bf16")}
     ms = time_interleaved({name: graph_of(torch, call, GRAPH_CALLS) for name, call in calls.items()})
     torch.cuda.synchronize()
-    error = ((out8.double() - out16.double()).norm() / out16.double().norm()).item()
     fp8_bytes = 2 * k8.numel()
     row = dict(b=b, hq=hq, hkv=hkv, keys=keys, page=page, d=d, ms=ms, bf16_cache_mb=2 * fp8_bytes / 2**20,
-               speedup=ms["bf16"] / ms["fp8"], of_read_fp8=ms["read_fp8"] / ms["fp8"],
-               fp8_tb_s=fp8_bytes / ms["fp8"] / 1e9, rel_l2_vs_bf16=error)
+               bf16_of_read=ms["read_bf16"] / ms["bf16"])
+    if fp8:
+        error = ((out8.double() - out16.double()).norm() / out16.double().norm()).item()
+        row.update(speedup=ms["bf16"] / ms["fp8"], of_read_fp8=ms["read_fp8"] / ms["fp8"],
+                   fp8_tb_s=fp8_bytes / ms["fp8"] / 1e9, rel_l2_vs_bf16=error)
     return row
 
 
@@ -78,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="a few cases only")
+    parser.add_argument("--bf16-only", action="store_true", help="the bf16 cache and its read alone")
     args = parser.parse_args()
     rows = []
     batches, lengths, pages = ([8], [8192, 131072], [None, 64]) if args.quick else \
@@ -86,12 +94,13 @@ def main() -> None:
         for b in batches:
             for keys in lengths:
                 for page in pages:
-                    row = case(b, hq, hkv, keys, page)
+                    row = case(b, hq, hkv, keys, page, fp8=not args.bf16_only)
                     rows.append(row)
-                    print(f"{hq}/{hkv} B {b:2d} L {keys:6d} page {page or '-':>2}: bf16 {row['ms']['bf16']:.4f} ms "
-                          f"fp8 {row['ms']['fp8']:.4f} ms x{row['speedup']:.2f}, {row['of_read_fp8']:.2f} of the fp8 "
-                          f"read ({row['fp8_tb_s']:.2f} TB/s), bf16 cache {row['bf16_cache_mb']:.0f} MB, "
-                          f"rel L2 {row['rel_l2_vs_bf16']:.4f}", flush=True)
+                    line = f"{hq}/{hkv} B {b:2d} L {keys:6d} page {page or '-':>2}: bf16 {row['ms']['bf16']:.4f} ms"
+                    if not args.bf16_only:
+                        line += (f" fp8 {row['ms']['fp8']:.4f} ms x{row['speedup']:.2f}, {row['of_read_fp8']:.2f} of "
+                                 f"the fp8 read ({row['fp8_tb_s']:.2f} TB/s), rel L2 {row['rel_l2_vs_bf16']:.4f}")
+                    print(f"{line}, bf16 cache {row['bf16_cache_mb']:.0f} MB", flush=True)
                     torch.cuda.empty_cache()
     info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cutlassfa=cutlassfa.__version__)
     with open(args.json, "w") as f:
