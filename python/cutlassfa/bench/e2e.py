@@ -11,9 +11,9 @@ attention could reach); each round times one prefill forward and one `generate` 
 rounds. A decode step is (generate - prefill) / (new_tokens - 1); attention's share of a step is
 1 - step(none) / step(implementation). The host's speed drifts by more than the differences measured (a step
 is mostly host time), so each round also gives paired ratios (the baseline's time over ours, within the
-round; the order of the implementations rotates from round to round), reported as median and quartiles. Prompts are left-padded (entry b of B by b x prompt / (4 B) tokens),
-as batched generation pads them; the cache class is the one `generate` picks for the model, the same for
-every implementation.
+round; the order of the implementations rotates from round to round), reported as median and quartiles.
+Prompts are left-padded (entry b of B by b x prompt / (4 B) tokens), as batched generation pads them; the
+cache class is the one `generate` picks for the model, the same for every implementation.
 """
 
 from __future__ import annotations
@@ -176,7 +176,8 @@ def measure(work: Workload, rounds: int, device: str) -> dict[str, Any]:
         row["implementations"][impl] = entry
     base, ours, none = (row["implementations"][i] for i in names)
     row["prefill_speedup"] = base["prefill_ms"] / ours["prefill_ms"]
-    row["prefill_speedup_rounds"] = _spread([b / o for b, o in zip(times[baseline].prefill, times["cutlassfa"].prefill)])
+    row["prefill_speedup_rounds"] = _spread([b / o for b, o in
+                                             zip(times[baseline].prefill, times["cutlassfa"].prefill)])
     row["attention_share_prefill"] = {i: 1 - none["prefill_ms"] / row["implementations"][i]["prefill_ms"]
                                       for i in (baseline, "cutlassfa")}
     # The speed over the baseline of an attention that cost nothing (none's): what any attention can reach.
@@ -207,8 +208,9 @@ def run_e2e(workloads: list[Workload], rounds: int, device: str) -> list[dict[st
 
 
 def e2e_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| workload | baseline | prefill ms base / ours (speed) | tokens/s base / ours (speed; per round: median, quartiles) "
-             "| ceiling (no attention) | decode step ms base / ours | attention's share of a step base / ours "
+    lines = ["| workload | baseline | prefill ms base / ours (speed) "
+             "| tokens/s base / ours (speed; per round: median, quartiles) | ceiling (no attention) "
+             "| decode step ms base / ours | attention's share of a step base / ours "
              "| greedy tokens equal |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
