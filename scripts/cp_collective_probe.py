@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -64,8 +65,6 @@ def per_call_s(fn, device: torch.device, args: argparse.Namespace) -> float:
             stop.synchronize()
             times.append(start.elapsed_time(stop) / 1e3 / args.replays / args.calls)
         else:
-            import time
-
             begin = time.perf_counter()
             for _ in range(args.replays):
                 replay()
