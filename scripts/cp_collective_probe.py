@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cp_bench and ring_bench beside this file
-from cp_bench import captured, slowest  # noqa: E402
+from cp_bench import graph_timed  # noqa: E402
 from ring_bench import init_group  # noqa: E402
 
 from cutlassfa._context_parallel import all_gather_tensor  # noqa: E402  (after cp_bench's path set-up)
@@ -45,31 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def per_call_s(fn, device: torch.device, args: argparse.Namespace) -> float:
-    """Seconds a collective: `--calls` of them in one graph, replayed (plain calls on the CPU)."""
+    """Seconds a collective: `--calls` of them in one graph, timed as cp_bench times a step (plain calls on the
+    CPU)."""
     def many():
         for _ in range(args.calls):
             fn()
 
-    replay = captured(many, device, args.warmup)
-    times = []
-    for _ in range(args.iters):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier()
-        if device.type == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.replays):
-                replay()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) / 1e3 / args.replays / args.calls)
-        else:
-            begin = time.perf_counter()
-            for _ in range(args.replays):
-                replay()
-            times.append((time.perf_counter() - begin) / args.replays / args.calls)
-    return slowest(times, device)
+    return graph_timed(many, device, args) / args.calls
 
 
 def nccl_all_gather(part: torch.Tensor, world: int):
