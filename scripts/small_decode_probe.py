@@ -18,7 +18,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cutlassfa
-from cuda_graphs import graph_of
+from cuda_graphs import graph_of, replay_kernels
 
 # (B, Hkv, Nk, d): the decode grid's lowest ratios against the best SDPA backend (2k keys), and 16k.
 CASES = [(1, 4, 2048, 128), (1, 8, 2048, 64), (8, 4, 2048, 64), (1, 32, 2048, 64), (8, 8, 2048, 128),
@@ -62,16 +62,7 @@ def _case(b: int, hk: int, nk: int, d: int) -> dict:
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) * 1e3 / (CALLS * copies))
-    kernels = {}
-    for name in ("ours", "cudnn"):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            graphs[name].replay()
-            torch.cuda.synchronize()
-        durations: dict[str, list[float]] = {}
-        for event in profile.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                durations.setdefault(event.name[:60], []).append(event.device_time)
-        kernels[name] = {k: (len(v), round(sum(v) / len(v), 2)) for k, v in durations.items()}
+    kernels = {name: replay_kernels(torch, graphs[name]) for name in ("ours", "cudnn")}
     plan = cutlassfa.plan(qs[0], ks[0], vs[0], cache_seqlens=lengths)
     return {"case": [b, HEADS_Q, hk, nk, d], "kv_mb": round(kv_bytes / 1e6, 1),
             "us": {name: round(statistics.median(t), 2) for name, t in times.items()},
