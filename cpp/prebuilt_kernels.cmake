@@ -2,10 +2,11 @@
 # Python): `cmake --build <build> --target cutlassfa_kernels_export` copies a build's kernel objects, one
 # folder per family, with a STAMP, into CUTLASSFA_KERNELS_EXPORT_DIR; a build configured with
 # -DCUTLASSFA_KERNELS_FROM=<that folder> links those objects instead of compiling the families. The STAMP
-# is a hash of every kernel source (cpp/ but the bindings), of the generated headers and instantiation files,
-# and of the compiler release, flags, architectures and CUTLASS release: a folder made from anything else is
-# refused at configure time, never linked. The export computes it when it copies the objects (this file run
-# as a script), so that it describes the sources they were just built from.
+# is a hash of every kernel source (cpp/ but the bindings), of the generated headers and instantiation files
+# (not of their grouping into objects), and of the compiler release, flags, architectures and CUTLASS
+# release: a folder made from anything else is refused at configure time, never linked. The export computes
+# it when it copies the objects (this file run as a script), so that it describes the sources they were just
+# built from.
 # Included by the top-level CMakeLists.txt after the generated headers are written.
 
 function(cutlassfa_kernels_stamp out source_dir generated compiler flags architectures cutlass_include)
@@ -19,6 +20,9 @@ function(cutlassfa_kernels_stamp out source_dir generated compiler flags archite
       list(FILTER files EXCLUDE REGEX "^cpp/(bindings|jax)/")
     else()
       list(FILTER files EXCLUDE REGEX "_build_config\\.py$")  # the Python side's description of the build
+      # How the instantiation files are grouped into objects (a machine's core count) changes no kernel: objects
+      # exported on a many-core machine link into a build on a 2-core one.
+      list(FILTER files EXCLUDE REGEX "^objects/")
     endif()
     list(SORT files)
     foreach(file IN LISTS files)

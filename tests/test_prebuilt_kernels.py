@@ -1,7 +1,8 @@
 """The stamp that guards prebuilt kernel objects (cpp/prebuilt_kernels.cmake, run as a CMake script as the
 export runs it): the same sources and configuration give the same stamp wherever the trees lie; any kernel
 source, generated instantiation, flag, architecture, compiler release or CUTLASS release changes it; the
-bindings, and a patch release of the compiler, do not."""
+bindings, the instantiations' grouping into objects (a machine's core count), and a patch release of the
+compiler, do not."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.skipif(CMAKE is None, reason="machine: no cmake on PATH
 def _tree(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files = {"cpp/sm90/launch.cu": "kernel", "cpp/common/mask.h": "rule", "cpp/bindings/forward.cpp": "binding",
              "generated/inst/sm90_hdim128.cu": "instance", "generated/_build_config.py": "python",
+             "generated/objects/sm90_1.cu": '#include "inst/sm90_hdim128.cu"',
              "cutlass/include/cutlass/version.h": "#define CUTLASS_MAJOR 4", "README.md": "docs"}
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -44,12 +46,14 @@ def test_the_stamp_names_the_kernel_sources_and_the_configuration(tmp_path):
     for changed in ({"compiler": "13.1.0"}, {"flags": "-O2,-lineinfo"}, {"architectures": "80,90a"}):
         assert _stamp(tree, tmp_path, **changed) != base, changed
     for name, counts in (("cpp/bindings/forward.cpp", False), ("generated/_build_config.py", False),
-                         ("README.md", False), ("cpp/common/mask.h", True), ("generated/inst/sm90_hdim128.cu", True),
+                         ("README.md", False), ("generated/objects/sm90_1.cu", False), ("cpp/common/mask.h", True), ("generated/inst/sm90_hdim128.cu", True),
                          ("cutlass/include/cutlass/version.h", True)):
         path = tree["source"] / name
         original = path.read_text()
         path.write_text(original + " changed")
         assert (_stamp(tree, tmp_path) != base) == counts, name
         path.write_text(original)
+    (tree["generated"] / "objects/sm90_2.cu").write_text('#include "inst/sm90_hdim64.cu"')  # grouped otherwise
+    assert _stamp(tree, tmp_path) == base
     (tree["source"] / "cpp/sm90/new_kernel.cu").write_text("more")
     assert _stamp(tree, tmp_path) != base
