@@ -38,6 +38,12 @@ if(CMAKE_SCRIPT_MODE_FILE)  # the export: cmake -DSOURCE_DIR=... (as below) -DST
   cutlassfa_kernels_stamp(stamp "${SOURCE_DIR}" "${GENERATED}" "${COMPILER}" "${FLAGS}" "${ARCHITECTURES}"
                           "${CUTLASS_INCLUDE}")
   file(WRITE "${STAMP_FILE}" "${stamp}\n")
+  # Beside it, how the instantiation files were grouped into objects: a build that links them groups its
+  # sources the same way (cpp/CMakeLists.txt), whatever its own core count.
+  if(DEFINED INSTANCES_PER_OBJECT)
+    get_filename_component(folder "${STAMP_FILE}" DIRECTORY)
+    file(WRITE "${folder}/INSTANCES_PER_OBJECT" "${INSTANCES_PER_OBJECT}\n")
+  endif()
   return()
 endif()
 
@@ -67,6 +73,7 @@ else()
                     COMMAND "${CMAKE_COMMAND}" "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DGENERATED=${GENERATED}"
                             "-DCOMPILER=${CMAKE_CUDA_COMPILER_VERSION}" "-DFLAGS=${_stamp_flags}"
                             "-DARCHITECTURES=${_stamp_architectures}" "-DCUTLASS_INCLUDE=${_cutlass_include}"
-                            "-DSTAMP_FILE=${CUTLASSFA_KERNELS_EXPORT_DIR}/STAMP" -P "${CMAKE_CURRENT_LIST_FILE}"
+                            "-DSTAMP_FILE=${CUTLASSFA_KERNELS_EXPORT_DIR}/STAMP"
+                            "-DINSTANCES_PER_OBJECT=${CUTLASSFA_INSTANCES_PER_OBJECT}" -P "${CMAKE_CURRENT_LIST_FILE}"
                     DEPENDS ${CUTLASSFA_KERNEL_FAMILIES} COMMAND_EXPAND_LISTS VERBATIM)
 endif()

@@ -28,13 +28,25 @@ def _tree(root: pathlib.Path) -> dict[str, pathlib.Path]:
     return {"source": root, "generated": root / "generated", "cutlass": root / "cutlass/include"}
 
 
-def _stamp(tree, tmp_path, compiler="13.0.88", flags="-O3,-lineinfo", architectures="90a") -> str:
+def _stamp(tree, tmp_path, compiler="13.0.88", flags="-O3,-lineinfo", architectures="90a", extra=()) -> str:
     out = tmp_path / f"stamp{len(list(tmp_path.glob('stamp*')))}"
     subprocess.run([CMAKE, f"-DSOURCE_DIR={tree['source']}", f"-DGENERATED={tree['generated']}",
                     f"-DCOMPILER={compiler}", f"-DFLAGS={flags}", f"-DARCHITECTURES={architectures}",
-                    f"-DCUTLASS_INCLUDE={tree['cutlass']}", f"-DSTAMP_FILE={out}", "-P", str(SCRIPT)],
+                    f"-DCUTLASS_INCLUDE={tree['cutlass']}", f"-DSTAMP_FILE={out}", *extra, "-P", str(SCRIPT)],
                    check=True, capture_output=True)
     return out.read_text().strip()
+
+
+def test_the_export_records_its_grouping_of_instances(tmp_path):
+    """A build that links the objects groups its instantiation files as the exporting machine did (so that
+    one object stands for each group), whatever its own core count."""
+    tree = _tree(tmp_path / "a")
+    (tmp_path / "export").mkdir()
+    _stamp(tree, tmp_path / "export")
+    assert not (tmp_path / "export" / "INSTANCES_PER_OBJECT").exists()
+    stamp = _stamp(tree, tmp_path / "export", extra=["-DINSTANCES_PER_OBJECT=6"])
+    assert (tmp_path / "export" / "INSTANCES_PER_OBJECT").read_text().strip() == "6"
+    assert stamp == _stamp(tree, tmp_path)  # the grouping is not part of the stamp
 
 
 def test_the_stamp_names_the_kernel_sources_and_the_configuration(tmp_path):
