@@ -1,6 +1,7 @@
-"""`torch.ops.cutlassfa.forward`: registered, right fake shapes, torch.compile(fullgraph=True) equal to
-eager, a clear error from autograd, and the routing that keeps eager calls off the operator. CPU tensors
-here (CI); the same on CUDA tensors, plus CUDA-graph replay, under the `gpu` marker."""
+"""`torch.ops.cutlassfa.forward` and `torch.ops.cutlassfa.varlen_forward`: registered, right fake shapes,
+torch.compile(fullgraph=True) equal to eager, a clear error from autograd, and the routing that keeps eager
+calls off the operators. CPU tensors here (CI); the same on CUDA tensors, plus CUDA-graph replay, under the
+`gpu` marker."""
 
 import os
 import subprocess
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is dep
 import cutlassfa  # noqa: E402
 from cutlassfa.check import bound_for  # noqa: E402
 from cutlassfa.integrations import torch as cutlassfa_torch  # noqa: E402
-from cutlassfa.reference import attention_reference, rel_l2  # noqa: E402
+from cutlassfa.reference import attention_reference, rel_l2, varlen_reference  # noqa: E402
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -203,6 +204,93 @@ def test_autograd_raises_clear_error_when_compiled(rng):
     compiled = torch.compile(lambda q, k, v: cutlassfa_torch.forward(q, k, v) * 2, fullgraph=True)
     out = compiled(q, k, v)  # the forward runs: only the backward is missing
     torch.testing.assert_close(out.detach(), 2 * cutlassfa_torch.forward(q.detach(), k, v), rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="has no backward pass"):
+        out.sum().backward()
+
+
+# --------------------------------------------------------------------------------------------------
+# varlen_forward's operator
+# --------------------------------------------------------------------------------------------------
+
+_LENGTHS = [5, 0, 17, 9, 1]  # an empty sequence and a single row among them
+
+
+def _packed(rng, hq=4, hk=2, d=32, dtype="float32", lengths=_LENGTHS):
+    """Packed q, k, v (total, H, d) of `lengths` and their int32 prefix sums."""
+    total = sum(lengths)
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in _qkv(rng, 1, hq, hk, total, total, d, dtype))
+    return q, k, v, torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+
+
+def test_varlen_operator_is_registered():
+    schema = str(torch.ops.cutlassfa.varlen_forward.default._schema)
+    for argument in ("Tensor cu_seqlens_q", "Tensor cu_seqlens_k", "int? max_seqlen_q", "bool causal", "int[]? window",
+                     "Tensor? sinks", "ScalarType? out_dtype"):
+        assert argument in schema
+    assert "cache_seqlens" not in schema and schema.endswith("-> (Tensor out, Tensor lse)")
+
+
+@pytest.mark.parametrize("op", [torch.ops.cutlassfa.forward.default, torch.ops.cutlassfa.varlen_forward.default],
+                         ids=["forward", "varlen_forward"])
+def test_operators_pass_opcheck(rng, op):
+    """torch.library.opcheck: schema, fake kernel against the real one, autograd registration, AOT dispatch."""
+    q, k, v, cu = _packed(rng)
+    dense = tuple(t[None].transpose(1, 2) for t in (q, k, v))  # (1, H, total, d)
+    args = (q, k, v, cu, cu, 17, 17, True) if "varlen" in str(op) else (*dense, True)
+    results = torch.library.opcheck(op, args)
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_varlen_operator_matches_eager_and_reference(rng, dtype):
+    q, k, v, cu = _packed(rng, dtype=dtype)
+    kw = dict(max_seqlen_q=17, max_seqlen_k=17, causal=True, window=(4, 0), return_lse=True)
+    eager, eager_lse = cutlassfa.varlen_forward(q, k, v, cu, cu, **kw)
+    through_op, lse = cutlassfa_torch.op_varlen_forward(q, k, v, cu, cu, **kw)
+    assert through_op.shape == q.shape and through_op.dtype == q.dtype
+    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
+    assert torch.equal(eager, through_op) and torch.equal(eager_lse, lse)
+    ref, _ = varlen_reference(_host(q), _host(k), _host(v), cu.numpy(), cu.numpy(), causal=True, window=(4, 0))
+    assert rel_l2(_host(through_op), ref) <= bound_for("cpu", dtype).rel_l2
+    hosted = cutlassfa_torch.op_varlen_forward(q, k, v, [int(x) for x in cu], cu.tolist(), causal=True)  # host ints
+    assert torch.equal(hosted, cutlassfa.varlen_forward(q, k, v, cu, cu, causal=True))
+
+
+def test_varlen_fake_tensor_shapes_and_validation():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, cu = torch.empty(31, 8, 64, dtype=torch.bfloat16), torch.empty(40, 2, 64, dtype=torch.bfloat16), \
+            torch.empty(5, dtype=torch.int32)
+        out, lse = cutlassfa.varlen_forward(q, k, k, cu, cu, max_seqlen_q=17, causal=True, return_lse=True)
+        assert isinstance(out, FakeTensor) and out.shape == q.shape and out.dtype == torch.bfloat16
+        assert lse.shape == (8, 31) and lse.dtype == torch.float32
+        with pytest.raises(ValueError, match="head dim 32 differs"):  # judged where the call is traced
+            cutlassfa.varlen_forward(q, torch.empty(40, 2, 32, dtype=torch.bfloat16),
+                                     torch.empty(40, 2, 32, dtype=torch.bfloat16), cu, cu)
+
+
+def test_varlen_compile_fullgraph_equals_eager(rng):
+    """compile(fullgraph=True) of a block around `cutlassfa.varlen_forward` equals it run eagerly, for two
+    batches of different totals."""
+    def block(q, k, v, cu, longest):
+        out, lse = cutlassfa.varlen_forward(q * 1.5, k, v, cu, cu, max_seqlen_q=longest, max_seqlen_k=longest,
+                                            causal=True, return_lse=True)
+        return out + 1.0, lse
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    for lengths in (_LENGTHS, [3, 12, 0, 7]):
+        q, k, v, cu = _packed(rng, lengths=lengths)
+        for got, expected in zip(compiled(q, k, v, cu, max(lengths)), block(q, k, v, cu, max(lengths))):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_varlen_autograd_raises_clear_error(rng):
+    q, k, v, cu = _packed(rng)
+    q.requires_grad_()
+    out = cutlassfa.varlen_forward(q, k, v, cu, cu, causal=True)  # autograd must see the call: the operator
+    assert out.requires_grad
     with pytest.raises(NotImplementedError, match="has no backward pass"):
         out.sum().backward()
 

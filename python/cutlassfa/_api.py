@@ -484,8 +484,9 @@ def varlen_forward(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
                                               max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                               backend=backend, return_lse=return_lse, out=out, **_given(options))
     if module.startswith("torch") and _torch_integration().must_use_op(q, k, v):
-        raise NotImplementedError("cutlassfa.varlen_forward has no torch operator yet (torch.compile, autograd, "
-                                  "tensor subclasses)")
+        return _torch_integration().op_varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+            softmax_scale=softmax_scale, backend=backend, return_lse=return_lse, out=out, **_given(options))
     _require_extension()
     if _TUNING_PENDING:
         _install_tuning()

@@ -52,6 +52,17 @@ def stand_in(array: Any, writable: bool = False) -> Any:
     return np.lib.stride_tricks.as_strided(row, shape, (0,) * (len(shape) - 1) + row.strides, writeable=writable)
 
 
+def varlen_stand_in(cu_seqlens: Any, total: int, longest: int) -> np.ndarray:
+    """Host prefix sums of cu_seqlens' length that the validator accepts for `total` rows in sequences of at
+    most `longest`, for cu_seqlens whose values are not known where the call is judged (tracers, fake
+    tensors)."""
+    entries = int(cu_seqlens.shape[0]) if getattr(cu_seqlens, "ndim", 1) == 1 else 0
+    values = np.minimum(np.arange(entries, dtype=np.int64) * max(longest, 0), total)
+    if entries:
+        values[-1] = total
+    return values.astype(np.int32)
+
+
 def cupy_empty(shape: tuple[int, ...], dtype: str, device: int) -> tuple[Any, Any]:
     """A new CuPy array on `device` (the extension's allocation callback): (result, writable target)."""
     import cupy

@@ -229,19 +229,24 @@ def _packed_plan(starts: torch.Tensor, window: tuple[int, int] | None) -> Plan:
 def packed_sequences_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Plan,
                              options: dict) -> torch.Tensor:
     """A packed plan run: q, k, v (B, H, N, d) as B x N rows of (H, d), their sequences in one
-    `cutlassfa.varlen_forward` call (eagerly: it has no torch operator yet); returns (B, N, H, d)."""
+    `cutlassfa.varlen_forward` call; returns (B, N, H, d)."""
+    batch, heads, n, dim = q.shape
+    rows = [x.transpose(1, 2).reshape(batch * n, x.shape[1], dim) for x in (q, k, v)]
+    out = _varlen_call(q, k, v)(*rows, layout.cu_seqlens, layout.cu_seqlens, max_seqlen_q=layout.max_seqlen,
+                                max_seqlen_k=layout.max_seqlen, **options)
+    return out.reshape(batch, n, heads, dim)
+
+
+def _varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+    """`cutlassfa.varlen_forward` for these tensors: through its torch operator where PyTorch must see the call
+    (torch.compile, autograd), else directly."""
     import cutlassfa
 
     from . import torch as cutlassfa_torch
 
     if cutlassfa_torch.must_use_op(q, k, v):
-        raise NotImplementedError("packed sequences need cutlassfa.varlen_forward, which has no torch operator yet "
-                                  "(torch.compile, autograd)")
-    batch, heads, n, dim = q.shape
-    rows = [x.transpose(1, 2).reshape(batch * n, x.shape[1], dim) for x in (q, k, v)]
-    out = cutlassfa_torch.eager_call(cutlassfa.varlen_forward, *rows, layout.cu_seqlens, layout.cu_seqlens,
-                                     max_seqlen_q=layout.max_seqlen, max_seqlen_k=layout.max_seqlen, **options)
-    return out.reshape(batch, n, heads, dim)
+        return cutlassfa_torch.op_varlen_forward
+    return lambda *args, **kwargs: cutlassfa_torch.eager_call(cutlassfa.varlen_forward, *args, **kwargs)
 
 
 # Where a plan is made without a read (torch.compile; a static cache's decode step), a mask it does not
@@ -385,24 +390,16 @@ def _binding_window(nq: int, nk: int, causal: bool, left: int | None, right: int
 
 def packed_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Plan, options: dict) -> torch.Tensor:
     """A varlen plan run: each entry's run of query rows against its run of keys, packed into one
-    `cutlassfa.varlen_forward` call (eagerly: it has no torch operator yet), unpacked. q, k, v (B, H, N, d);
-    returns (B, Nq, H, d), 0 in the rows outside the runs."""
-    import cutlassfa
-
-    from . import torch as cutlassfa_torch
-
-    if cutlassfa_torch.must_use_op(q, k, v):
-        raise NotImplementedError("this mask needs cutlassfa.varlen_forward, which has no torch operator yet "
-                                  "(torch.compile, autograd)")
+    `cutlassfa.varlen_forward` call, unpacked. q, k, v (B, H, N, d); returns (B, Nq, H, d), 0 in the rows
+    outside the runs."""
     batch, heads, nq, dim = q.shape
     q_rows = _in_range(nq, layout.query_start, layout.query_end)  # (B, Nq) bool
     k_rows = _in_range(k.shape[2], layout.key_start, layout.key_end)
     q_packed = q.transpose(1, 2)[q_rows]  # (total_q, Hq, d)
     k_packed, v_packed = k.transpose(1, 2)[k_rows], v.transpose(1, 2)[k_rows]
     q_lengths, k_lengths = q_rows.sum(1), k_rows.sum(1)
-    packed = cutlassfa_torch.eager_call(
-        cutlassfa.varlen_forward, q_packed, k_packed, v_packed, _cumulative(q_lengths), _cumulative(k_lengths),
-        max_seqlen_q=int(q_lengths.max()), max_seqlen_k=int(k_lengths.max()), **options)
+    packed = _varlen_call(q, k, v)(q_packed, k_packed, v_packed, _cumulative(q_lengths), _cumulative(k_lengths),
+                                   max_seqlen_q=int(q_lengths.max()), max_seqlen_k=int(k_lengths.max()), **options)
     result = q.new_zeros(batch, nq, heads, dim)
     result[q_rows] = packed
     return result

@@ -33,7 +33,7 @@ import numpy as np
 
 import cutlassfa
 from cutlassfa._api import _dtype_name, _flag, _scale
-from cutlassfa._arrays import stand_in
+from cutlassfa._arrays import stand_in, varlen_stand_in
 
 __all__ = ["forward", "varlen_forward", "FFI_TARGET", "NO_BACKWARD", "LAYOUTS"]
 
@@ -149,16 +149,6 @@ def _bhnd(x: Any, layout: str) -> Any:
     return x if layout == "BHND" else x.swapaxes(-2, -3)
 
 
-def _varlen_stand_in(cu_seqlens: Any, total: int, longest: int) -> np.ndarray:
-    """Host prefix sums of cu_seqlens' length that the validator accepts for `total` rows in sequences
-    of at most `longest` (the values themselves are not known at trace time)."""
-    entries = int(cu_seqlens.shape[0]) if getattr(cu_seqlens, "ndim", 1) == 1 else 0
-    values = np.minimum(np.arange(entries, dtype=np.int64) * max(longest, 0), total)
-    if entries:
-        values[-1] = total
-    return values.astype(np.int32)
-
-
 def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any, layout: str, options: dict,
           max_seqlen: tuple[int, int] | None = None, asked: tuple = (None, None),
           lse: bool = True) -> tuple[_Call, tuple]:
@@ -182,7 +172,7 @@ def _plan(q: Any, k: Any, v: Any, causal: Any, softmax_scale: Any, backend: Any,
     if varlen:
         for name, total, longest in (("cu_seqlens_q", q.shape[0], max_seqlen[0]),
                                      ("cu_seqlens_k", k.shape[0], max_seqlen[1])):
-            stand_ins[name] = _varlen_stand_in(arrays[name], int(total), longest)
+            stand_ins[name] = varlen_stand_in(arrays[name], int(total), longest)
         name = cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal,
                                        softmax_scale=softmax_scale, backend=backend, max_seqlen_q=asked[0],
                                        max_seqlen_k=asked[1], **stand_ins, **scalars)

@@ -1,16 +1,16 @@
-"""cutlassfa as a PyTorch operator: ``torch.ops.cutlassfa.forward``, registered through
-``torch.library`` when this module is imported, so that torch.compile, torch.export and FakeTensor
-shape propagation see the call, and autograd raises a clear error (there is no backward pass) instead
-of dropping the gradient.
+"""cutlassfa as PyTorch operators: ``torch.ops.cutlassfa.forward`` and ``torch.ops.cutlassfa.varlen_forward``,
+registered through ``torch.library`` when this module is imported, so that torch.compile, torch.export and
+FakeTensor shape propagation see the call, and autograd raises a clear error (there is no backward pass)
+instead of dropping the gradient.
 
 Eager calls do not go through the operator. Dispatching a Python-implemented operator costs time on
 every call (an empty kernel on CPU tensors, a shared 2-core machine, ``bench/torch_op_overhead.py``,
 several runs): 3.4–4.4 µs for a ``torch.library.Library`` define/impl operator, 8–13 µs once an
 autograd kernel is registered, 11–18 µs for ``torch.library.custom_op``, against a per-call budget of
-10 µs. So `cutlassfa.forward` calls the kernels directly and asks `must_use_op` first (~0.5 µs),
-which sends the call through the operator only when something has to see it: while torch.compile /
-torch.export trace, for fake or wrapped tensors (tensor subclasses, dispatch modes, functorch
-transforms, jit tracing), and when autograd would record the call.
+10 µs. So `cutlassfa.forward` and `varlen_forward` call the kernels directly and ask `must_use_op` first
+(~0.5 µs), which sends the call through its operator only when something has to see it: while
+torch.compile / torch.export trace, for fake or wrapped tensors (tensor subclasses, dispatch modes,
+functorch transforms, jit tracing), and when autograd would record the call.
 """
 
 from __future__ import annotations
@@ -22,18 +22,19 @@ import numpy as np
 import torch
 
 import cutlassfa
-from cutlassfa._arrays import host_numpy, stand_in, torch_from_numpy
+from cutlassfa._arrays import host_numpy, stand_in, torch_from_numpy, varlen_stand_in
 
-__all__ = ["forward", "maybe_route", "must_use_op", "op_forward", "eager_forward", "eager_call", "NO_BACKWARD"]
+__all__ = ["forward", "maybe_route", "must_use_op", "op_forward", "op_varlen_forward", "eager_forward", "eager_call",
+           "NO_BACKWARD"]
 
 NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlassfa attention are not "
                "implemented. Call it under torch.no_grad() / torch.inference_mode(), or on inputs that "
                "do not require grad, or use torch.nn.functional.scaled_dot_product_attention for training")
 
 # Keyword arguments of cutlassfa.forward that the operator carries beside q, k, v, with their defaults
-# (a default is not passed on, so that forward need not know a mode it is not asked for). Variable-length
-# batches and KV-cache appends (k_new / v_new write into the cache, a mutation the schema would have to
-# declare) are not operators yet: they run eagerly only.
+# (a default is not passed on, so that forward need not know a mode it is not asked for). KV-cache appends
+# (k_new / v_new write into the cache, a mutation the schema would have to declare) are not an operator yet:
+# they run eagerly only.
 _MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None,
                                    "block_table": None, "num_splits": None, "sinks": None, "alibi_slopes": None,
                                    "k_descale": None, "v_descale": None, "q_descale": None, "out_dtype": None}
@@ -44,7 +45,16 @@ _FORWARD_SCHEMA = (
     "Tensor? k_descale=None, Tensor? v_descale=None, Tensor? q_descale=None, ScalarType? out_dtype=None) "
     "-> (Tensor out, Tensor lse)"
 )
-# The backward of `forward`: an operator that raises when it runs, so that tracing a training graph
+# varlen_forward's: the same modes but those of a KV cache, and the packed sequences' bounds.
+_VARLEN_MODE_DEFAULTS: dict[str, Any] = {name: value for name, value in _MODE_DEFAULTS.items()
+                                         if name not in ("cache_seqlens", "cache_leftpad", "block_table", "num_splits")}
+_VARLEN_SCHEMA = (
+    "varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q=None, "
+    "int? max_seqlen_k=None, bool causal=False, float? softmax_scale=None, str backend='auto', int[]? window=None, "
+    "float softcap=0.0, Tensor? sinks=None, Tensor? alibi_slopes=None, Tensor? k_descale=None, "
+    "Tensor? v_descale=None, Tensor? q_descale=None, ScalarType? out_dtype=None) -> (Tensor out, Tensor lse)"
+)
+# The backward of both: an operator that raises when it runs, so that tracing a training graph
 # (torch.compile traces the backward ahead of time) still works and only running the backward fails.
 # It reads grad_out so that no partitioner can move it into the forward graph.
 _NO_BACKWARD_SCHEMA = "forward_backward(Tensor grad_out, SymInt[] kv_shape) -> (Tensor, Tensor, Tensor)"
@@ -105,20 +115,41 @@ def op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: boo
                softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
                out: torch.Tensor | None = None, **modes: Any) -> Any:
     """``cutlassfa.forward`` through ``torch.ops.cutlassfa.forward`` (always the operator)."""
-    unknown = sorted(modes.keys() - _MODE_DEFAULTS.keys())
-    if unknown:
-        raise NotImplementedError(f"cutlassfa.forward: {unknown[0]!r} is not supported through "
-                                  "torch.ops.cutlassfa.forward (torch.compile, autograd) yet")
-    for name in ("k_descale", "v_descale", "q_descale"):  # one float per tensor: a 0-d tensor in the schema
-        if isinstance(modes.get(name), (int, float)):
-            modes[name] = torch.tensor(float(modes[name]), dtype=torch.float32, device=q.device)
-    if isinstance(modes.get("out_dtype"), str):  # the schema's ScalarType
-        modes["out_dtype"] = getattr(torch, modes["out_dtype"])
-    result, lse = torch.ops.cutlassfa.forward.default(q, k, v, causal, softmax_scale, backend,
-                                                      **{**_MODE_DEFAULTS, **modes})
+    modes = _schema_modes("forward", _MODE_DEFAULTS, q, modes)
+    result, lse = torch.ops.cutlassfa.forward.default(q, k, v, causal, softmax_scale, backend, **modes)
     if out is not None:
         result = _copy_into(out, result)
     return (result, lse) if return_lse else result
+
+
+def op_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Any, cu_seqlens_k: Any, *,
+                      max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, causal: bool = False,
+                      softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
+                      out: torch.Tensor | None = None, **modes: Any) -> Any:
+    """``cutlassfa.varlen_forward`` through ``torch.ops.cutlassfa.varlen_forward`` (always the operator); host
+    cu_seqlens (ints) become int32 tensors on q's device."""
+    modes = _schema_modes("varlen_forward", _VARLEN_MODE_DEFAULTS, q, modes)
+    bounds = [b if isinstance(b, torch.Tensor) else torch.tensor(np.asarray(b), dtype=torch.int32, device=q.device)
+              for b in (cu_seqlens_q, cu_seqlens_k)]
+    result, lse = torch.ops.cutlassfa.varlen_forward.default(q, k, v, *bounds, max_seqlen_q, max_seqlen_k, causal,
+                                                             softmax_scale, backend, **modes)
+    if out is not None:
+        result = _copy_into(out, result)
+    return (result, lse) if return_lse else result
+
+
+def _schema_modes(name: str, defaults: dict[str, Any], q: torch.Tensor, modes: dict[str, Any]) -> dict[str, Any]:
+    """The operator `name`'s mode arguments, every one (defaults filled in) in the schema's form."""
+    unknown = sorted(modes.keys() - defaults.keys())
+    if unknown:
+        raise NotImplementedError(f"cutlassfa.{name}: {unknown[0]!r} is not supported through "
+                                  f"torch.ops.cutlassfa.{name} (torch.compile, autograd) yet")
+    for key in ("k_descale", "v_descale", "q_descale"):  # one float per tensor: a 0-d tensor in the schema
+        if isinstance(modes.get(key), (int, float)):
+            modes[key] = torch.tensor(float(modes[key]), dtype=torch.float32, device=q.device)
+    if isinstance(modes.get("out_dtype"), str):  # the schema's ScalarType
+        modes["out_dtype"] = getattr(torch, modes["out_dtype"])
+    return {**defaults, **modes}
 
 
 def _copy_into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
@@ -167,11 +198,11 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 # The operator
 # --------------------------------------------------------------------------------------------------
 
-# The operator's kernels take the schema's arguments positionally, the modes in _MODE_DEFAULTS' order
-# (the schema's): one list of names for the real call and the fake one.
-def _given_modes(modes: tuple[Any, ...]) -> dict[str, Any]:
+# The operators' kernels take the schema's arguments positionally, the modes in _MODE_DEFAULTS' order (or
+# _VARLEN_MODE_DEFAULTS', the schemas'): one list of names for the real call and the fake one.
+def _given_modes(modes: tuple[Any, ...], defaults: dict[str, Any] = _MODE_DEFAULTS) -> dict[str, Any]:
     """The modes the call asks for (defaults dropped), by name."""
-    given = dict(zip(_MODE_DEFAULTS, modes))
+    given = dict(zip(defaults, modes))
     return {name: value for name, value in given.items() if not _is_default(name, value)}
 
 
@@ -211,6 +242,41 @@ def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return q.new_empty(q.shape, dtype=dtype), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
+def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                 causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
+                 *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    given = _given_modes(modes, _VARLEN_MODE_DEFAULTS)
+    if "window" in given:
+        given["window"] = tuple(given["window"])
+    _state.inside_op = True
+    try:
+        return eager_call(cutlassfa.varlen_forward, q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
+                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                          softmax_scale=softmax_scale, backend=backend, return_lse=True, **given)
+    finally:
+        _state.inside_op = False
+
+
+def _varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                 causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
+                 *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """out (total_q, Hq, d) compact of the output's dtype, lse float32 (Hq, total_q); the call judged by the
+    extension's validator on stand-ins (cu_seqlens: prefix sums of their length that it accepts)."""
+    given = _given_modes(modes, _VARLEN_MODE_DEFAULTS)
+    out_dtype = given.pop("out_dtype", None)
+    options = {name: stand_in(value) for name, value in given.items()}
+    bounds = {name: varlen_stand_in(cu, int(total), int(total if longest is None else min(longest, total)))
+              for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                               ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k))}
+    cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
+                             backend=backend, out_dtype=out_dtype, max_seqlen_q=max_seqlen_q,
+                             max_seqlen_k=max_seqlen_k, **bounds, **options)
+    dtype = q.dtype if q.dtype != torch.float8_e4m3fn else (out_dtype or torch.bfloat16)
+    return q.new_empty(q.shape, dtype=dtype), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
 def _no_backward_impl(grad_out: torch.Tensor, kv_shape: list[int]) -> tuple[torch.Tensor, ...]:
     raise NotImplementedError(NO_BACKWARD)
 
@@ -228,16 +294,26 @@ def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple
     return tuple(grads) + (None,) * (len(_MODE_DEFAULTS) + 3)
 
 
+def _varlen_backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple:
+    grads = torch.ops.cutlassfa.forward_backward.default(grad_out, list(ctx.kv_shape))
+    return tuple(grads) + (None,) * (len(_VARLEN_MODE_DEFAULTS) + 7)
+
+
 def _register() -> torch.library.Library:
     library = torch.library.Library("cutlassfa", "DEF")
     library.define(_FORWARD_SCHEMA)
+    library.define(_VARLEN_SCHEMA)
     library.define(_NO_BACKWARD_SCHEMA)
     for device in ("CPU", "CUDA"):
         library.impl("forward", _forward_impl, device)
+        library.impl("varlen_forward", _varlen_impl, device)
         library.impl("forward_backward", _no_backward_impl, device)
     torch.library.register_fake("cutlassfa::forward", _forward_fake, lib=library)
+    torch.library.register_fake("cutlassfa::varlen_forward", _varlen_fake, lib=library)
     torch.library.register_fake("cutlassfa::forward_backward", _no_backward_fake, lib=library)
     torch.library.register_autograd("cutlassfa::forward", _backward, setup_context=_setup_context, lib=library)
+    torch.library.register_autograd("cutlassfa::varlen_forward", _varlen_backward, setup_context=_setup_context,
+                                    lib=library)
     return library
 
 
