@@ -323,6 +323,23 @@ def test_cuda_eager_operator_and_compile(rng, dtype, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_varlen_eager_operator_and_compile(rng, dtype):
+    _need_cuda()
+    q, k, v, cu = (t.cuda() for t in _packed(rng, hq=8, hk=2, d=64, dtype=dtype))
+    kw = dict(max_seqlen_q=17, max_seqlen_k=17, causal=True)
+    eager = cutlassfa.varlen_forward(q, k, v, cu, cu, **kw)
+    through_op = cutlassfa_torch.op_varlen_forward(q, k, v, cu, cu, **kw)
+    assert eager.device == q.device and torch.equal(eager, through_op)
+    ref, _ = varlen_reference(_host(q), _host(k), _host(v), cu.cpu().numpy(), cu.cpu().numpy(), causal=True)
+    assert rel_l2(_host(eager), ref) <= bound_for(cutlassfa.select_backend(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                                           **kw), dtype).rel_l2
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, cu: cutlassfa.varlen_forward(q, k, v, cu, cu, **kw), fullgraph=True)
+    assert torch.equal(compiled(q, k, v, cu), eager)
+
+
+@pytest.mark.gpu
 def test_cuda_fake_shapes_and_autograd(rng):
     _need_cuda()
     from torch._subclasses.fake_tensor import FakeTensorMode
