@@ -1,7 +1,7 @@
-"""`torch.ops.cutlassfa.forward` and `torch.ops.cutlassfa.varlen_forward`: registered, right fake shapes,
-torch.compile(fullgraph=True) equal to eager, a clear error from autograd, and the routing that keeps eager
-calls off the operators. CPU tensors here (CI); the same on CUDA tensors, plus CUDA-graph replay, under the
-`gpu` marker."""
+"""`torch.ops.cutlassfa.forward`, `forward_append` (KV-cache appends, which write the caches) and
+`varlen_forward`: registered, right fake shapes, torch.compile(fullgraph=True) equal to eager, a clear error
+from autograd, and the routing that keeps eager calls off the operators. CPU tensors here (CI); the same on
+CUDA tensors, plus CUDA-graph replay, under the `gpu` marker."""
 
 import os
 import subprocess
@@ -113,8 +113,68 @@ def test_operator_takes_3d_inputs_scale_and_out(rng):
 
 def test_operator_refuses_unknown_keyword(rng):
     q, k, v = _qkv(rng, 1, 1, 1, 4, 4, 32)
-    with pytest.raises(NotImplementedError, match="'k_new' is not supported"):
-        cutlassfa_torch.op_forward(q, k, v, k_new=k)
+    with pytest.raises(NotImplementedError, match="'bogus' is not supported"):
+        cutlassfa_torch.op_forward(q, k, v, bogus=1)
+    with pytest.raises(ValueError, match="k_new and v_new must be given together"):
+        cutlassfa_torch.op_forward(q, k, v, k_new=k[:, :, :1])
+
+
+# --------------------------------------------------------------------------------------------------
+# Appends to KV caches: forward_append writes its caches
+# --------------------------------------------------------------------------------------------------
+
+def _decode_step(rng, b=2, hq=4, hk=2, capacity=24, d=32):
+    """q of one new token, k_new / v_new, zeroed caches (a fresh pair per call of `caches`), lengths."""
+    q, k_new, v_new = _qkv(rng, b, hq, hk, 1, 1, d)
+    lengths = torch.tensor([3, 11][:b], dtype=torch.int32)
+    return q, k_new, v_new, lengths, lambda: (torch.zeros(b, hk, capacity, d), torch.zeros(b, hk, capacity, d))
+
+
+def test_append_operator_writes_the_caches_as_eager_does(rng):
+    q, k_new, v_new, lengths, caches = _decode_step(rng)
+    (k1, v1), (k2, v2) = caches(), caches()
+    kw = dict(k_new=k_new, v_new=v_new, cache_seqlens=lengths, causal=True, return_lse=True)
+    eager, eager_lse = cutlassfa.forward(q, k1, v1, **kw)
+    through_op, lse = cutlassfa_torch.op_forward(q, k2, v2, **kw)
+    assert torch.equal(eager, through_op) and torch.equal(eager_lse, lse)
+    assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert torch.equal(k2[1, :, 11], k_new[1, :, 0]) and torch.equal(v2[0, :, 3], v_new[0, :, 0])
+    schema = str(torch.ops.cutlassfa.forward_append.default._schema)
+    assert "Tensor(a!) k" in schema and "Tensor(b!) v" in schema
+
+
+def test_append_compile_fullgraph_equals_eager(rng):
+    """A decode step that appends its token compiles whole; the compiled step writes the caches as eager does."""
+    q, k_new, v_new, lengths, caches = _decode_step(rng)
+
+    def step(q, k_cache, v_cache, k_new, v_new, lengths):
+        return cutlassfa.forward(q * 1.5, k_cache, v_cache, k_new=k_new, v_new=v_new, cache_seqlens=lengths,
+                                 causal=True) + 1.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    (k1, v1), (k2, v2) = caches(), caches()
+    torch.testing.assert_close(compiled(q, k1, v1, k_new, v_new, lengths), step(q, k2, v2, k_new, v_new, lengths),
+                               rtol=0, atol=0)
+    assert torch.equal(k1, k2) and torch.equal(v1, v2) and k1.abs().sum() > 0
+    results = torch.library.opcheck(torch.ops.cutlassfa.forward_append.default,
+                                    (q, *caches(), k_new, v_new, True, None, "auto", None, 0.0, lengths))
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+def test_append_fake_validation_and_autograd(rng):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, cache, new = torch.empty(2, 4, 1, 64), torch.empty(2, 2, 24, 64), torch.empty(2, 2, 1, 64)
+        lengths = torch.empty(2, dtype=torch.int32)
+        out = cutlassfa.forward(q, cache, cache.clone(), k_new=new, v_new=new, cache_seqlens=lengths)
+        assert out.shape == q.shape
+        with pytest.raises(ValueError, match="k_new"):  # judged where the call is traced
+            cutlassfa.forward(q, cache, cache.clone(), k_new=torch.empty(2, 2, 1, 32), v_new=new)
+    q, k_new, v_new, lengths, caches = _decode_step(rng)
+    with pytest.raises(NotImplementedError, match="has no backward pass"):  # before anything is written
+        cutlassfa.forward(q.requires_grad_(), *caches(), k_new=k_new, v_new=v_new, cache_seqlens=lengths)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""cutlassfa as PyTorch operators: ``torch.ops.cutlassfa.forward`` and ``torch.ops.cutlassfa.varlen_forward``,
-registered through ``torch.library`` when this module is imported, so that torch.compile, torch.export and
-FakeTensor shape propagation see the call, and autograd raises a clear error (there is no backward pass)
-instead of dropping the gradient.
+"""cutlassfa as PyTorch operators: ``torch.ops.cutlassfa.forward`` (``forward_append`` for a call that appends
+k_new / v_new to its caches) and ``torch.ops.cutlassfa.varlen_forward``, registered through ``torch.library``
+when this module is imported, so that torch.compile, torch.export and FakeTensor shape propagation see the
+call, and autograd raises a clear error (there is no backward pass) instead of dropping the gradient.
 
 Eager calls do not go through the operator. Dispatching a Python-implemented operator costs time on
 every call (an empty kernel on CPU tensors, a shared 2-core machine, ``bench/torch_op_overhead.py``,
@@ -32,19 +32,21 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
                "do not require grad, or use torch.nn.functional.scaled_dot_product_attention for training")
 
 # Keyword arguments of cutlassfa.forward that the operator carries beside q, k, v, with their defaults
-# (a default is not passed on, so that forward need not know a mode it is not asked for). KV-cache appends
-# (k_new / v_new write into the cache, a mutation the schema would have to declare) are not an operator yet:
-# they run eagerly only.
+# (a default is not passed on, so that forward need not know a mode it is not asked for). A call that
+# appends k_new / v_new to its caches runs as forward_append, whose schema declares the caches written.
 _MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None,
                                    "block_table": None, "num_splits": None, "sinks": None, "alibi_slopes": None,
                                    "k_descale": None, "v_descale": None, "q_descale": None, "out_dtype": None}
-_FORWARD_SCHEMA = (
-    "forward(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, str backend='auto', "
+_CALL_SCHEMA = "bool causal=False, float? softmax_scale=None, str backend='auto'"
+_MODES_SCHEMA = (
     "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None, "
     "Tensor? block_table=None, int? num_splits=None, Tensor? sinks=None, Tensor? alibi_slopes=None, "
-    "Tensor? k_descale=None, Tensor? v_descale=None, Tensor? q_descale=None, ScalarType? out_dtype=None) "
-    "-> (Tensor out, Tensor lse)"
+    "Tensor? k_descale=None, Tensor? v_descale=None, Tensor? q_descale=None, ScalarType? out_dtype=None"
 )
+_RESULTS_SCHEMA = "-> (Tensor out, Tensor lse)"
+_FORWARD_SCHEMA = f"forward(Tensor q, Tensor k, Tensor v, {_CALL_SCHEMA}, {_MODES_SCHEMA}) {_RESULTS_SCHEMA}"
+_APPEND_SCHEMA = (f"forward_append(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor k_new, Tensor v_new, {_CALL_SCHEMA}, "
+                  f"{_MODES_SCHEMA}) {_RESULTS_SCHEMA}")
 # varlen_forward's: the same modes but those of a KV cache, and the packed sequences' bounds.
 _VARLEN_MODE_DEFAULTS: dict[str, Any] = {name: value for name, value in _MODE_DEFAULTS.items()
                                          if name not in ("cache_seqlens", "cache_leftpad", "block_table", "num_splits")}
@@ -114,9 +116,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) ->
 def op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                softmax_scale: float | None = None, backend: str = "auto", return_lse: bool = False,
                out: torch.Tensor | None = None, **modes: Any) -> Any:
-    """``cutlassfa.forward`` through ``torch.ops.cutlassfa.forward`` (always the operator)."""
+    """``cutlassfa.forward`` through ``torch.ops.cutlassfa.forward`` (always the operator), or
+    ``torch.ops.cutlassfa.forward_append`` for a call that appends k_new / v_new to its caches."""
+    appended = [modes.pop(name) for name in ("k_new", "v_new") if modes.get(name) is not None]
     modes = _schema_modes("forward", _MODE_DEFAULTS, q, modes)
-    result, lse = torch.ops.cutlassfa.forward.default(q, k, v, causal, softmax_scale, backend, **modes)
+    if appended:
+        if len(appended) != 2:
+            raise ValueError("k_new and v_new must be given together")
+        if _is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *appended)):
+            raise NotImplementedError(NO_BACKWARD)  # an operator that writes its inputs has no autograd formula
+        result, lse = torch.ops.cutlassfa.forward_append.default(q, k, v, *appended, causal, softmax_scale, backend,
+                                                                 **modes)
+    else:
+        result, lse = torch.ops.cutlassfa.forward.default(q, k, v, causal, softmax_scale, backend, **modes)
     if out is not None:
         result = _copy_into(out, result)
     return (result, lse) if return_lse else result
@@ -237,9 +249,39 @@ def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     options = {name: stand_in(value) for name, value in given.items()}
     cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
                              backend=backend, out_dtype=out_dtype, **options)
-    # the output's dtype: q's, or fp8 attention's out_dtype (bfloat16 by default)
-    dtype = q.dtype if q.dtype != torch.float8_e4m3fn else (out_dtype or torch.bfloat16)
-    return q.new_empty(q.shape, dtype=dtype), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return q.new_empty(q.shape, dtype=_result_dtype(q, out_dtype)), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _result_dtype(q: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
+    """The output's dtype: q's, or fp8 attention's out_dtype (bfloat16 by default)."""
+    return q.dtype if q.dtype != torch.float8_e4m3fn else (out_dtype or torch.bfloat16)
+
+
+def _append_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
+                 *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    given = _given_modes(modes)
+    if "window" in given:
+        given["window"] = tuple(given["window"])
+    _state.inside_op = True
+    try:  # k and v themselves (not detached copies' storage): the call writes the new keys into them
+        return eager_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend, return_lse=True,
+                             k_new=k_new, v_new=v_new, **given)
+    finally:
+        _state.inside_op = False
+
+
+def _append_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
+                 *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """As _forward_fake, the caches judged writable and k_new / v_new beside them."""
+    given = _given_modes(modes)
+    out_dtype = given.pop("out_dtype", None)
+    options = {name: stand_in(value) for name, value in given.items()}
+    cutlassfa.select_backend(stand_in(q), stand_in(k, writable=True), stand_in(v, writable=True), causal=causal,
+                             softmax_scale=softmax_scale, backend=backend, out_dtype=out_dtype,
+                             k_new=stand_in(k_new), v_new=stand_in(v_new), **options)
+    return q.new_empty(q.shape, dtype=_result_dtype(q, out_dtype)), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -273,8 +315,8 @@ def _varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
     cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
                              backend=backend, out_dtype=out_dtype, max_seqlen_q=max_seqlen_q,
                              max_seqlen_k=max_seqlen_k, **bounds, **options)
-    dtype = q.dtype if q.dtype != torch.float8_e4m3fn else (out_dtype or torch.bfloat16)
-    return q.new_empty(q.shape, dtype=dtype), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty(q.shape, dtype=_result_dtype(q, out_dtype)), q.new_empty((q.shape[1], q.shape[0]),
+                                                                             dtype=torch.float32)
 
 
 def _no_backward_impl(grad_out: torch.Tensor, kv_shape: list[int]) -> tuple[torch.Tensor, ...]:
@@ -302,13 +344,16 @@ def _varlen_backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -
 def _register() -> torch.library.Library:
     library = torch.library.Library("cutlassfa", "DEF")
     library.define(_FORWARD_SCHEMA)
+    library.define(_APPEND_SCHEMA)
     library.define(_VARLEN_SCHEMA)
     library.define(_NO_BACKWARD_SCHEMA)
     for device in ("CPU", "CUDA"):
         library.impl("forward", _forward_impl, device)
+        library.impl("forward_append", _append_impl, device)
         library.impl("varlen_forward", _varlen_impl, device)
         library.impl("forward_backward", _no_backward_impl, device)
     torch.library.register_fake("cutlassfa::forward", _forward_fake, lib=library)
+    torch.library.register_fake("cutlassfa::forward_append", _append_fake, lib=library)
     torch.library.register_fake("cutlassfa::varlen_forward", _varlen_fake, lib=library)
     torch.library.register_fake("cutlassfa::forward_backward", _no_backward_fake, lib=library)
     torch.library.register_autograd("cutlassfa::forward", _backward, setup_context=_setup_context, lib=library)
