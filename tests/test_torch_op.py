@@ -400,6 +400,21 @@ def test_cuda_varlen_eager_operator_and_compile(rng, dtype):
 
 
 @pytest.mark.gpu
+def test_cuda_append_operator_and_compile(rng):
+    """forward_append on CUDA caches: the operator and a compiled step write the caches as the eager call does."""
+    _need_cuda()
+    q, k_new, v_new, lengths, caches = (x.cuda() if isinstance(x, torch.Tensor) else x for x in _decode_step(rng))
+    kw = dict(k_new=k_new.half(), v_new=v_new.half(), cache_seqlens=lengths.cuda(), causal=True)
+    (k1, v1), (k2, v2), (k3, v3) = (tuple(t.cuda().half() for t in caches()) for _ in range(3))
+    eager = cutlassfa.forward(q.half(), k1, v1, **kw)
+    assert torch.equal(eager, cutlassfa_torch.op_forward(q.half(), k2, v2, **kw))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: cutlassfa.forward(q, k, v, **kw), fullgraph=True)
+    assert torch.equal(compiled(q.half(), k3, v3), eager)
+    assert all(torch.equal(a, b) for a, b in ((k1, k2), (v1, v2), (k1, k3), (v1, v3)))
+
+
+@pytest.mark.gpu
 def test_cuda_fake_shapes_and_autograd(rng):
     _need_cuda()
     from torch._subclasses.fake_tensor import FakeTensorMode
