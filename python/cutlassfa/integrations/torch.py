@@ -37,25 +37,28 @@ NO_BACKWARD = ("cutlassfa.forward has no backward pass: gradients through cutlas
 _MODE_DEFAULTS: dict[str, Any] = {"window": None, "softcap": 0.0, "cache_seqlens": None, "cache_leftpad": None,
                                    "block_table": None, "num_splits": None, "sinks": None, "alibi_slopes": None,
                                    "k_descale": None, "v_descale": None, "q_descale": None, "out_dtype": None}
-_CALL_SCHEMA = "bool causal=False, float? softmax_scale=None, str backend='auto'"
-_MODES_SCHEMA = (
-    "int[]? window=None, float softcap=0.0, Tensor? cache_seqlens=None, Tensor? cache_leftpad=None, "
-    "Tensor? block_table=None, int? num_splits=None, Tensor? sinks=None, Tensor? alibi_slopes=None, "
-    "Tensor? k_descale=None, Tensor? v_descale=None, Tensor? q_descale=None, ScalarType? out_dtype=None"
-)
-_RESULTS_SCHEMA = "-> (Tensor out, Tensor lse)"
-_FORWARD_SCHEMA = f"forward(Tensor q, Tensor k, Tensor v, {_CALL_SCHEMA}, {_MODES_SCHEMA}) {_RESULTS_SCHEMA}"
-_APPEND_SCHEMA = (f"forward_append(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor k_new, Tensor v_new, {_CALL_SCHEMA}, "
-                  f"{_MODES_SCHEMA}) {_RESULTS_SCHEMA}")
-# varlen_forward's: the same modes but those of a KV cache, and the packed sequences' bounds.
+# Their types in the schemas.
+_MODE_TYPES = {"window": "int[]?", "softcap": "float", "cache_seqlens": "Tensor?", "cache_leftpad": "Tensor?",
+               "block_table": "Tensor?", "num_splits": "int?", "sinks": "Tensor?", "alibi_slopes": "Tensor?",
+               "k_descale": "Tensor?", "v_descale": "Tensor?", "q_descale": "Tensor?", "out_dtype": "ScalarType?"}
+# varlen_forward's: the same modes but those of a KV cache, beside the packed sequences' bounds.
 _VARLEN_MODE_DEFAULTS: dict[str, Any] = {name: value for name, value in _MODE_DEFAULTS.items()
                                          if name not in ("cache_seqlens", "cache_leftpad", "block_table", "num_splits")}
-_VARLEN_SCHEMA = (
-    "varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int? max_seqlen_q=None, "
-    "int? max_seqlen_k=None, bool causal=False, float? softmax_scale=None, str backend='auto', int[]? window=None, "
-    "float softcap=0.0, Tensor? sinks=None, Tensor? alibi_slopes=None, Tensor? k_descale=None, "
-    "Tensor? v_descale=None, Tensor? q_descale=None, ScalarType? out_dtype=None) -> (Tensor out, Tensor lse)"
-)
+
+
+def _schema(head: str, modes: dict[str, Any]) -> str:
+    """An operator's schema: `head` (its name and leading arguments), the call's flags, `modes` with their
+    defaults, and the results."""
+    listed = ", ".join(f"{_MODE_TYPES[name]} {name}={default}" for name, default in modes.items())
+    return f"{head}, bool causal=False, float? softmax_scale=None, str backend='auto', {listed}) " \
+           "-> (Tensor out, Tensor lse)"
+
+
+_FORWARD_SCHEMA = _schema("forward(Tensor q, Tensor k, Tensor v", _MODE_DEFAULTS)
+_APPEND_SCHEMA = _schema("forward_append(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor k_new, Tensor v_new",
+                         _MODE_DEFAULTS)
+_VARLEN_SCHEMA = _schema("varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                         "int? max_seqlen_q=None, int? max_seqlen_k=None", _VARLEN_MODE_DEFAULTS)
 # The backward of both: an operator that raises when it runs, so that tracing a training graph
 # (torch.compile traces the backward ahead of time) still works and only running the backward fails.
 # It reads grad_out so that no partitioner can move it into the forward graph.
@@ -223,18 +226,25 @@ def _is_default(name: str, value: Any) -> bool:
     return value is None if default is None else value == default
 
 
-def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                  softmax_scale: float | None = None, backend: str = "auto",
-                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    given = _given_modes(modes)
+def _inside_op(function: Callable[..., Any], *args: Any, modes: tuple[Any, ...],
+               defaults: dict[str, Any] = _MODE_DEFAULTS, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """An operator's real kernel: `function` (a cutlassfa entry point) on real tensors with the modes the call
+    asks for, (out, lse), with the routing told that it runs inside the operator."""
+    given = _given_modes(modes, defaults)
     if "window" in given:
         given["window"] = tuple(given["window"])
     _state.inside_op = True
     try:
-        return eager_forward(q.detach(), k.detach(), v.detach(), causal=causal, softmax_scale=softmax_scale,
-                             backend=backend, return_lse=True, **given)
+        return eager_call(function, *args, return_lse=True, **kwargs, **given)
     finally:
         _state.inside_op = False
+
+
+def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  softmax_scale: float | None = None, backend: str = "auto",
+                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return _inside_op(cutlassfa.forward, q.detach(), k.detach(), v.detach(), modes=modes, causal=causal,
+                      softmax_scale=softmax_scale, backend=backend)
 
 
 def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -244,60 +254,47 @@ def _forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     q.shape[:-1]). The extension's validator judges the call on stand-ins of the fake tensors' shapes and
     dtypes (index values read as zeros), so that a traced call fails where it is written, with the eager
     call's messages."""
-    given = _given_modes(modes)
+    dtype = _judged(stand_in(k), stand_in(v), q, causal, softmax_scale, backend, modes, _MODE_DEFAULTS)
+    return q.new_empty(q.shape, dtype=dtype), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _judged(k: Any, v: Any, q: torch.Tensor, causal: bool, softmax_scale: float | None, backend: str,
+            modes: tuple[Any, ...], defaults: dict[str, Any], **arrays: Any) -> torch.dtype:
+    """The extension's validator on q's stand-in, k and v (stand-ins already), `arrays` (stand-ins) and the
+    modes the call asks for; returns the output's dtype: q's, or fp8 attention's out_dtype (bfloat16 by
+    default)."""
+    given = _given_modes(modes, defaults)
     out_dtype = given.pop("out_dtype", None)
     options = {name: stand_in(value) for name, value in given.items()}
-    cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
-                             backend=backend, out_dtype=out_dtype, **options)
-    return q.new_empty(q.shape, dtype=_result_dtype(q, out_dtype)), q.new_empty(q.shape[:-1], dtype=torch.float32)
-
-
-def _result_dtype(q: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
-    """The output's dtype: q's, or fp8 attention's out_dtype (bfloat16 by default)."""
+    cutlassfa.select_backend(stand_in(q), k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                             out_dtype=out_dtype, **arrays, **options)
     return q.dtype if q.dtype != torch.float8_e4m3fn else (out_dtype or torch.bfloat16)
 
 
 def _append_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                  causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    given = _given_modes(modes)
-    if "window" in given:
-        given["window"] = tuple(given["window"])
-    _state.inside_op = True
-    try:  # k and v themselves (not detached copies' storage): the call writes the new keys into them
-        return eager_forward(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend, return_lse=True,
-                             k_new=k_new, v_new=v_new, **given)
-    finally:
-        _state.inside_op = False
+    # k and v themselves (not detached copies' storage): the call writes the new keys into them
+    return _inside_op(cutlassfa.forward, q, k, v, modes=modes, causal=causal, softmax_scale=softmax_scale,
+                      backend=backend, k_new=k_new, v_new=v_new)
 
 
 def _append_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                  causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """As _forward_fake, the caches judged writable and k_new / v_new beside them."""
-    given = _given_modes(modes)
-    out_dtype = given.pop("out_dtype", None)
-    options = {name: stand_in(value) for name, value in given.items()}
-    cutlassfa.select_backend(stand_in(q), stand_in(k, writable=True), stand_in(v, writable=True), causal=causal,
-                             softmax_scale=softmax_scale, backend=backend, out_dtype=out_dtype,
-                             k_new=stand_in(k_new), v_new=stand_in(v_new), **options)
-    return q.new_empty(q.shape, dtype=_result_dtype(q, out_dtype)), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    dtype = _judged(stand_in(k, writable=True), stand_in(v, writable=True), q, causal, softmax_scale, backend, modes,
+                    _MODE_DEFAULTS, k_new=stand_in(k_new), v_new=stand_in(v_new))
+    return q.new_empty(q.shape, dtype=dtype), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                  causal: bool = False, softmax_scale: float | None = None, backend: str = "auto",
                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    given = _given_modes(modes, _VARLEN_MODE_DEFAULTS)
-    if "window" in given:
-        given["window"] = tuple(given["window"])
-    _state.inside_op = True
-    try:
-        return eager_call(cutlassfa.varlen_forward, q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
-                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-                          softmax_scale=softmax_scale, backend=backend, return_lse=True, **given)
-    finally:
-        _state.inside_op = False
+    return _inside_op(cutlassfa.varlen_forward, q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
+                      modes=modes, defaults=_VARLEN_MODE_DEFAULTS, max_seqlen_q=max_seqlen_q,
+                      max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale, backend=backend)
 
 
 def _varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -306,17 +303,12 @@ def _varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  *modes: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """out (total_q, Hq, d) compact of the output's dtype, lse float32 (Hq, total_q); the call judged by the
     extension's validator on stand-ins (cu_seqlens: prefix sums of their length that it accepts)."""
-    given = _given_modes(modes, _VARLEN_MODE_DEFAULTS)
-    out_dtype = given.pop("out_dtype", None)
-    options = {name: stand_in(value) for name, value in given.items()}
     bounds = {name: varlen_stand_in(cu, int(total), int(total if longest is None else min(longest, total)))
               for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k))}
-    cutlassfa.select_backend(stand_in(q), stand_in(k), stand_in(v), causal=causal, softmax_scale=softmax_scale,
-                             backend=backend, out_dtype=out_dtype, max_seqlen_q=max_seqlen_q,
-                             max_seqlen_k=max_seqlen_k, **bounds, **options)
-    return q.new_empty(q.shape, dtype=_result_dtype(q, out_dtype)), q.new_empty((q.shape[1], q.shape[0]),
-                                                                             dtype=torch.float32)
+    dtype = _judged(stand_in(k), stand_in(v), q, causal, softmax_scale, backend, modes, _VARLEN_MODE_DEFAULTS,
+                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **bounds)
+    return q.new_empty(q.shape, dtype=dtype), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _no_backward_impl(grad_out: torch.Tensor, kv_shape: list[int]) -> tuple[torch.Tensor, ...]:
@@ -329,16 +321,13 @@ def _no_backward_fake(grad_out: torch.Tensor, kv_shape: list[int]) -> tuple[torc
 
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.kv_shape = inputs[1].shape  # no tensor is kept: the backward only has to fail
+    ctx.inputs = len(inputs)
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple:
+    """forward's and varlen_forward's: gradients for q, k, v (the operator that raises), none for the rest."""
     grads = torch.ops.cutlassfa.forward_backward.default(grad_out, list(ctx.kv_shape))
-    return tuple(grads) + (None,) * (len(_MODE_DEFAULTS) + 3)
-
-
-def _varlen_backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple:
-    grads = torch.ops.cutlassfa.forward_backward.default(grad_out, list(ctx.kv_shape))
-    return tuple(grads) + (None,) * (len(_VARLEN_MODE_DEFAULTS) + 7)
+    return tuple(grads) + (None,) * (ctx.inputs - 3)
 
 
 def _register() -> torch.library.Library:
@@ -357,7 +346,7 @@ def _register() -> torch.library.Library:
     torch.library.register_fake("cutlassfa::varlen_forward", _varlen_fake, lib=library)
     torch.library.register_fake("cutlassfa::forward_backward", _no_backward_fake, lib=library)
     torch.library.register_autograd("cutlassfa::forward", _backward, setup_context=_setup_context, lib=library)
-    torch.library.register_autograd("cutlassfa::varlen_forward", _varlen_backward, setup_context=_setup_context,
+    torch.library.register_autograd("cutlassfa::varlen_forward", _backward, setup_context=_setup_context,
                                     lib=library)
     return library
 
